@@ -1,0 +1,126 @@
+"""The model protocol shared by every constructor, the release and the exporters.
+
+A model writes only its densities: ``log_likelihood(points, theta) -> (n, S)``, a Gaussian prior,
+a simulator. Gradients with respect to points and parameters come from autograd, so a new model
+needs no hand-written derivatives (``glm.py`` adds the GLM fast path for Newton's method, still
+through autograd on the linear predictor).
+
+Shapes and dtypes: ``points`` is ``(n, point_dim)``, ``theta`` is ``(S, param_dim)``, all float64.
+Points live in *model space*: the output of :class:`dpsummary.data.Transform` (scaled numerics,
+one-hot categories) with the target, if any, as the last column. The intercept, where a model has
+one, is added by the model, not stored in the points.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from typing import Any, ClassVar
+
+import torch
+
+DTYPE = torch.float64
+
+
+class Model(ABC):
+    """A Bayesian model with conditionally independent records and a Gaussian prior.
+
+    Subclasses set ``name`` (the registry key) and implement :meth:`log_likelihood`,
+    :meth:`simulate` and :meth:`spec`. The prior is ``N(prior_mean, prior_scale^2 I)``.
+    """
+
+    name: ClassVar[str]
+    #: True when :meth:`exact_posterior` is available for every weighting.
+    conjugate: ClassVar[bool] = False
+    #: True when the last point column is a target (regression models).
+    has_target: ClassVar[bool] = False
+
+    def __init__(self, num_features: int, *, prior_scale: float = 1.0) -> None:
+        if num_features < 1:
+            raise ValueError("a model needs at least one feature")
+        if not prior_scale > 0:
+            raise ValueError("prior_scale must be positive")
+        self.num_features = int(num_features)
+        self.prior_scale = float(prior_scale)
+
+    # ---- dimensions -------------------------------------------------------------------------
+    @property
+    @abstractmethod
+    def param_dim(self) -> int:
+        """Dimension d of theta."""
+
+    @property
+    def point_dim(self) -> int:
+        """Columns of one point in model space (features, then the target if any)."""
+        return self.num_features + (1 if self.has_target else 0)
+
+    def param_names(self, feature_names: list[str] | None = None) -> list[str]:
+        """One name per coordinate of theta (for exporters and reports)."""
+        names = feature_names or [f"x{i}" for i in range(self.num_features)]
+        return list(names)
+
+    # ---- densities --------------------------------------------------------------------------
+    @abstractmethod
+    def log_likelihood(self, points: torch.Tensor, theta: torch.Tensor) -> torch.Tensor:
+        """Log-likelihood of every point under every parameter draw, shape ``(n, S)``.
+
+        Includes all normalising constants. Must accept real-valued (soft) targets, because
+        learned pseudopoints carry them.
+        """
+
+    @property
+    def prior_mean(self) -> torch.Tensor:
+        return torch.zeros(self.param_dim, dtype=DTYPE)
+
+    def log_prior(self, theta: torch.Tensor) -> torch.Tensor:
+        """Log density of the Gaussian prior, shape ``(S,)``, constants included."""
+        d = self.param_dim
+        z = (theta - self.prior_mean) / self.prior_scale
+        return -0.5 * (z * z).sum(-1) - d * math.log(self.prior_scale) - 0.5 * d * math.log(2 * math.pi)
+
+    def sample_prior(self, num: int, generator: torch.Generator) -> torch.Tensor:
+        eps = torch.randn(num, self.param_dim, generator=generator, dtype=DTYPE)
+        return self.prior_mean + self.prior_scale * eps
+
+    # ---- simulation (costs no privacy) ------------------------------------------------------
+    @abstractmethod
+    def simulate(
+        self,
+        theta: torch.Tensor,
+        num: int,
+        generator: torch.Generator,
+        features: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Draw ``num`` synthetic points given one parameter vector ``theta`` of shape ``(d,)``.
+
+        ``features`` (``(num, num_features)``), when given, replaces the default public feature
+        distribution (standard normal) — the release passes features drawn from the public
+        schema so that synthetic points look like transformed records.
+        """
+
+    def project_points(self, points: torch.Tensor) -> torch.Tensor:
+        """Map points back into the model's support after a gradient step (in place is fine)."""
+        return points
+
+    # ---- conjugacy --------------------------------------------------------------------------
+    def exact_posterior(self, points: torch.Tensor, weights: torch.Tensor) -> Any:
+        """The exact weighted posterior as a :class:`dpsummary.inference.GaussianPosterior`.
+
+        Only for conjugate models; others raise ``NotImplementedError``.
+        """
+        raise NotImplementedError(f"{self.name} has no closed-form posterior")
+
+    # ---- serialisation ----------------------------------------------------------------------
+    def spec(self) -> dict[str, Any]:
+        """A JSON-able description from which :func:`dpsummary.models.from_spec` rebuilds it."""
+        return {"name": self.name, "num_features": self.num_features, "prior_scale": self.prior_scale}
+
+    def __repr__(self) -> str:
+        args = ", ".join(f"{k}={v!r}" for k, v in self.spec().items() if k != "name")
+        return f"{type(self).__name__}({args})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Model) and self.spec() == other.spec()
+
+    def __hash__(self) -> int:
+        return hash(repr(self.spec()))

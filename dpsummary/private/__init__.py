@@ -1,0 +1,1 @@
+"""Everything that touches private records or draws privacy noise lives in this package."""

@@ -1,0 +1,101 @@
+"""Privacy randomness: Poisson-sampling coins and Gaussian noise, both from OS entropy.
+
+Nothing here accepts a seed. ``--seed`` governs only non-private randomness (prior draws,
+synthetic initialisation, posterior samples); the coins that choose records and the noise that
+hides them always come from the operating system's CSPRNG, so a reproducible run can never
+reproduce (and thereby cancel) its own noise.
+
+Gaussian noise goes through OpenDP's ``make_gaussian``: the input is rounded to a grid of
+granularity 2^k and a *discrete* Gaussian on that grid is added, sampled with exact arithmetic
+from system entropy. This closes the floating-point attacks on textbook Gaussian samplers
+(Mironov 2012; Jin et al. 2022). The rounding can move two neighbouring inputs apart by at most
+2^k * sqrt(dim); :func:`rounding_slack` returns that amount so callers clip to ``C - slack`` and
+the end-to-end L2 sensitivity stays at most ``C``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+
+#: Sample rates are multiples of 2^-32 so that the coin ``u32 < rate * 2^32`` has exactly the
+#: inclusion probability the accountant is told.
+RATE_RESOLUTION_BITS = 32
+#: Noise grid 2^k with k = floor(log2(scale-free clip norm)) - GRID_BITS_BELOW_CLIP.
+GRID_BITS_BELOW_CLIP = 45
+
+
+def quantize_sample_rate(sample_rate: float) -> float:
+    """The nearest representable rate (a multiple of 2^-32) at or below ``sample_rate``."""
+    if not 0.0 < sample_rate <= 1.0:
+        raise ValueError("sample_rate must lie in (0, 1]")
+    ticks = math.floor(sample_rate * 2**RATE_RESOLUTION_BITS)
+    if ticks < 1:
+        raise ValueError("sample_rate below 2^-32 cannot be represented")
+    return ticks / 2**RATE_RESOLUTION_BITS
+
+
+def poisson_mask(num_records: int, sample_rate: float) -> np.ndarray:
+    """Independent inclusion coins, one per record, each true with probability ``sample_rate``.
+
+    ``sample_rate`` must already be quantised (see :func:`quantize_sample_rate`); coins are 32-bit
+    integers from ``os.urandom``. This is Poisson subsampling as the RDP/PRV accountants assume it:
+    no fixed batch size, no replacement, no truncation.
+    """
+    ticks = sample_rate * 2**RATE_RESOLUTION_BITS
+    if ticks != math.floor(ticks):
+        raise ValueError("sample_rate is not a multiple of 2^-32; quantise it first")
+    coins = np.frombuffer(os.urandom(4 * num_records), dtype=np.uint32)
+    return coins < np.uint64(int(ticks))
+
+
+def secure_uniform(shape: tuple[int, ...] | int) -> np.ndarray:
+    """Uniform floats in [0, 1) with 53 random bits each, from ``os.urandom`` (non-seedable)."""
+    n = int(np.prod(shape))
+    bits = np.frombuffer(os.urandom(8 * n), dtype=np.uint64) >> np.uint64(11)
+    return (bits.astype(np.float64) * 2.0**-53).reshape(shape)
+
+
+def grid_exponent(clip_norm: float) -> int:
+    """The OpenDP granularity exponent k used for a mechanism with this clip norm."""
+    if not (clip_norm > 0 and math.isfinite(clip_norm)):
+        raise ValueError("clip_norm must be positive and finite")
+    return math.floor(math.log2(clip_norm)) - GRID_BITS_BELOW_CLIP
+
+
+def rounding_slack(clip_norm: float, dim: int) -> float:
+    """Upper bound on the L2 distance that OpenDP's input rounding can add between neighbours."""
+    return 2.0 ** grid_exponent(clip_norm) * math.sqrt(dim)
+
+
+@lru_cache(maxsize=64)
+def _gaussian_measurement(dim: int, scale: float, k: int) -> Any:
+    import opendp.prelude as dp
+
+    dp.enable_features("contrib")
+    space = (
+        dp.vector_domain(dp.atom_domain(T=float, nan=False), size=dim),
+        dp.l2_distance(T=float),
+    )
+    return dp.m.make_gaussian(*space, scale=scale, k=k)
+
+
+def add_gaussian_noise(values: np.ndarray, *, noise_std: float, clip_norm: float) -> np.ndarray:
+    """Release ``values + N(0, noise_std^2 I)`` (discretised, OS entropy) for a 1-d vector.
+
+    ``clip_norm`` is the mechanism's L2 sensitivity; it fixes the grid so the rounding slack is
+    negligible (2^-45 of it per coordinate) and callers clip to ``clip_norm - rounding_slack``.
+    """
+    values = np.asarray(values, dtype=np.float64)
+    if values.ndim != 1:
+        raise ValueError("add_gaussian_noise expects a 1-d vector")
+    if not np.all(np.isfinite(values)):
+        raise ValueError("non-finite value reached the noise mechanism")
+    if not noise_std > 0:
+        raise ValueError("noise_std must be positive")
+    meas = _gaussian_measurement(values.shape[0], float(noise_std), grid_exponent(clip_norm))
+    return np.asarray(meas(values.tolist()), dtype=np.float64)
