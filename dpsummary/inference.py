@@ -1,0 +1,175 @@
+"""Posterior inference on a weighted (pseudo)coreset.
+
+Called once per optimisation step by every constructor, so it is built for speed:
+
+* conjugate models (Gaussian mean, linear regression): the exact Gaussian posterior;
+* GLMs: a Laplace approximation found by Newton's method, warm-started from the previous
+  solution (one or two Newton steps per call once the optimiser is moving slowly), with a full
+  covariance or, for large d, a diagonal one;
+* anything else: Newton on the autograd Hessian of the weighted log posterior.
+
+Gradient-based MCMC (HMC) to check Laplace and to serve analysts lives in :mod:`dpsummary.mcmc`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from .models import DTYPE, GLM, Model
+
+
+@dataclass(frozen=True)
+class GaussianPosterior:
+    """N(mean, scale_tril scale_tril^T); ``scale_tril`` is lower triangular (d, d)."""
+
+    mean: torch.Tensor
+    scale_tril: torch.Tensor
+
+    @classmethod
+    def from_precision(cls, precision: torch.Tensor, rhs: torch.Tensor) -> GaussianPosterior:
+        """The Gaussian with precision P and mean P^{-1} rhs."""
+        chol_p = torch.linalg.cholesky(precision)
+        mean = torch.cholesky_solve(rhs[:, None], chol_p)[:, 0]
+        return cls(mean=mean, scale_tril=_precision_chol_to_scale_tril(chol_p))
+
+    @property
+    def dim(self) -> int:
+        return self.mean.shape[0]
+
+    @property
+    def cov(self) -> torch.Tensor:
+        return self.scale_tril @ self.scale_tril.T
+
+    def sample(self, num: int, generator: torch.Generator) -> torch.Tensor:
+        eps = torch.randn(num, self.dim, generator=generator, dtype=DTYPE)
+        return self.mean + eps @ self.scale_tril.T
+
+    def log_prob(self, theta: torch.Tensor) -> torch.Tensor:
+        diff = theta - self.mean
+        z = torch.linalg.solve_triangular(self.scale_tril, diff.T, upper=False).T
+        logdet = torch.log(torch.diagonal(self.scale_tril)).sum()
+        return -0.5 * (z * z).sum(-1) - logdet - 0.5 * self.dim * math.log(2 * math.pi)
+
+
+def _precision_chol_to_scale_tril(chol_p: torch.Tensor) -> torch.Tensor:
+    # If P = L L^T then Sigma = L^{-T} L^{-1}; a lower-triangular factor of Sigma is obtained from
+    # the Cholesky of Sigma itself (cheap at the sizes used here and numerically clean).
+    eye = torch.eye(chol_p.shape[0], dtype=chol_p.dtype)
+    linv = torch.linalg.solve_triangular(chol_p, eye, upper=False)
+    cov = linv.T @ linv
+    return torch.linalg.cholesky(0.5 * (cov + cov.T))
+
+
+def weighted_log_posterior(
+    model: Model, points: torch.Tensor, weights: torch.Tensor, theta: torch.Tensor
+) -> torch.Tensor:
+    """Unnormalised log density sum_m w_m log p(x_m | theta) + log p(theta), shape (S,)."""
+    return weights @ model.log_likelihood(points, theta) + model.log_prior(theta)
+
+
+class NewtonFailure(RuntimeError):
+    """Newton's method did not converge (non-finite values or too many iterations)."""
+
+
+def laplace(
+    model: Model,
+    points: torch.Tensor,
+    weights: torch.Tensor,
+    *,
+    init: torch.Tensor | None = None,
+    diagonal: bool = False,
+    max_iter: int = 100,
+    tol: float = 1e-8,
+) -> GaussianPosterior:
+    """Laplace approximation of the weighted posterior by damped Newton's method.
+
+    ``init`` warm-starts Newton (pass the previous mode; inside an optimiser the mode moves a
+    little per step, so one or two iterations suffice). Log-concave models (all GLMs here) have
+    a unique mode; a backtracking line search keeps Poisson's exp(eta) from overshooting.
+    ``diagonal=True`` returns the diagonal of the inverse Hessian's Gaussian (mean-field Laplace).
+    """
+    theta = model.prior_mean.clone() if init is None else init.detach().clone()
+    points = points.detach()
+    weights = weights.detach()
+    prior_prec = 1.0 / model.prior_scale**2
+    d = model.param_dim
+    eye = torch.eye(d, dtype=DTYPE)
+
+    def logpost(th: torch.Tensor) -> torch.Tensor:
+        return weighted_log_posterior(model, points, weights, th[None, :])[0]
+
+    if isinstance(model, GLM):
+        x = model.design(points)
+        y = points[:, -1]
+
+        def grad_hess(th: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+            eta = x @ th
+            d1, d2 = model.eta_derivatives(y, eta)
+            value = weights @ model.log_lik_eta(y, eta) - 0.5 * prior_prec * ((th - model.prior_mean) ** 2).sum()
+            grad = x.T @ (weights * d1) - prior_prec * (th - model.prior_mean)
+            neg_hess = (x.T * (weights * (-d2))) @ x + prior_prec * eye
+            return value, grad, neg_hess
+
+    else:
+
+        def grad_hess(th: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+            th = th.detach().requires_grad_(True)
+            with torch.enable_grad():
+                value = logpost(th)
+                grad = torch.autograd.grad(value, th)[0]
+            hess = torch.autograd.functional.hessian(logpost, th.detach())
+            return value.detach(), grad.detach(), -hess
+
+    value, grad, neg_hess = grad_hess(theta)
+    for _ in range(max_iter):
+        chol = torch.linalg.cholesky_ex(neg_hess)
+        if chol.info != 0:
+            raise NewtonFailure("negative Hessian is not positive definite")
+        step = torch.cholesky_solve(grad[:, None], chol.L)[:, 0]
+        decrement = float(grad @ step)  # Newton decrement squared
+        if not math.isfinite(decrement):
+            raise NewtonFailure("non-finite Newton step")
+        if decrement / 2 <= tol:
+            break
+        t = 1.0
+        while True:
+            cand = theta + t * step
+            cvalue, cgrad, cneg_hess = grad_hess(cand)
+            if torch.isfinite(cvalue) and cvalue >= value + 0.25 * t * decrement:
+                break
+            t *= 0.5
+            if t < 1e-10:
+                raise NewtonFailure("line search failed")
+        theta, value, grad, neg_hess = cand, cvalue, cgrad, cneg_hess
+    else:
+        raise NewtonFailure(f"Newton did not converge in {max_iter} iterations")
+
+    chol = torch.linalg.cholesky(neg_hess)
+    if diagonal:
+        var = torch.diagonal(torch.cholesky_inverse(chol))
+        return GaussianPosterior(mean=theta, scale_tril=torch.diag(torch.sqrt(var)))
+    return GaussianPosterior(mean=theta, scale_tril=_precision_chol_to_scale_tril(chol))
+
+
+def coreset_posterior(
+    model: Model,
+    points: torch.Tensor,
+    weights: torch.Tensor,
+    *,
+    warm_start: GaussianPosterior | None = None,
+    diagonal: bool = False,
+) -> GaussianPosterior:
+    """The posterior (exact or Laplace) given weighted points; the workhorse of every constructor."""
+    if model.conjugate:
+        return model.exact_posterior(points.detach(), weights.detach())
+    init = None if warm_start is None else warm_start.mean
+    return laplace(model, points, weights, init=init, diagonal=diagonal)
+
+
+def prior_posterior(model: Model) -> GaussianPosterior:
+    """The prior as a GaussianPosterior (the empty coreset's posterior)."""
+    d = model.param_dim
+    return GaussianPosterior(mean=model.prior_mean, scale_tril=model.prior_scale * torch.eye(d, dtype=DTYPE))

@@ -1,0 +1,124 @@
+"""The one place that touches private records.
+
+:class:`PrivateRecords` holds the transformed private table and exposes only accounted
+mechanisms: the Poisson-subsampled, clipped, Gaussian-noised sum of centred log-likelihood
+vectors that DP-PSVI needs (DP-PSVI paper, Section 3.3 eq. (6)), and a Gaussian-noised record
+count. It has no ``__len__``, no accessor for the records, and never logs; the realised batch
+size exists only inside :meth:`PrivateRecords.noisy_clipped_sum`.
+
+Privacy randomness (inclusion coins, noise) comes from a :class:`PrivacyRandomness`; the only
+implementation reachable from the CLI is :class:`SystemRandomness` (OS entropy, see
+:mod:`dpsummary.private.noise`). Tests and the empirical self-test replay neighbouring data sets
+with identical randomness by passing a recording implementation; that hook is the reason the
+interface exists.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+import torch
+
+from ..models import DTYPE, Model
+from . import noise
+
+
+class PrivacyRandomness(Protocol):
+    def coins(self, num_records: int, sample_rate: float) -> np.ndarray:
+        """Boolean inclusion mask, each entry true independently with probability sample_rate."""
+        ...
+
+    def gaussian(self, values: np.ndarray, *, noise_std: float, clip_norm: float) -> np.ndarray:
+        """``values`` plus independent N(0, noise_std^2) noise per coordinate."""
+        ...
+
+
+class SystemRandomness:
+    """Coins and noise from the operating system's CSPRNG (never seedable)."""
+
+    def coins(self, num_records: int, sample_rate: float) -> np.ndarray:
+        return noise.poisson_mask(num_records, sample_rate)
+
+    def gaussian(self, values: np.ndarray, *, noise_std: float, clip_norm: float) -> np.ndarray:
+        return noise.add_gaussian_noise(values, noise_std=noise_std, clip_norm=clip_norm)
+
+
+class MechanismError(RuntimeError):
+    """An internal invariant of a mechanism failed; the release must abort (budget stays spent)."""
+
+
+@dataclass(frozen=True)
+class ClipReport:
+    """What a noisy-sum call may tell its caller: nothing data-dependent."""
+
+    clip_norm: float
+    effective_clip_norm: float
+
+
+def clip_rows(vectors: torch.Tensor, clip_norm: float) -> torch.Tensor:
+    """Scale every row to L2 norm at most ``clip_norm``; non-finite rows become zero.
+
+    Zeroing a non-finite row is itself a per-record function with norm <= clip_norm, so it keeps
+    the sensitivity bound and branches on nothing shared between records.
+    """
+    finite = torch.isfinite(vectors).all(1, keepdim=True)
+    vectors = torch.where(finite, vectors, torch.zeros_like(vectors))
+    norms = vectors.norm(dim=1, keepdim=True)
+    factor = torch.clamp(clip_norm / torch.clamp(norms, min=1e-300), max=1.0)
+    return vectors * factor
+
+
+class PrivateRecords:
+    """Private records in model space, reachable only through accounted mechanisms.
+
+    Construct it from the transformed table *after* the ledger has reserved the budget.
+    """
+
+    __slots__ = ("_points", "_randomness")
+
+    def __init__(self, points: torch.Tensor, *, randomness: PrivacyRandomness | None = None) -> None:
+        self._points = points.detach().to(DTYPE)
+        self._randomness: PrivacyRandomness = randomness if randomness is not None else SystemRandomness()
+
+    def noisy_clipped_sum(
+        self,
+        model: Model,
+        theta: torch.Tensor,
+        *,
+        sample_rate: float,
+        clip_norm: float,
+        noise_multiplier: float,
+    ) -> torch.Tensor:
+        """One step of the Poisson-subsampled Gaussian mechanism (DP-PSVI eq. (6)).
+
+        Each record is included with probability ``sample_rate`` (coins from the privacy
+        randomness); for every included record its log-likelihood vector over the S draws
+        ``theta`` is centred over its own S values and clipped to L2 norm ``clip_norm`` (minus
+        the noise grid's rounding slack); the clipped vectors are summed and Gaussian noise of
+        standard deviation ``noise_multiplier * clip_norm`` is added once. Returns the noisy
+        sum, shape (S,). ``theta`` and ``clip_norm`` must be public (functions of released
+        pseudopoints); the caller divides by ``sample_rate`` itself.
+        """
+        if not (clip_norm > 0 and noise_multiplier > 0):
+            raise MechanismError("clip_norm and noise_multiplier must be positive")
+        num_draws = theta.shape[0]
+        effective = clip_norm - noise.rounding_slack(clip_norm, num_draws)
+        mask = self._randomness.coins(self._points.shape[0], sample_rate)
+        batch = self._points[torch.from_numpy(mask)]
+        with torch.no_grad():
+            ll = model.log_likelihood(batch, theta.detach())
+            centred = ll - ll.mean(1, keepdim=True)
+            clipped = clip_rows(centred, effective)
+            # Re-check the invariant the accountant relies on, after clipping.
+            if clipped.shape[0] and bool((clipped.norm(dim=1) > clip_norm).any()):
+                raise MechanismError("a clipped contribution exceeds the clip norm")
+            total = clipped.sum(0).numpy()
+        noisy = self._randomness.gaussian(total, noise_std=noise_multiplier * clip_norm, clip_norm=clip_norm)
+        return torch.from_numpy(np.asarray(noisy, dtype=np.float64))
+
+    def noisy_count(self, *, noise_multiplier: float) -> float:
+        """The record count plus N(0, noise_multiplier^2) (a Gaussian mechanism, sensitivity 1)."""
+        count = np.array([float(self._points.shape[0])])
+        return float(self._randomness.gaussian(count, noise_std=noise_multiplier, clip_norm=1.0)[0])
