@@ -56,15 +56,26 @@ def adam(param_groups: Iterable[dict[str, Any]]) -> torch.optim.Optimizer:
 
 @dataclass
 class PSVIState:
-    """Explicit optimisation state. ``points`` and ``log_weights`` are the optimiser's leaves."""
+    """Explicit optimisation state.
 
-    points: torch.Tensor
+    The optimiser's leaves are ``latent`` (pseudopoints divided by the public per-column
+    ``point_scale``) and ``log_weights``. Scaling lets one learning rate move a count target of
+    order 100 as readily as a standardised feature of order 1.
+    """
+
+    latent: torch.Tensor
+    point_scale: torch.Tensor
     log_weights: torch.Tensor
     optimizer: torch.optim.Optimizer
     schedule: torch.optim.lr_scheduler.LRScheduler | None
     posterior: GaussianPosterior
     step: int = 0
     info: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def points(self) -> torch.Tensor:
+        """Pseudopoints in model space (differentiable in ``latent``)."""
+        return self.latent * self.point_scale
 
 
 def init_state(
@@ -77,14 +88,25 @@ def init_state(
     weights_lr: float,
     schedule: ScheduleFactory | None,
     steps: int,
+    point_scale: torch.Tensor | None = None,
 ) -> PSVIState:
-    """Wrap initial pseudopoints and weights into an optimisation state."""
-    pts = model.project_points(points.detach().clone().to(DTYPE)).requires_grad_(True)
+    """Wrap initial pseudopoints and weights into an optimisation state.
+
+    ``point_scale`` (public, per column, default all ones) sets the units in which the optimiser
+    moves each coordinate.
+    """
+    pts = model.project_points(points.detach().clone().to(DTYPE))
+    scale = torch.ones(pts.shape[1], dtype=DTYPE) if point_scale is None else point_scale.detach().to(DTYPE)
+    if scale.shape != (pts.shape[1],) or not bool((scale > 0).all()):
+        raise ValueError("point_scale must be positive, one entry per point column")
+    latent = (pts / scale).requires_grad_(True)
     logw = torch.log(weights.detach().clone().to(DTYPE)).requires_grad_(True)
-    opt = optimizer([{"params": [pts], "lr": points_lr}, {"params": [logw], "lr": weights_lr}])
-    posterior = coreset_posterior(model, pts.detach(), logw.detach().exp())
+    opt = optimizer([{"params": [latent], "lr": points_lr}, {"params": [logw], "lr": weights_lr}])
+    posterior = coreset_posterior(model, pts, logw.detach().exp())
     sched = None if schedule is None else schedule(opt, steps)
-    return PSVIState(points=pts, log_weights=logw, optimizer=opt, schedule=sched, posterior=posterior)
+    return PSVIState(
+        latent=latent, point_scale=scale, log_weights=logw, optimizer=opt, schedule=sched, posterior=posterior
+    )
 
 
 def posterior_draws(
@@ -128,7 +150,7 @@ def apply_gradient(
     if state.schedule is not None:
         state.schedule.step()
     with torch.no_grad():
-        model.project_points(state.points)
+        state.latent.copy_(model.project_points(state.points) / state.point_scale)
         # Keep log-weights finite: exp overflow or underflow would make the posterior singular.
         state.log_weights.clamp_(min=-30.0, max=30.0)
     return replace(state, posterior=posterior, step=state.step + 1)
@@ -149,6 +171,7 @@ class PSVI:
     optimizer: OptimizerFactory = adam
     schedule: ScheduleFactory | None = exponential_decay
     diagonal: bool = False
+    point_scale: tuple[float, ...] | None = None
     name: str = "psvi"
 
     def init(self, data: torch.Tensor, model: Model, size: int, generator: torch.Generator) -> PSVIState:
@@ -165,6 +188,7 @@ class PSVI:
             weights_lr=self.weights_lr,
             schedule=self.schedule,
             steps=self.steps,
+            point_scale=None if self.point_scale is None else torch.tensor(self.point_scale, dtype=DTYPE),
         )
 
     def num_steps(self, size: int) -> int:

@@ -76,6 +76,8 @@ class DPPSVI:
     schedule: ScheduleFactory | None = exponential_decay
     feature_sampler: FeatureSampler | None = None
     theta_scale: float = 1.0
+    clip_multiplier: float = 1.0
+    point_scale: tuple[float, ...] | None = None
     diagonal: bool = False
     name: str = "dp-psvi"
 
@@ -92,16 +94,19 @@ class DPPSVI:
             weights_lr=self.weights_lr,
             schedule=self.schedule,
             steps=self.steps,
+            point_scale=None if self.point_scale is None else torch.tensor(self.point_scale, dtype=DTYPE),
         )
 
     def num_steps(self, size: int) -> int:
         return self.steps
 
     def clip_norm(self, model: Model, state: PSVIState, theta: torch.Tensor) -> float:
-        """C_t = median norm of the pseudopoints' centred log-likelihood vectors (public)."""
+        """C_t = clip_multiplier x the median norm of the pseudopoints' centred log-likelihood
+        vectors at this step (the paper's choice when clip_multiplier = 1). Public: it depends only
+        on the pseudopoints and the posterior draws."""
         with torch.no_grad():
             norms = centred_loglik(model, state.points.detach(), theta).norm(dim=1)
-        c = float(norms.median())
+        c = self.clip_multiplier * float(norms.median())
         return c if math.isfinite(c) and c > MIN_CLIP_NORM else MIN_CLIP_NORM
 
     def step(self, state: PSVIState, data: PrivateRecords, model: Model, generator: torch.Generator) -> PSVIState:

@@ -105,7 +105,9 @@ class PrivateRecords:
             raise MechanismError("clip_norm and noise_multiplier must be positive")
         num_draws = theta.shape[0]
         effective = clip_norm - noise.rounding_slack(clip_norm, num_draws)
-        mask = self._randomness.coins(self._points.shape[0], sample_rate)
+        mask = np.asarray(self._randomness.coins(self._points.shape[0], sample_rate), dtype=bool)
+        if mask.shape != (self._points.shape[0],):
+            raise MechanismError("inclusion mask has the wrong shape")
         batch = self._points[torch.from_numpy(mask)]
         with torch.no_grad():
             ll = model.log_likelihood(batch, theta.detach())

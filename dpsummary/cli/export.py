@@ -1,0 +1,39 @@
+"""``dpsummary export``: verify a released artifact and write a sampler adapter for it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Literal
+
+import typer
+
+from . import app
+from .common import UserError, guarded
+
+
+@app.command()
+@guarded
+def export(
+    artifact: Annotated[Path, typer.Argument(help="The released artifact (signed JSON).")],
+    to: Annotated[Literal["stan", "pymc", "numpyro", "json"], typer.Option("--to", help="Target sampler: stan, pymc, numpyro or json (sampler-neutral + emcee recipe).")],
+    out: Annotated[Path, typer.Option("--out", help="Directory to write the adapter into (created if needed).")],
+    key: Annotated[Path | None, typer.Option("--key", help="Curator's public key (default: this machine's dpsummary key).")] = None,
+    allow_unsigned: Annotated[bool, typer.Option("--allow-unsigned", help="Accept an artifact whose signature is missing or cannot be checked.")] = False,
+) -> None:
+    """Write ARTIFACT's weighted posterior for Stan, PyMC, NumPyro/BlackJAX or any sampler (JSON).
+
+    The signature is verified first. Exporting and sampling cost no privacy.
+    """
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out must be a directory: {out}")
+    from ..analyst import load
+    from ..export import export as do_export
+
+    release = load(artifact, key, allow_unsigned=allow_unsigned)
+    files = do_export(release, to, out)
+    if not release.verified:
+        typer.echo("warning: the artifact's signature was NOT verified (--allow-unsigned)", err=True)
+    typer.echo(f"{to} adapter for {release.model.name} ({release.summary.size} points, "
+               f"epsilon {', '.join(f'{k}={v:.4g}' for k, v in release.epsilon.items()) or 'n/a'}):")
+    for f in files:
+        typer.echo(f"  {f}")

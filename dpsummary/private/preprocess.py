@@ -1,0 +1,373 @@
+"""Differentially private schema estimation for a zero-configuration release.
+
+Only the header row (the column names) is public. Everything else the release needs from the
+data to build a :class:`dpsummary.data.Schema` (column types, integer flags, numeric bounds,
+category lists, the kind of the target) is derived from ONE Gaussian mechanism applied to one
+concatenated vector of counts, followed by post-processing.
+
+What is released (before post-processing)
+-----------------------------------------
+For every column ``c`` of the header (C columns in all), noisy versions of:
+
+1. a *type histogram* with four bins: missing (empty field) / text (anything that is not a finite
+   number, ``nan`` and ``inf`` included) / integer number / non-integer number;
+2. a *grid histogram* of the finite numbers over a PUBLIC, data-independent grid: symmetric
+   1-2-5 edges ``±{1, 2, 5} x 10^e`` for ``e = -4 .. 8`` plus ``±1e9``, bins closed away from
+   zero, a separate bin for exact zero and open bins beyond ``±1e9`` (83 bins);
+3. a *value histogram* over the distinct text values present in the data, released only for the
+   values whose noisy count exceeds a threshold ``tau`` (partition selection, see below).
+
+Sensitivity (add/remove-one-record adjacency)
+---------------------------------------------
+Adding or removing one record changes, in each column, exactly one bin of the type histogram by
+1 and, if the field is non-missing, exactly one bin of *either* the grid histogram (a finite
+number) *or* the value histogram (any other string) by 1. So at most ``K = 2C`` coordinates of
+the raw count vector change, each by exactly 1: the L2 distance is at most ``sqrt(K)``. The
+vector is multiplied by ``(1 - slack) / sqrt(K)`` before the noise, where ``slack`` is OpenDP's
+input-rounding slack (:func:`dpsummary.private.noise.rounding_slack`), so the end-to-end L2
+sensitivity is at most 1 and ``noise_std = noise_multiplier`` is exactly the Gaussian mechanism
+that ``dp_accounting.GaussianDpEvent(noise_multiplier)`` describes. :func:`build_count_vector`
+asserts the per-record bound by construction (each record is counted exactly once per
+histogram it touches, and touches at most K of them).
+
+Partition selection (the value histograms)
+------------------------------------------
+The keys of a value histogram are data-dependent: a record may bring a value nobody else has.
+Such a key has raw count exactly 1 in the larger data set and does not exist in the smaller one.
+It is released only if ``1 + N(0, s^2) > tau``, with ``s = noise_multiplier * sqrt(K) / (1 -
+slack)`` the noise on the raw scale; choosing ``tau = 1 + s * Phi^{-1}(1 - delta / C)`` makes this
+probability ``delta / C`` per column, so at most ``delta`` over the (at most C) new keys of one
+record (union bound). On the shared keys the release is the Gaussian mechanism above (dropping
+the new keys' coordinates can only shrink the L2 distance) followed by thresholding, which is
+post-processing. Hence the whole estimation is ``(eps_G, delta_G + delta)``-DP where
+``(eps_G, delta_G)`` is any guarantee of ``GaussianDpEvent(noise_multiplier)`` (Korolova,
+Kenthapadi, Mishra, Ntoulas 2009 for the Laplace version; Gopi, Gulhane, Kulkarni, Shen, Shokouhi,
+Yekhanin 2020, "Differentially Private Set Union", and Wilson, Zhang, Lam, Desfontaines,
+Simmons-Marengo, Gipson 2020, "Differentially Private SQL with Bounded User Contribution", Sec. 4,
+for Gaussian thresholding). In the direction "smaller data set first" the bound picks up a factor
+``1 / (1 - delta)`` instead, i.e. ``eps_G - log(1 - delta)``; ``epsilon_slack`` in the result
+reports that term (about ``delta``, negligible) for a caller that wants to add it.
+
+Post-processing (no further privacy cost)
+-----------------------------------------
+* numeric vs categorical: numeric when the noisy number count exceeds the noisy text count (a
+  column with a few stray strings is numeric; transform it with ``invalid_numeric="missing"``);
+* integer: the noisy non-integer count is below ``max(3 s, 1% of the numbers)``;
+* bounds: grid bins with noisy count below ``z s`` are zeroed (``z`` chosen so that, over all
+  grid bins of all columns, an empty bin survives with probability below 1%); the bounds are
+  the outer edges of the bins holding the 1% and 99% quantiles of what remains (for the target:
+  of the lowest and highest surviving bins), rounded inwards (ceil / floor) for integer
+  columns, capped at ``±1e9``;
+* categories: the values above ``tau``, the ``max_categories`` largest, sorted.
+A feature column for which nothing survives is dropped (with a note); for the target that is a
+DataError. Notes and errors only ever mention noisy, released quantities.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import dp_accounting
+import numpy as np
+from scipy.stats import norm
+
+from ..data import NO_TARGET, ColumnSpec, DataError, RawTable, Schema, parse_floats, target_kind
+from .noise import add_gaussian_noise, rounding_slack
+
+__all__ = [
+    "GRID_EDGES",
+    "CountVector",
+    "PrivateSchemaResult",
+    "build_count_vector",
+    "estimate_schema",
+    "selection_threshold",
+]
+
+#: Positive public grid edges: 1-2-5 steps from 1e-4 to 5e8, then 1e9.
+_POSITIVE_EDGES: Final = [m * 10.0**e for e in range(-4, 9) for m in (1.0, 2.0, 5.0)] + [1e9]
+#: All edges, ascending: -1e9 ... -1e-4, 0, 1e-4 ... 1e9 (81 edges). Bin k (0 <= k <= 81) lies
+#: between GRID_EDGES[k-1] and GRID_EDGES[k] (open ends), closed on the side away from zero:
+#: (a, b] for positive values, [a, b) for negative ones; bin 82 is exact zero.
+GRID_EDGES: Final = np.array([-x for x in reversed(_POSITIVE_EDGES)] + [0.0] + _POSITIVE_EDGES)
+GRID_LIMIT: Final = 1e9
+NUM_GRID_BINS: Final = len(GRID_EDGES) + 2
+_ZERO_BIN: Final = NUM_GRID_BINS - 1
+TYPE_BINS: Final = ("missing", "text", "integer", "fraction")
+#: Quantiles of the denoised grid histogram used as feature bounds.
+LOWER_QUANTILE: Final = 0.01
+UPPER_QUANTILE: Final = 0.99
+#: Probability that any empty grid bin (over all columns) survives denoising.
+GRID_FALSE_BIN_PROB: Final = 0.01
+
+
+@dataclass(frozen=True)
+class CountVector:
+    """The pre-noise concatenated count vector and its layout.
+
+    ``keys[i] = (column, section, label)`` with section ``type`` / ``grid`` / ``value``;
+    ``counts`` are raw integer counts; ``touches`` (K) bounds how many coordinates one record
+    changes, each by exactly 1, so ``counts * scale`` has L2 sensitivity at most 1.
+    """
+
+    keys: list[tuple[str, str, str]]
+    counts: np.ndarray
+    touches: int
+
+    @property
+    def scale(self) -> float:
+        """Multiplier making the L2 sensitivity at most 1, OpenDP's rounding slack included."""
+        slack = rounding_slack(1.0, max(len(self.keys), 1))
+        return (1.0 - slack) / math.sqrt(self.touches)
+
+    def scaled(self) -> np.ndarray:
+        return self.counts * self.scale
+
+    def as_dict(self) -> dict[tuple[str, str, str], float]:
+        return dict(zip(self.keys, self.counts.tolist(), strict=True))
+
+
+@dataclass(frozen=True)
+class PrivateSchemaResult:
+    """A privately estimated schema and exactly what it cost.
+
+    ``events``: the dp_accounting events of the mechanism (one Gaussian). ``delta``: the extra
+    delta consumed by partition selection, to be added to the accountant's delta.
+    ``epsilon_slack``: ``-log(1 - delta)``, see the module docstring. ``noisy_num_records``: a
+    noisy record count (post-processing of the type histograms), usable wherever a DP count of
+    the records is needed. ``notes``: what was derived, for the release report.
+    """
+
+    schema: Schema
+    events: list[dp_accounting.DpEvent]
+    delta: float
+    epsilon_slack: float
+    noise_multiplier: float
+    noisy_num_records: float
+    notes: list[str] = field(default_factory=list)
+    dropped: list[str] = field(default_factory=list)
+
+
+def selection_threshold(raw_noise_std: float, delta_per_column: float) -> float:
+    """Threshold tau on the raw scale: a key with true count 1 survives with prob. delta_col.
+
+    ``P[1 + N(0, s^2) > tau] = Phi_bar((tau - 1) / s) = delta_col`` gives
+    ``tau = 1 + s * Phi_bar^{-1}(delta_col)`` (``norm.isf``, accurate for tiny deltas).
+    """
+    if not 0.0 < delta_per_column < 1.0:
+        raise ValueError("delta_per_column must lie in (0, 1)")
+    return 1.0 + raw_noise_std * float(norm.isf(delta_per_column))
+
+
+def _grid_bins(values: np.ndarray) -> np.ndarray:
+    """Grid bin of each finite value. Bins are closed on the side away from zero, so round
+    maxima such as 1, 100 or 1000 land in the bin they end, not in the next one up."""
+    toward = np.searchsorted(GRID_EDGES, values, side="left")  # (a, b] for v > 0
+    away = np.searchsorted(GRID_EDGES, values, side="right")  # [a, b) for v < 0
+    return np.where(values == 0.0, _ZERO_BIN, np.where(values > 0, toward, away))
+
+
+def _bin_edges(k: int) -> tuple[float, float]:
+    """Outer edges of bin k, capped at +-GRID_LIMIT (values beyond it are clipped)."""
+    if k == _ZERO_BIN:
+        return 0.0, 0.0
+    lo = GRID_EDGES[k - 1] if k >= 1 else -GRID_LIMIT
+    hi = GRID_EDGES[k] if k < len(GRID_EDGES) else GRID_LIMIT
+    return float(lo), float(hi)
+
+
+def build_count_vector(table: RawTable) -> CountVector:
+    """The raw counts that :func:`estimate_schema` noises, with their keys (see module doc)."""
+    if not table.header:
+        raise DataError("the table has no columns")
+    n = table.num_rows
+    keys: list[tuple[str, str, str]] = []
+    parts: list[np.ndarray] = []
+    touches_per_record = np.zeros(n, dtype=np.int64)
+    for name in table.header:
+        arr = table.array(name)
+        missing = arr == ""
+        values, ok = parse_floats(arr)
+        text = ~ok & ~missing
+        integral = ok & (values == np.round(values))
+        kinds = np.where(missing, 0, np.where(text, 1, np.where(integral, 2, 3)))
+        type_counts = np.bincount(kinds, minlength=4)
+        grid_counts = np.bincount(_grid_bins(values[ok]), minlength=NUM_GRID_BINS)
+        text_values = arr[text].tolist()
+        distinct = sorted(set(text_values))
+        pos = {v: i for i, v in enumerate(distinct)}
+        value_counts = np.bincount(
+            np.fromiter(map(pos.__getitem__, text_values), np.int64, len(text_values)),
+            minlength=len(distinct),
+        )
+        # Each record: one unit in the type histogram, and one in grid OR value unless missing.
+        assert type_counts.sum() == n
+        assert grid_counts.sum() + value_counts.sum() == n - missing.sum()
+        touches_per_record += 1 + (~missing).astype(np.int64)
+        keys += [(name, "type", b) for b in TYPE_BINS]
+        keys += [(name, "grid", str(k)) for k in range(NUM_GRID_BINS)]
+        keys += [(name, "value", v) for v in distinct]
+        parts += [type_counts, grid_counts, value_counts]
+    touches = 2 * len(table.header)
+    assert n == 0 or int(touches_per_record.max()) <= touches
+    counts = np.concatenate(parts).astype(np.float64)
+    return CountVector(keys=keys, counts=counts, touches=touches)
+
+
+def estimate_schema(
+    table: RawTable,
+    *,
+    noise_multiplier: float,
+    target: str | None,
+    delta: float,
+    max_categories: int = 50,
+) -> PrivateSchemaResult:
+    """Estimate a schema with one Gaussian mechanism (see the module docstring for the proof).
+
+    ``target``: ``None`` for the last column, ``NO_TARGET`` for none, else a column name.
+    ``delta``: the delta spent on partition selection (over all columns together).
+    """
+    if not (noise_multiplier > 0 and math.isfinite(noise_multiplier)):
+        raise ValueError("noise_multiplier must be positive and finite")
+    if not 0.0 < delta < 1.0:
+        raise ValueError("delta must lie in (0, 1)")
+    if max_categories < 1:
+        raise ValueError("max_categories must be at least 1")
+    if not table.header:
+        raise DataError("the table has no columns")
+    if target is None:
+        tgt: str | None = table.header[-1]
+    elif target == NO_TARGET:
+        tgt = None
+    elif target not in table.header:
+        raise DataError(f"target column {target!r} is not in the data")
+    else:
+        tgt = target
+
+    vec = build_count_vector(table)
+    scale = vec.scale
+    noisy = add_gaussian_noise(vec.scaled(), noise_std=noise_multiplier, clip_norm=1.0) / scale
+    s = noise_multiplier / scale  # noise std on the raw count scale
+    num_cols = len(table.header)
+    tau = selection_threshold(s, delta / num_cols)
+    z_grid = float(norm.isf(GRID_FALSE_BIN_PROB / (num_cols * NUM_GRID_BINS)))
+
+    sections: dict[tuple[str, str], list[tuple[str, float]]] = {}
+    for (col, section, label), value in zip(vec.keys, noisy.tolist(), strict=True):
+        sections.setdefault((col, section), []).append((label, value))
+
+    specs: list[ColumnSpec] = []
+    notes: list[str] = [
+        f"schema estimated privately: one Gaussian mechanism, noise multiplier "
+        f"{noise_multiplier:g}, L2 sensitivity 1 after dividing counts by sqrt({vec.touches}); "
+        f"category threshold {tau:.1f} records (delta {delta:g} for partition selection)"
+    ]
+    dropped: list[str] = []
+    totals: list[float] = []
+    for name in table.header:
+        is_target = name == tgt
+        t = dict(sections[(name, "type")])
+        totals.append(sum(t.values()))
+        numbers = t["integer"] + t["fraction"]
+        spec: ColumnSpec | None
+        why: str
+        if max(numbers, t["text"]) < 3.0 * s:
+            spec, why = None, "too few non-missing values to estimate anything"
+        elif numbers > t["text"]:
+            integer = t["fraction"] < max(3.0 * s, 0.01 * numbers)
+            grid = np.array([v for _, v in sections[(name, "grid")]])
+            spec, why = _numeric_spec(name, grid, z_grid * s, integer, full_range=is_target)
+        else:
+            values = [(lab, v) for lab, v in sections.get((name, "value"), []) if v > tau]
+            spec, why = _categorical_spec(name, values, max_categories)
+        if spec is None:
+            if is_target:
+                raise DataError(f"target {name!r}: {why}; give a schema with the target instead")
+            dropped.append(name)
+            notes.append(f"{name}: dropped ({why})")
+            continue
+        specs.append(spec)
+        notes.append(why)
+    if not [c for c in specs if c.name != tgt]:
+        raise DataError("no feature column could be estimated privately; give a schema instead")
+    schema = Schema(columns=specs, target=tgt)
+    kind = target_kind(schema)
+    if tgt is not None:
+        notes.append(f"target {tgt!r}: {kind}")
+    return PrivateSchemaResult(
+        schema=schema,
+        events=[dp_accounting.GaussianDpEvent(noise_multiplier)],
+        delta=delta,
+        epsilon_slack=-math.log1p(-delta),
+        noise_multiplier=noise_multiplier,
+        noisy_num_records=max(float(np.mean(totals)), 0.0),
+        notes=notes,
+        dropped=dropped,
+    )
+
+
+def _numeric_spec(
+    name: str, grid: np.ndarray, floor: float, integer: bool, *, full_range: bool
+) -> tuple[ColumnSpec | None, str]:
+    """Bounds from the denoised grid histogram (pure post-processing)."""
+    kept = np.where(grid > floor, grid, 0.0)
+    # Reorder bins by position on the line: the zero bin sits between (-1e-4, 0) and [0, 1e-4).
+    zero_at = int(np.searchsorted(GRID_EDGES, 0.0, side="right"))  # bin [0, 1e-4)
+    order = list(range(zero_at)) + [_ZERO_BIN] + list(range(zero_at, _ZERO_BIN))
+    mass = kept[order]
+    total = float(mass.sum())
+    if total <= 0:
+        return None, "no numeric bin rose above the noise"
+    if full_range:
+        nz = np.flatnonzero(mass > 0)
+        lo_bin, hi_bin = order[int(nz[0])], order[int(nz[-1])]
+    else:
+        cum = np.cumsum(mass) / total
+        lo_bin = order[int(np.searchsorted(cum, LOWER_QUANTILE, side="left"))]
+        hi_bin = order[min(int(np.searchsorted(cum, UPPER_QUANTILE, side="left")), len(order) - 1)]
+    lower, _ = _bin_edges(lo_bin)
+    _, upper = _bin_edges(hi_bin)
+    if integer:
+        # The closed hull of the two bins' integers: round outer edges inwards, ceil / floor.
+        lo_i, hi_i = float(math.ceil(lower)), float(math.floor(upper))
+        if lo_i <= hi_i:
+            lower, upper = lo_i, hi_i
+    how = "lowest/highest surviving bins" if full_range else "noisy 1%/99% quantiles"
+    if lower >= upper:
+        if full_range:
+            return None, "it appears constant"
+        upper = lower + 1.0
+        how += ", widened to unit width (constant column)"
+    spec = ColumnSpec(name=name, kind="numeric", lower=lower, upper=upper, integer=integer)
+    kind = "integer" if integer else "real"
+    return (
+        spec,
+        f"{name}: numeric ({kind}), bounds [{lower:g}, {upper:g}] from {how} on a public grid",
+    )
+
+
+def _categorical_spec(
+    name: str, values: list[tuple[str, float]], max_categories: int
+) -> tuple[ColumnSpec | None, str]:
+    if not values:
+        return None, "no category was frequent enough to pass the noisy threshold"
+    ranked = sorted(values, key=lambda lv: (-lv[1], lv[0]))
+    kept = sorted(lab for lab, _ in ranked[:max_categories])
+    extra = f", the {max_categories} most frequent kept" if len(ranked) > max_categories else ""
+    spec = ColumnSpec(name=name, kind="categorical", categories=kept)
+    return spec, f"{name}: categorical, {len(kept)} categories passed the noisy threshold{extra}"
+
+
+def describe(result: PrivateSchemaResult) -> dict[str, Any]:
+    """A JSON-able summary for release reports (everything in it is already released)."""
+    return {
+        "schema": result.schema.model_dump(mode="json"),
+        "events": [repr(e) for e in result.events],
+        "delta": result.delta,
+        "epsilon_slack": result.epsilon_slack,
+        "noise_multiplier": result.noise_multiplier,
+        "noisy_num_records": result.noisy_num_records,
+        "notes": list(result.notes),
+        "dropped": list(result.dropped),
+    }

@@ -1,0 +1,373 @@
+"""The private release: ``dpsummary release --epsilon 0.2 data.csv``, end to end.
+
+Order of operations (each step touches private data only after the previous one allowed it):
+
+1. **Public planning** (no data): options and policy validated, delta fixed from the policy's
+   public rule, the budget split fixed, the noise multipliers of the DP count and of the DP
+   schema estimation calibrated, the signing key found or created.
+2. **Parsing**: the CSV is parsed with private error messages (column and problem only). A
+   failure here releases nothing, so it is not charged.
+3. **Stage 1** (only when the record count or the schema is not public): the ledger reserves
+   the count/preprocessing events *and holds the whole release budget* under its lock, then the
+   DP count and DP schema estimation run; the stage is committed. Everything after this is
+   charged even if it fails.
+4. **Planning from released values**: model, public transform, sample rate q = B / count and
+   the optimisation noise multiplier, calibrated so that the *composed* epsilon of every event of
+   this release is at or below the target under the accountant of record.
+5. **Stage 2**: the ledger reserves the DP-PSVI event (replacing the hold), DP-PSVI runs on a
+   :class:`PrivateRecords` handle, the artifact is signed and written atomically, and the ledger
+   commits with the artifact's digest. Any failure aborts the stage; the charge stays.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import math
+import platform
+import secrets
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+
+from . import __version__
+
+Accountant = Literal["rdp", "prv", "pld"]
+
+#: Public defaults, chosen on synthetic data (benchmarks/tune_dp_defaults.py), never on private data.
+DEFAULT_SIZE = 50
+DEFAULT_STEPS = 500
+DEFAULT_NUM_SAMPLES = 100
+DEFAULT_EXPECTED_BATCH = 200
+DEFAULT_CLIP_MULTIPLIER = 10.0
+DEFAULT_LEARNING_RATE = 0.2
+DEFAULT_THETA_SCALE = 0.3
+
+
+class ReleaseError(Exception):
+    """A release refused or failed; the message is one line and reveals nothing about the data."""
+
+    code = 1
+
+
+@dataclass(frozen=True)
+class ReleaseRequest:
+    data: Path
+    epsilon: float
+    delta: float | None = None
+    model: str | None = None
+    target: str | None = None
+    size: int = DEFAULT_SIZE
+    steps: int = DEFAULT_STEPS
+    sample_rate: float | None = None
+    num_samples: int = DEFAULT_NUM_SAMPLES
+    policy: Path | None = None
+    out: Path | None = None
+    seed: int | None = None
+    ledger: Path | None = None
+    key: Path | None = None
+    calibrate_to: Accountant | None = None
+
+
+@dataclass
+class ReleaseResult:
+    out: Path
+    artifact_digest: str
+    source_id: str
+    epsilons: dict[str, float]
+    delta: float
+    noise_multiplier: float
+    sample_rate: float
+    steps: int
+    size: int
+    budget_split: dict[str, float]
+    composed_total: dict[str, float]
+    naive_total: float
+    notes: list[str] = field(default_factory=list)
+    key_created: Path | None = None
+    ledger: Path | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "out": str(self.out),
+            "artifact_sha256": self.artifact_digest,
+            "source_id": self.source_id,
+            "epsilon": self.epsilons,
+            "delta": self.delta,
+            "noise_multiplier": self.noise_multiplier,
+            "sample_rate": self.sample_rate,
+            "steps": self.steps,
+            "size": self.size,
+            "budget_split": self.budget_split,
+            "source_spent_composed": self.composed_total,
+            "source_spent_naive_sum": self.naive_total,
+            "notes": self.notes,
+            "key_created": str(self.key_created) if self.key_created else None,
+            "ledger": str(self.ledger) if self.ledger else None,
+        }
+
+
+def software_versions() -> dict[str, str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {"dpsummary": __version__, "python": platform.python_version()}
+    for dist in ("torch", "opacus", "dp-accounting", "opendp", "numpy"):
+        try:
+            out[dist] = version(dist)
+        except PackageNotFoundError:  # pragma: no cover
+            out[dist] = "unknown"
+    return out
+
+
+def _check_request(req: ReleaseRequest) -> None:
+    if not (isinstance(req.epsilon, float | int) and math.isfinite(req.epsilon) and req.epsilon > 0):
+        raise ReleaseError("--epsilon must be a positive, finite number")
+    if req.delta is not None and not (0 < req.delta < 1):
+        raise ReleaseError("--delta must lie in (0, 1)")
+    if req.size < 1:
+        raise ReleaseError("--size must be at least 1")
+    if req.steps < 1:
+        raise ReleaseError("--steps must be at least 1")
+    if req.num_samples < 2:
+        raise ReleaseError("--num-samples must be at least 2")
+    if req.sample_rate is not None and not (0 < req.sample_rate <= 1):
+        raise ReleaseError("--sample-rate must lie in (0, 1]")
+    if not req.data.exists():
+        raise ReleaseError(f"data file not found: {req.data}")
+    if not req.data.is_file():
+        raise ReleaseError(f"not a file: {req.data}")
+
+
+ProgressFn = Callable[[int, int], None]
+NoticeFn = Callable[[str], None]
+
+
+def run_release(
+    req: ReleaseRequest,
+    *,
+    progress: ProgressFn | None = None,
+    notice: NoticeFn | None = None,
+) -> ReleaseResult:
+    """Run a private release. Raises :class:`ReleaseError` (or a data/policy/ledger error with a
+    one-line message) on refusal; writes nothing in that case except the ledger's charge when
+    data had already been touched."""
+    from dp_accounting import dp_event as dpe
+
+    from . import data as dmod
+    from . import keys, policy as pmod
+    from .artifact import write_artifact
+    from .ledger import Ledger
+    from .private import accounting as acc
+
+    say = notice or (lambda _msg: None)
+    _check_request(req)
+
+    # ---- 1. public planning ----------------------------------------------------------------
+    pol = pmod.load_policy(req.policy) if req.policy is not None else pmod.default_policy()
+    accountant: Accountant = req.calibrate_to or pol.accountant
+    delta = pol.resolve_delta(req.delta)
+    if req.epsilon > pol.max_epsilon_per_release:
+        raise ReleaseError(
+            f"epsilon {req.epsilon:g} exceeds the policy's per-release cap {pol.max_epsilon_per_release:g}"
+        )
+    source_id = pol.source_id or pmod.source_id_from_path(req.data)
+    if pol.source_id is None:
+        say(f"budget attaches to data source {source_id!r} (derived from the file name; "
+            "set source_id in the policy to name it)")
+    if req.model is not None:
+        pol.check_model(req.model)
+
+    key_info, key_created = keys.resolve_signing_key(req.key)
+    if key_created:
+        say(f"created a new signing key: {key_info.private_path} (public key {key_info.public_path})")
+    ledger_path = req.ledger or pol.ledger_path() or keys.default_home() / "ledger.jsonl"
+    ledger = Ledger(ledger_path, keys.load_private_key(key_info.private_path), key_info.keyid)
+
+    schema_public = pol.data_schema is not None
+    count_public = pol.record_count_public
+    split = pol.budget_split.normalised(count=not count_public, preprocessing=not schema_public)
+    stage1_events: list[Any] = []
+    count_sigma = pre_sigma = None
+    if not count_public:
+        count_sigma = acc.calibrate_gaussian(target_epsilon=split["count"] * req.epsilon, delta=delta,
+                                             accountant=accountant)
+        stage1_events.append(dpe.GaussianDpEvent(count_sigma))
+    if not schema_public:
+        pre_sigma = acc.calibrate_gaussian(
+            target_epsilon=(split["count"] + split["preprocessing"]) * req.epsilon,
+            delta=delta, prior_events=stage1_events, accountant=accountant,
+        )
+        stage1_events.append(dpe.GaussianDpEvent(pre_sigma))
+
+    # ---- 2. parsing (nothing released on failure) ------------------------------------------
+    table = dmod.read_csv(req.data, private=True)
+    if schema_public:
+        missing = [c.name for c in pol.data_schema.columns if c.name not in table.header]
+        if missing:
+            raise ReleaseError(f"the data has no column {missing[0]!r} named in the policy's schema")
+
+    content_id = keys.keyed_content_id_for_file(req.data)
+    release_id = secrets.token_hex(8)
+    notes: list[str] = []
+    nonpriv = torch.Generator().manual_seed(req.seed if req.seed is not None else secrets.randbits(63))
+
+    # ---- 3. stage 1: DP count and DP schema --------------------------------------------------
+    from .private.mechanism import PrivateRecords
+
+    noisy_count: float
+    if stage1_events:
+        reservation = ledger.reserve(
+            source_id=source_id, events=stage1_events, delta=delta, policy=pol, content_id=content_id,
+            release_id=release_id, stage="count-and-schema", hold_epsilon=req.epsilon,
+        )
+        try:
+            if schema_public:
+                schema = pol.data_schema
+            else:
+                from .private.preprocess import estimate_schema
+
+                target = req.target
+                est = estimate_schema(table, noise_multiplier=pre_sigma, target=target, delta=delta)
+                schema = est.schema
+                notes.extend(est.notes)
+            if count_public:
+                noisy_count = float(pol.record_count)
+            else:
+                noisy_count = PrivateRecords(torch.zeros(table.num_rows, 1)).noisy_count(
+                    noise_multiplier=count_sigma
+                )
+                notes.append("record count estimated with the Gaussian mechanism (not public)")
+            reservation.commit(artifact_digest=None)
+        except BaseException as exc:
+            reservation.abort(reason=type(exc).__name__)
+            raise
+    else:
+        schema = pol.data_schema
+        noisy_count = float(pol.record_count)
+
+    # ---- 4. planning from released values ------------------------------------------------------
+    kind = dmod.target_kind(schema)
+    model_name = req.model or dmod.default_model_name(kind)
+    pol.check_model(model_name)
+    if noisy_count < pol.min_records:
+        raise ReleaseError("too few records for the policy (judged on the noisy record count)")
+    if pol.n_max is not None and noisy_count > pol.n_max:
+        raise ReleaseError("more records than the policy's public bound n_max (judged on the noisy count)")
+    transform = dmod.Transform.from_schema(schema, invalid_numeric="missing", invalid_target="drop")
+    from .models import get_model_class
+    model = get_model_class(model_name)(transform.num_features)
+    if model.point_dim != transform.point_dim:
+        raise ReleaseError(f"model {model_name!r} does not match the data's target ({kind})")
+
+    from .private.noise import quantize_sample_rate
+    q = quantize_sample_rate(req.sample_rate if req.sample_rate is not None
+                             else min(1.0, DEFAULT_EXPECTED_BATCH / max(noisy_count, 1.0)))
+    sigma = acc.calibrate_noise_multiplier(
+        target_epsilon=req.epsilon, delta=delta, sample_rate=q, steps=req.steps,
+        prior_events=stage1_events, accountant=accountant,
+    )
+    psvi_event = acc.subsampled_gaussian_event(sigma, q, req.steps)
+    all_events = [*stage1_events, psvi_event]
+
+    # ---- 5. stage 2: DP-PSVI ------------------------------------------------------------------
+    from .constructors.base import Summary, fit
+    from .private.dppsvi import DPPSVI
+
+    out = req.out or req.data.with_name(req.data.stem + ".dpsummary.json")
+    reservation = ledger.reserve(
+        source_id=source_id, events=[psvi_event], delta=delta, policy=pol, content_id=content_id,
+        release_id=release_id, stage="dp-psvi", hold_epsilon=0.0,
+    )
+    try:
+        points = transform.to_points(table)
+        records = PrivateRecords(points)
+        del points
+        point_scale = public_point_scale(transform, model)
+        constructor = DPPSVI(
+            noise_multiplier=sigma, sample_rate=q, record_count=noisy_count, steps=req.steps,
+            num_samples=req.num_samples, points_lr=DEFAULT_LEARNING_RATE, weights_lr=DEFAULT_LEARNING_RATE,
+            clip_multiplier=DEFAULT_CLIP_MULTIPLIER, theta_scale=DEFAULT_THETA_SCALE,
+            feature_sampler=transform.sample_public_features, point_scale=tuple(point_scale),
+        )
+        summary: Summary = fit(constructor, records, model, req.size, generator=nonpriv,
+                               transform=transform.to_dict(), progress=progress)
+        epsilons = acc.epsilons(all_events, delta)
+        claim = {
+            "epsilon": epsilons,
+            "delta": delta,
+            "adjacency": "add/remove one record",
+            "sampling": "poisson",
+            "accountant_of_record": accountant,
+            "accountants": {a: acc.accountant_description(a) for a in ("rdp", "prv", "pld")},
+            "accountant_versions": acc.accountant_versions(),
+            "events": acc.events_to_json(all_events),
+            "mechanism": {
+                "name": "dp-psvi",
+                "noise_multiplier": sigma,
+                "sample_rate": q,
+                "steps": req.steps,
+                "num_posterior_samples": req.num_samples,
+                "clip_norm_rule": f"{DEFAULT_CLIP_MULTIPLIER:g} x median L2 norm of the pseudopoints' "
+                                  "centred log-likelihood vectors at each step",
+                "noise": "OpenDP discrete Gaussian from OS entropy",
+                "count_noise_multiplier": count_sigma,
+                "preprocessing_noise_multiplier": pre_sigma,
+            },
+            "budget_split": _budget_split(stage1_events, count_sigma, pre_sigma, psvi_event, delta, accountant),
+            "public_inputs": pol.public_inputs(),
+            "source_id": source_id,
+        }
+        body = {
+            "format": "dpsummary.release/v1",
+            "summary": summary.to_dict(),
+            "feature_names": transform.feature_names,
+            "param_names": model.param_names(transform.feature_names),
+            "software": software_versions(),
+            "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+            "release_id": release_id,
+        }
+        digest = write_artifact(out, body, claim, ledger.private_key, key_info.keyid)
+        reservation.commit(artifact_digest=digest)
+    except BaseException as exc:
+        reservation.abort(reason=type(exc).__name__)
+        raise
+
+    spent = ledger.spent(source_id, delta=pol.total_delta)
+    return ReleaseResult(
+        out=out, artifact_digest=digest, source_id=source_id, epsilons=epsilons, delta=delta,
+        noise_multiplier=sigma, sample_rate=q, steps=req.steps, size=summary.size,
+        budget_split=claim["budget_split"], composed_total=spent.composed, naive_total=spent.naive_sum,
+        notes=notes, key_created=key_info.private_path if key_created else None, ledger=ledger_path,
+    )
+
+
+def public_point_scale(transform: Any, model: Any) -> list[float]:
+    """Units in which DP-PSVI moves each point coordinate, from the public schema only.
+
+    Features are in [-1, 1] after the public transform (scale 1). A count target moves in units
+    of a quarter of its public upper bound (so a pseudopoint can travel the target's range within
+    the optimisation); binary and real (already scaled) targets in units of 1.
+    """
+    scale = [1.0] * model.point_dim
+    if model.has_target and transform.target_kind == "count":
+        col = transform.schema.column(transform.target)
+        if col.upper is not None and col.upper > 4:
+            scale[-1] = float(col.upper) / 4.0
+    return scale
+
+
+def _budget_split(stage1, count_sigma, pre_sigma, psvi_event, delta, accountant) -> dict[str, float]:
+    """Standalone epsilon of each part (their naive sum bounds the composed total from above)."""
+    from dp_accounting import dp_event as dpe
+
+    from .private import accounting as acc
+
+    out = {"count": 0.0, "preprocessing": 0.0}
+    if count_sigma is not None:
+        out["count"] = acc.epsilon([dpe.GaussianDpEvent(count_sigma)], delta, accountant)
+    if pre_sigma is not None:
+        out["preprocessing"] = acc.epsilon([dpe.GaussianDpEvent(pre_sigma)], delta, accountant)
+    out["optimisation"] = acc.epsilon([psvi_event], delta, accountant)
+    return out

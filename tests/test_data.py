@@ -1,0 +1,377 @@
+"""Tests for dpsummary.data: reading, schemas, the transform and its documented handling."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from pathlib import Path
+
+import numpy as np
+import pydantic
+import pytest
+import torch
+
+from dpsummary.data import (
+    NO_TARGET,
+    ColumnSpec,
+    DataError,
+    RawTable,
+    Schema,
+    Transform,
+    default_model_name,
+    infer_schema,
+    read_csv,
+    target_kind,
+)
+
+DATA_DIR = Path(__file__).resolve().parents[2] / "shared" / "data"
+
+
+def write(tmp_path: Path, text: str, name: str = "d.csv", encoding: str = "utf-8") -> Path:
+    p = tmp_path / name
+    p.write_text(text, encoding=encoding)
+    return p
+
+
+SMALL = "height,colour,weight,label\n1.5,red,10,yes\n2.5,blue,20,no\n,green,30,yes\n3.5,,40,no\n"
+
+
+def small_table(tmp_path: Path, **kw: bool) -> RawTable:
+    return read_csv(write(tmp_path, SMALL), **kw)
+
+
+def no_digits(msg: str) -> bool:
+    return re.search(r"\d", msg) is None
+
+
+# ---- reading --------------------------------------------------------------------------------
+def test_read_basic_and_missing(tmp_path: Path) -> None:
+    t = small_table(tmp_path)
+    assert t.header == ["height", "colour", "weight", "label"]
+    assert t.num_rows == 4
+    assert t.columns["height"] == ["1.5", "2.5", "", "3.5"]
+    assert t.columns["colour"][3] == ""
+
+
+def test_read_bom_whitespace_crlf_blank_lines(tmp_path: Path) -> None:
+    p = write(tmp_path, "\ufeffa , b\r\n 1 , x \r\n\r\n2,y\r\n", encoding="utf-8")
+    t = read_csv(p)
+    assert t.header == ["a", "b"]
+    assert t.columns == {"a": ["1", "2"], "b": ["x", "y"]}
+
+
+def test_quoted_path_matches_plain_path(tmp_path: Path) -> None:
+    plain = read_csv(write(tmp_path, "a,b\n1,x\n2,y z\n", "p.csv"))
+    quoted = read_csv(write(tmp_path, 'a,"b"\n1,"x"\n2,y z\n', "q.csv"))
+    assert plain == quoted
+    commas = read_csv(write(tmp_path, 'a,b\n1,"x, y"\n', "c.csv"))
+    assert commas.columns["b"] == ["x, y"]
+
+
+@pytest.mark.parametrize(
+    ("text", "pattern"),
+    [
+        ("", "empty"),
+        ("a,b\n", "no data rows"),
+        ("a,a\n1,2\n", "duplicate column name"),
+        ("a,,c\n1,2,3\n", "empty column name"),
+        ("a,b\n1,2\n3\n", "number of fields"),
+        ("a,b\n1,2\n3,4,5\n", "number of fields"),
+        ('a,b\n1,"2"\n3,4,5\n', "number of fields"),
+    ],
+)
+def test_read_errors(tmp_path: Path, text: str, pattern: str) -> None:
+    p = write(tmp_path, text)
+    with pytest.raises(DataError, match=pattern):
+        read_csv(p)
+    with pytest.raises(DataError, match=pattern) as info:
+        read_csv(p, private=True)
+    assert no_digits(str(info.value).replace(str(p), ""))
+
+
+def test_ragged_row_message_private_vs_not(tmp_path: Path) -> None:
+    p = write(tmp_path, "a,b\n1,2\n3,4\n5\n")
+    with pytest.raises(DataError) as info:
+        read_csv(p)
+    assert "data row 3" in str(info.value)
+    with pytest.raises(DataError) as info:
+        read_csv(p, private=True)
+    assert no_digits(str(info.value))
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(DataError, match="not found"):
+        read_csv(tmp_path / "nope.csv", private=True)
+
+
+# ---- schema ---------------------------------------------------------------------------------
+def test_infer_schema_small(tmp_path: Path) -> None:
+    s = infer_schema(small_table(tmp_path))
+    assert s.target == "label"
+    h = s.column("height")
+    assert (h.kind, h.lower, h.upper, h.integer) == ("numeric", 1.5, 3.5, False)
+    assert s.column("weight").integer
+    assert s.column("colour").categories == ["blue", "green", "red"]
+    assert target_kind(s) == "binary"
+    assert infer_schema(small_table(tmp_path), target=NO_TARGET).target is None
+    assert infer_schema(small_table(tmp_path), target="weight").target == "weight"
+    with pytest.raises(DataError, match="not in the data"):
+        infer_schema(small_table(tmp_path), target="nope")
+
+
+@pytest.mark.parametrize("bad", ["nan", "inf", "-Infinity", "NaN"])
+def test_infer_schema_rejects_nan_inf(tmp_path: Path, bad: str) -> None:
+    t = read_csv(write(tmp_path, f"score,y\n1,0\n{bad},1\n"), private=True)
+    with pytest.raises(DataError, match="'score'.*NaN or infinite") as info:
+        infer_schema(t)
+    assert no_digits(str(info.value).replace("score", ""))
+
+
+def test_infer_schema_constant_feature_and_target(tmp_path: Path) -> None:
+    t = read_csv(write(tmp_path, "c,x,y\n7,1,0\n7,2,1\n7,3,0\n"))
+    s = infer_schema(t)
+    assert (s.column("c").lower, s.column("c").upper) == (7.0, 8.0)
+    with pytest.raises(DataError, match="constant"):
+        infer_schema(t, target="c")
+    t2 = read_csv(write(tmp_path, "x,y\n1,a\n2,a\n", "one.csv"))
+    with pytest.raises(DataError, match="single class"):
+        infer_schema(t2)
+
+
+def test_schema_validation() -> None:
+    with pytest.raises(pydantic.ValidationError, match="lower must be below upper"):
+        ColumnSpec(name="a", kind="numeric", lower=1, upper=1)
+    with pytest.raises(pydantic.ValidationError, match="at least one category"):
+        ColumnSpec(name="a", kind="categorical", categories=[])
+    with pytest.raises(pydantic.ValidationError, match="twice"):
+        ColumnSpec(name="a", kind="categorical", categories=["x", "x"])
+    with pytest.raises(pydantic.ValidationError, match="finite"):
+        ColumnSpec(name="a", kind="numeric", lower=0, upper=float("inf"))
+    a = ColumnSpec(name="a", kind="numeric", lower=0, upper=1)
+    with pytest.raises(pydantic.ValidationError, match="duplicate"):
+        Schema(columns=[a, a])
+    with pytest.raises(pydantic.ValidationError, match="not a column"):
+        Schema(columns=[a], target="b")
+    with pytest.raises(pydantic.ValidationError):
+        Schema.model_validate({"columns": [a.model_dump()], "extra_key": 1})
+
+
+def num(name: str, lo: float, hi: float, integer: bool = False) -> ColumnSpec:
+    return ColumnSpec(name=name, kind="numeric", lower=lo, upper=hi, integer=integer)
+
+
+def cat(name: str, *cats: str) -> ColumnSpec:
+    return ColumnSpec(name=name, kind="categorical", categories=list(cats))
+
+
+def test_target_kind_and_default_model() -> None:
+    x = num("x", 0, 1)
+    cases = {
+        "binary": Schema(columns=[x, cat("y", "no", "yes")], target="y"),
+        "count": Schema(columns=[x, num("y", 0, 50, integer=True)], target="y"),
+        "real": Schema(columns=[x, num("y", -3, 3)], target="y"),
+        "none": Schema(columns=[x], target=None),
+    }
+    for kind, schema in cases.items():
+        assert target_kind(schema) == kind
+    assert target_kind(Schema(columns=[x, num("y", 0, 1, integer=True)], target="y")) == "binary"
+    assert [default_model_name(k) for k in ("binary", "count", "real", "none")] == [
+        "logistic",
+        "poisson",
+        "linear",
+        "gaussian_mean",
+    ]
+    with pytest.raises(DataError, match="single class"):
+        target_kind(Schema(columns=[x, cat("y", "a")], target="y"))
+    with pytest.raises(DataError, match="more than two"):
+        target_kind(Schema(columns=[x, cat("y", "a", "b", "c")], target="y"))
+
+
+# ---- transform ------------------------------------------------------------------------------
+PUBLIC = Schema(
+    columns=[
+        num("height", 0.0, 4.0),
+        cat("colour", "red", "green", "blue"),
+        num("weight", 0, 20, True),
+        cat("label", "no", "yes"),
+    ],
+    target="label",
+)
+
+
+def test_public_transform_encoding_clipping_and_missing(tmp_path: Path) -> None:
+    tr = Transform.from_schema(PUBLIC)
+    assert tr.feature_names == ["height", "colour=red", "colour=green", "colour=blue", "weight"]
+    assert tr.num_features == 5 and tr.target_kind == "binary" and tr.positive_class == "yes"
+    x, y = tr.apply(small_table(tmp_path))
+    assert x.dtype == torch.float64 and x.shape == (4, 5)
+    assert y is not None
+    torch.testing.assert_close(y, torch.tensor([1.0, 0.0, 1.0, 0.0], dtype=torch.float64))
+    # height: centre 2, scale 2; missing -> 0
+    torch.testing.assert_close(x[:, 0], torch.tensor([-0.25, 0.25, 0.0, 0.75], dtype=torch.float64))
+    # weight clipped to [0, 20]: 10 -> 0, 20 -> 1, 30 -> 1, 40 -> 1
+    torch.testing.assert_close(x[:, 4], torch.tensor([0.0, 1.0, 1.0, 1.0], dtype=torch.float64))
+    assert x[:, 1:4].tolist() == [[1, 0, 0], [0, 0, 1], [0, 1, 0], [0, 0, 0]]  # missing -> zeros
+    pts = tr.to_points(small_table(tmp_path))
+    assert pts.shape == (4, 6)
+    torch.testing.assert_close(pts[:, -1], y)
+    assert float(pts[:, :-1].abs().max()) <= 1.0
+
+
+def test_unseen_category_feature_and_target(tmp_path: Path) -> None:
+    tr = Transform.from_schema(PUBLIC)
+    t = read_csv(
+        write(tmp_path, "height,colour,weight,label\n1,purple,3,yes\n1,red,3,maybe\n"), private=True
+    )
+    with pytest.raises(DataError, match="'label' has an unseen category") as info:
+        tr.apply(t)
+    assert no_digits(str(info.value))
+    dropping = Transform.from_schema(PUBLIC, invalid_target="drop")
+    x, y = dropping.apply(t)
+    assert x.shape == (1, 5) and y is not None and y.tolist() == [1.0]
+    assert x[0, 1:4].tolist() == [0.0, 0.0, 0.0]  # unseen feature category -> zeros
+
+
+def test_missing_target_error_or_drop(tmp_path: Path) -> None:
+    t = read_csv(
+        write(tmp_path, "height,colour,weight,label\n1,red,3,\n2,red,3,no\n"), private=True
+    )
+    with pytest.raises(DataError, match="missing value") as info:
+        Transform.from_schema(PUBLIC).to_points(t)
+    assert no_digits(str(info.value))
+    pts = Transform.from_schema(PUBLIC, invalid_target="drop").to_points(t)
+    assert pts.shape == (1, 6)
+
+
+def test_non_numeric_in_numeric_column(tmp_path: Path) -> None:
+    t = read_csv(write(tmp_path, "height,colour,weight,label\nabc,red,3,no\ninf,red,3,no\n"))
+    with pytest.raises(DataError, match="'height'.*not a finite number") as info:
+        Transform.from_schema(PUBLIC).apply(t)
+    assert "'abc'" in str(info.value)  # non-private: the value and row are shown
+    tp = read_csv(
+        write(tmp_path, "height,colour,weight,label\nabc,red,3,no\n", "p.csv"), private=True
+    )
+    with pytest.raises(DataError) as info:
+        Transform.from_schema(PUBLIC).apply(tp)
+    assert "abc" not in str(info.value) and no_digits(str(info.value))
+    x, _ = Transform.from_schema(PUBLIC, invalid_numeric="missing").apply(t)
+    assert x[:, 0].tolist() == [0.0, 0.0]  # imputed at the centre
+
+
+def test_count_and_real_targets(tmp_path: Path) -> None:
+    x = num("x", 0, 2)
+    count = Transform.from_schema(Schema(columns=[x, num("y", 0, 100, True)], target="y"))
+    t = read_csv(write(tmp_path, "x,y\n1,3\n1,250\n"))
+    assert count.to_points(t)[:, -1].tolist() == [3.0, 100.0]  # clipped to the public bound
+    for bad in ("-1", "2.5", "", "z"):
+        tb = read_csv(write(tmp_path, f"x,y\n1,{bad}\n", "b.csv"), private=True)
+        with pytest.raises(DataError, match="'y'") as info:
+            count.apply(tb)
+        assert no_digits(str(info.value))
+    real = Transform.from_schema(Schema(columns=[x, num("y", -10, 30)], target="y"))
+    y = real.to_points(read_csv(write(tmp_path, "x,y\n1,10\n1,30\n1,50\n", "r.csv")))[:, -1]
+    assert y.tolist() == [0.0, 1.0, 1.0]
+    torch.testing.assert_close(
+        real.inverse_target(y), torch.tensor([10.0, 30.0, 30.0], dtype=torch.float64)
+    )
+
+
+def test_fit_constant_column_and_standardisation(tmp_path: Path) -> None:
+    t = read_csv(write(tmp_path, "c,x,y\n7,1,0\n7,2,1\n7,3,0\n7,,1\n"))
+    s = infer_schema(t)
+    tr = Transform.fit(t, s)
+    assert tr.data_fitted and tr.scales["c"] == 1.0 and tr.centres["c"] == 7.0
+    x, y = tr.apply(t)
+    assert x[:, 0].tolist() == [0.0] * 4
+    torch.testing.assert_close(x[:3, 1].mean(), torch.tensor(0.0, dtype=torch.float64))
+    assert x[3, 1].item() == 0.0  # missing -> centre
+    assert not Transform.from_schema(s).data_fitted
+
+
+def test_round_trip_json(tmp_path: Path) -> None:
+    t = small_table(tmp_path)
+    for tr in (
+        Transform.from_schema(PUBLIC, invalid_numeric="missing"),
+        Transform.fit(t, infer_schema(t)),
+        Transform.from_schema(Schema(columns=[num("a", 0, 1)], target=None)),
+    ):
+        d = json.loads(json.dumps(tr.to_dict()))
+        back = Transform.from_dict(d)
+        assert back == tr
+        if set(tr.schema.names) <= set(t.header):
+            assert torch.equal(back.to_points(t), tr.to_points(t))
+    with pytest.raises(DataError):
+        Transform.from_dict({"format": "something else"})
+
+
+def test_no_target_points_are_features(tmp_path: Path) -> None:
+    t = small_table(tmp_path)
+    s = infer_schema(t, target=NO_TARGET)
+    tr = Transform.from_schema(s)
+    assert tr.target_kind == "none"
+    x, y = tr.apply(t)
+    assert y is None
+    assert torch.equal(tr.to_points(t), x)
+    assert x.shape == (4, tr.num_features)
+
+
+def test_transform_rows(tmp_path: Path) -> None:
+    tr = Transform.from_schema(PUBLIC)
+    rows = [
+        {"height": "1.5", "colour": "red", "weight": "10", "label": "yes"},
+        {"height": "2.5", "colour": "blue", "weight": "20", "label": "no"},
+    ]
+    x, y = tr.transform_rows(rows)
+    x2, y2 = tr.apply(small_table(tmp_path))
+    assert torch.equal(x, x2[:2]) and y is not None and y2 is not None and torch.equal(y, y2[:2])
+    xf, yf = tr.transform_rows([{"height": "1", "colour": "green"}])
+    assert yf is None and xf.shape == (1, 5)
+    assert xf[0].tolist() == [-0.5, 0.0, 1.0, 0.0, 0.0]  # absent weight: imputed at the centre
+
+
+def test_sample_public_features_support() -> None:
+    tr = Transform.from_schema(PUBLIC)
+    g = torch.Generator().manual_seed(0)
+    z = tr.sample_public_features(2000, g)
+    assert z.shape == (2000, 5) and z.dtype == torch.float64
+    assert float(z[:, [0, 4]].min()) >= -1.0 and float(z[:, [0, 4]].max()) <= 1.0
+    assert float(z[:, 0].min()) < -0.9 and float(z[:, 0].max()) > 0.9
+    onehot = z[:, 1:4]
+    assert torch.all(onehot.sum(1) == 1) and set(onehot.unique().tolist()) == {0.0, 1.0}
+    assert torch.all(onehot.sum(0) > 500)  # each category drawn
+
+
+# ---- real data ------------------------------------------------------------------------------
+REAL = [
+    ("adult.csv", 48842, "binary", ">50K"),
+    ("german_credit.csv", 1000, "binary", "good"),
+    ("bike_rentals.csv", 17379, "count", None),
+]
+
+
+@pytest.mark.parametrize(("name", "rows", "kind", "positive"), REAL)
+def test_real_data(name: str, rows: int, kind: str, positive: str | None) -> None:
+    path = DATA_DIR / name
+    if not path.exists():
+        pytest.skip(f"{path} not present")
+    start = time.perf_counter()
+    t = read_csv(path, private=True)
+    s = infer_schema(t)
+    tr = Transform.from_schema(s)
+    pts = tr.to_points(t)
+    elapsed = time.perf_counter() - start
+    assert elapsed < 5.0  # well under 1 s on an idle machine; generous for loaded CI
+    assert pts.shape == (rows, tr.num_features + 1)
+    assert tr.target_kind == kind and tr.positive_class == positive
+    assert torch.isfinite(pts).all()
+    assert float(pts[:, :-1].abs().max()) <= 1.0
+    if kind == "binary":
+        assert set(pts[:, -1].unique().tolist()) == {0.0, 1.0}
+    else:
+        assert float(pts[:, -1].min()) >= 0 and torch.equal(pts[:, -1], pts[:, -1].round())
+    fitted = Transform.fit(t, s).to_points(t)
+    numeric = [i for i, n in enumerate(tr.feature_names) if "=" not in n]
+    assert np.allclose(fitted[:, numeric].mean(0).numpy(), 0.0, atol=1e-9)
+    back = Transform.from_dict(json.loads(json.dumps(tr.to_dict())))
+    assert back == tr

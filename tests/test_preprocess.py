@@ -1,0 +1,249 @@
+"""Tests for dpsummary.private.preprocess: private schema estimation and its privacy claims."""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+from typing import Any
+
+import dp_accounting
+import numpy as np
+import pytest
+from scipy.stats import norm
+
+from dpsummary.data import NO_TARGET, DataError, RawTable, Transform, read_csv, target_kind
+from dpsummary.private import preprocess
+from dpsummary.private.preprocess import (
+    GRID_EDGES,
+    NUM_GRID_BINS,
+    build_count_vector,
+    estimate_schema,
+    selection_threshold,
+)
+
+DATA_DIR = Path(__file__).resolve().parents[2] / "shared" / "data"
+
+
+def table(columns: dict[str, list[str]]) -> RawTable:
+    return RawTable(header=list(columns), columns={k: list(v) for k, v in columns.items()})
+
+
+def synthetic(n: int = 5000, seed: int = 0, singletons: int = 0) -> RawTable:
+    rng = np.random.default_rng(seed)
+    age = rng.integers(18, 91, n)
+    x = rng.normal(3.0, 1.0, n)
+    colour = rng.choice(["red", "green", "blue"], n, p=[0.5, 0.3, 0.2]).tolist()
+    for i in range(singletons):
+        colour[i] = f"rare{i}"
+    colour[-1] = ""  # one missing value
+    y = rng.choice(["no", "yes"], n).tolist()
+    return table(
+        {
+            "age": [str(a) for a in age],
+            "x": [f"{v:.4f}" for v in x],
+            "colour": colour,
+            "y": y,
+        }
+    )
+
+
+def identity_noise(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
+    """Replace the noise with the identity (deterministic tests); record every call."""
+    calls: list[dict[str, Any]] = []
+
+    def fake(values: np.ndarray, *, noise_std: float, clip_norm: float) -> np.ndarray:
+        calls.append({"values": np.array(values), "noise_std": noise_std, "clip_norm": clip_norm})
+        return np.asarray(values, dtype=np.float64)
+
+    monkeypatch.setattr(preprocess, "add_gaussian_noise", fake)
+    return calls
+
+
+# ---- the threshold, analytically ------------------------------------------------------------
+@pytest.mark.parametrize("s", [1.0, 5.477, 40.0])
+@pytest.mark.parametrize("delta_col", [1e-3, 1e-6, 1e-10])
+def test_selection_threshold_keeps_singletons_with_prob_delta(s: float, delta_col: float) -> None:
+    tau = selection_threshold(s, delta_col)
+    # A key held by one record has raw count 1: P[1 + N(0, s^2) > tau] must equal delta_col.
+    assert norm.sf((tau - 1.0) / s) == pytest.approx(delta_col, rel=1e-6)
+    # ... and a key with count 0 or less (no holder) could never be released: it has no key.
+    assert tau > 1.0
+
+
+def test_threshold_used_matches_claim(monkeypatch: pytest.MonkeyPatch) -> None:
+    """estimate_schema's threshold is selection_threshold(s, delta / C) on the raw scale."""
+    calls = identity_noise(monkeypatch)
+    t = synthetic(500)
+    res = estimate_schema(t, noise_multiplier=2.0, target=None, delta=1e-6)
+    (call,) = calls
+    assert call["noise_std"] == 2.0 and call["clip_norm"] == 1.0
+    vec = build_count_vector(t)
+    s = 2.0 / vec.scale
+    tau = selection_threshold(s, 1e-6 / 4)
+    assert f"{tau:.1f}" in res.notes[0]
+    assert res.delta == 1e-6
+    assert res.events == [dp_accounting.GaussianDpEvent(2.0)]
+    assert res.epsilon_slack == pytest.approx(1e-6, rel=1e-5)
+
+
+# ---- sensitivity ----------------------------------------------------------------------------
+def l2_between(a: RawTable, b: RawTable) -> tuple[float, float, int]:
+    va, vb = build_count_vector(a), build_count_vector(b)
+    da, db = va.as_dict(), vb.as_dict()
+    keys = set(da) | set(db)
+    diff = np.array([da.get(k, 0.0) - db.get(k, 0.0) for k in keys])
+    raw = float(np.linalg.norm(diff))
+    assert va.touches == vb.touches
+    return raw, raw * va.scale, va.touches
+
+
+EXTRA_RECORDS = [
+    {"age": "45", "x": "2.5", "colour": "red", "y": "yes"},  # all common values
+    {"age": "7e12", "x": "-0.00001", "colour": "never-seen", "y": "maybe"},  # new keys, extremes
+    {"age": "", "x": "", "colour": "", "y": ""},  # all missing
+    {"age": "nan", "x": "inf", "colour": "3", "y": "0"},  # non-finite strings, numbers as text
+]
+
+
+@pytest.mark.parametrize("extra", EXTRA_RECORDS)
+def test_per_record_l2_contribution_at_most_one(extra: dict[str, str]) -> None:
+    base = synthetic(300)
+    cols = {k: list(v) for k, v in base.columns.items()}
+    for k, v in extra.items():
+        cols[k].append(v)
+    bigger = table(cols)
+    raw, scaled, touches = l2_between(base, bigger)
+    assert touches == 2 * len(base.header)
+    assert raw <= math.sqrt(touches) + 1e-12
+    assert scaled <= 1.0
+    non_missing = sum(1 for v in extra.values() if v)
+    assert raw == pytest.approx(math.sqrt(len(extra) + non_missing))  # exactly the touched bins
+
+
+def test_removing_any_record_moves_at_most_one() -> None:
+    base = synthetic(60, singletons=3)
+    for i in range(base.num_rows):
+        cols = {k: v[:i] + v[i + 1 :] for k, v in base.columns.items()}
+        _, scaled, _ = l2_between(base, table(cols))
+        assert scaled <= 1.0
+
+
+def test_count_vector_layout_is_public_except_values() -> None:
+    vec = build_count_vector(synthetic(100))
+    per_col = 4 + NUM_GRID_BINS
+    value_keys = [k for k in vec.keys if k[1] == "value"]
+    assert len(vec.keys) == 4 * per_col + len(value_keys)
+    assert {k[0] for k in value_keys} <= {"colour", "y"}
+
+
+def test_grid_bins_closed_away_from_zero() -> None:
+    bins = preprocess._grid_bins(np.array([1.0, 0.99, -1.0, 0.0, 2e9, -2e9, 1e9]))
+    edges = [preprocess._bin_edges(int(b)) for b in bins]
+    assert edges[0] == (0.5, 1.0) and edges[1] == (0.5, 1.0)
+    assert edges[2] == (-1.0, -0.5)
+    assert edges[3] == (0.0, 0.0)
+    assert edges[4] == (1e9, 1e9) and edges[5] == (-1e9, -1e9)  # capped
+    assert edges[6] == (5e8, 1e9)
+    assert GRID_EDGES[0] == -1e9 and GRID_EDGES[-1] == 1e9
+
+
+# ---- estimation -----------------------------------------------------------------------------
+def test_estimate_exact_without_noise(monkeypatch: pytest.MonkeyPatch) -> None:
+    identity_noise(monkeypatch)
+    res = estimate_schema(synthetic(5000), noise_multiplier=1.0, target=None, delta=1e-6)
+    s = res.schema
+    assert s.target == "y" and target_kind(s) == "binary"
+    age, x, colour = s.column("age"), s.column("x"), s.column("colour")
+    assert age.kind == "numeric" and age.integer and (age.lower, age.upper) == (10.0, 100.0)
+    assert x.kind == "numeric" and not x.integer
+    assert x.lower is not None and x.upper is not None and x.lower <= 1.0 and x.upper >= 5.0
+    assert colour.categories == ["blue", "green", "red"]
+    assert res.noisy_num_records == pytest.approx(5000)
+
+
+def test_estimate_with_real_noise_recovers_types() -> None:
+    t = synthetic(5000, singletons=40)
+    res = estimate_schema(t, noise_multiplier=1.0, target=None, delta=1e-6)
+    s = res.schema
+    assert [c.kind for c in s.columns] == ["numeric", "numeric", "categorical", "categorical"]
+    assert s.column("age").integer and not s.column("x").integer
+    age = s.column("age")
+    assert age.lower is not None and age.upper is not None
+    assert age.lower <= 20 and age.upper >= 85 and age.lower >= 0 and age.upper <= 200
+    assert s.column("colour").categories == ["blue", "green", "red"]  # no singleton kept
+    assert s.column("y").categories == ["no", "yes"]
+    assert abs(res.noisy_num_records - 5000) < 100
+    assert res.events == [dp_accounting.GaussianDpEvent(1.0)]
+    model_t = Transform.from_schema(s, invalid_numeric="missing", invalid_target="drop")
+    pts = model_t.to_points(t)
+    assert pts.shape[1] == model_t.num_features + 1 and float(pts[:, :-1].abs().max()) <= 1.0
+
+
+def test_singletons_never_kept_realistic() -> None:
+    # 300 singleton values, realistic sigma and delta: expected number kept 300 * 1e-7 / 1.
+    cols = {"v": [f"id{i}" for i in range(300)] + ["common"] * 200, "y": ["a", "b"] * 250}
+    res = estimate_schema(table(cols), noise_multiplier=0.8, target=NO_TARGET, delta=1e-7)
+    assert res.schema.column("v").categories == ["common"]
+    assert res.schema.target is None
+
+
+def test_max_categories_keeps_largest(monkeypatch: pytest.MonkeyPatch) -> None:
+    identity_noise(monkeypatch)
+    values = [f"c{i:02d}" for i in range(10) for _ in range(200 + 10 * i)]
+    n = len(values)
+    t = table({"v": values, "w": ["1"] * n})
+    res = estimate_schema(t, noise_multiplier=0.5, target=NO_TARGET, delta=1e-6, max_categories=3)
+    assert res.schema.column("v").categories == ["c07", "c08", "c09"]
+
+
+def test_count_and_numeric_binary_targets(monkeypatch: pytest.MonkeyPatch) -> None:
+    identity_noise(monkeypatch)
+    rng = np.random.default_rng(1)
+    n = 3000
+    feat = [str(v) for v in rng.integers(0, 5, n)]
+    counts = [str(v) for v in rng.poisson(30, n)]
+    res = estimate_schema(
+        table({"f": feat, "c": counts}), noise_multiplier=1.0, target=None, delta=1e-6
+    )
+    assert target_kind(res.schema) == "count"
+    binary = [str(v) for v in rng.integers(0, 2, n)]
+    res = estimate_schema(
+        table({"f": feat, "b": binary}), noise_multiplier=1.0, target="b", delta=1e-6
+    )
+    assert target_kind(res.schema) == "binary"
+
+
+def test_errors_are_data_free() -> None:
+    t = table({"f": ["1", "2"] * 5, "y": [""] * 10})
+    with pytest.raises(DataError) as info:
+        estimate_schema(t, noise_multiplier=1.0, target=None, delta=1e-6)
+    assert re.search(r"\d", str(info.value)) is None and "'y'" in str(info.value)
+    with pytest.raises(DataError, match="not in the data"):
+        estimate_schema(t, noise_multiplier=1.0, target="zz", delta=1e-6)
+    with pytest.raises(ValueError):
+        estimate_schema(t, noise_multiplier=0.0, target=None, delta=1e-6)
+    with pytest.raises(ValueError):
+        estimate_schema(t, noise_multiplier=1.0, target=None, delta=0.0)
+
+
+def test_dropped_feature_is_noted(monkeypatch: pytest.MonkeyPatch) -> None:
+    identity_noise(monkeypatch)
+    n = 400
+    t = table({"empty": [""] * n, "f": ["1", "2"] * (n // 2), "y": ["a", "b"] * (n // 2)})
+    res = estimate_schema(t, noise_multiplier=1.0, target=None, delta=1e-6)
+    assert res.dropped == ["empty"] and res.schema.names == ["f", "y"]
+    assert any("empty: dropped" in note for note in res.notes)
+
+
+def test_real_data_private_schema() -> None:
+    path = DATA_DIR / "german_credit.csv"
+    if not path.exists():
+        pytest.skip(f"{path} not present")
+    t = read_csv(path, private=True)
+    res = estimate_schema(t, noise_multiplier=1.0, target=None, delta=1e-6)
+    assert res.schema.target == "credit_risk" and target_kind(res.schema) == "binary"
+    assert res.schema.column("checking_status").kind == "categorical"
+    assert res.schema.column("age").kind == "numeric"
+    pts = Transform.from_schema(res.schema, invalid_target="drop").to_points(t)
+    assert pts.shape[0] > 900
