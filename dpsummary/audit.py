@@ -1,0 +1,242 @@
+"""Ledger audit: verify, recompute every epsilon from the recorded events, compare with policy.
+
+:func:`audit` never trusts a number stored in the ledger. It verifies the chain and the
+signatures (:func:`dpsummary.ledger.read_ledger`), recomputes each reserve entry's epsilon
+from its dp_accounting events with Opacus RDP and with dp_accounting PLD (an independent
+implementation), flags stored epsilons that differ from the recomputation by more than
+:data:`EPS_MISMATCH_TOL`, composes all charged events per source (one accountant over all
+events, at the policy's ``total_delta``) and compares with the policy's ``total_epsilon``.
+
+Entries with verification problems (foreign key, bad signature, broken chain, ...) are
+reported with their flags and their events are still recomputed per entry (an auditor should
+see what a tampered entry claims), but only verified entries enter the per-source composition;
+any error-severity problem makes the audit fail (``ok = False``).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from . import keys as _keys
+from .ledger import Problem, read_ledger
+from .private import accounting as acc
+
+if TYPE_CHECKING:
+    from .policy import Policy
+
+EPS_MISMATCH_TOL = 1e-6
+
+__all__ = ["AuditReport", "EntryRow", "SourceRow", "audit"]
+
+
+@dataclass
+class EntryRow:
+    line: int
+    seq: int | None
+    kind: str
+    release_id: str
+    source_id: str
+    stage: str | None
+    delta: float | None
+    stored_epsilon: dict[str, float] | None
+    epsilon_rdp: float | None
+    epsilon_pld: float | None
+    verified: bool
+    flags: list[str] = field(default_factory=list)
+
+
+@dataclass
+class SourceRow:
+    source_id: str
+    reservations: int
+    delta: float
+    composed_rdp: float
+    composed_pld: float
+    naive_sum_rdp: float
+    total_epsilon: float
+    within_budget: bool  # under the policy's accountant of record
+    accountant: str
+    composed_of_record: float
+
+
+@dataclass
+class AuditReport:
+    ledger: str
+    keyid: str
+    ok: bool
+    problems: list[Problem]
+    entries: list[EntryRow]
+    sources: list[SourceRow]
+    mismatches: list[str]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "ledger": self.ledger,
+            "keyid": self.keyid,
+            "ok": self.ok,
+            "problems": [p.as_dict() for p in self.problems],
+            "entries": [asdict(e) for e in self.entries],
+            "sources": [asdict(s) for s in self.sources],
+            "mismatches": list(self.mismatches),
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+    def render_text(self) -> str:
+        """A plain-text report (the CLI may render its own table from :meth:`to_dict`)."""
+
+        def f(x: float | None) -> str:
+            return "-" if x is None else f"{x:.6g}"
+
+        out = [f"ledger {self.ledger} (key {self.keyid}): {'OK' if self.ok else 'PROBLEMS FOUND'}"]
+        hdr = ("line", "seq", "kind", "release", "source", "stage", "stored eps", "rdp", "pld", "flags")
+        rows: list[tuple[str, ...]] = [hdr]
+        for e in self.entries:
+            stored = (
+                ",".join(f"{k}={v:.6g}" for k, v in e.stored_epsilon.items())
+                if e.stored_epsilon
+                else "-"
+            )
+            rows.append(
+                (
+                    str(e.line), "-" if e.seq is None else str(e.seq), e.kind, e.release_id[:12],
+                    e.source_id, e.stage or "-", stored, f(e.epsilon_rdp), f(e.epsilon_pld),
+                    ";".join(e.flags) or "ok",
+                )
+            )
+        out.append(_table(rows))
+        srows: list[tuple[str, ...]] = [("source", "reserves", "delta", "composed rdp", "composed pld", "naive sum rdp", "total", "status")]
+        for s in self.sources:
+            srows.append(
+                (
+                    s.source_id, str(s.reservations), f"{s.delta:.3g}", f(s.composed_rdp),
+                    f(s.composed_pld), f(s.naive_sum_rdp), f"{s.total_epsilon:g}",
+                    "within budget" if s.within_budget else f"OVER BUDGET ({s.accountant})",
+                )
+            )
+        out.append(_table(srows))
+        for p in self.problems:
+            out.append(f"{p.severity}: {p.kind}: {p.message}")
+        out.extend(f"mismatch: {m}" for m in self.mismatches)
+        return "\n".join(out)
+
+
+def _table(rows: list[tuple[str, ...]]) -> str:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def _raw_lines(path: Path) -> list[bytes]:
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return []
+    nl = data.rfind(b"\n")
+    return data[: nl + 1].split(b"\n")[:-1] if nl >= 0 else []
+
+
+def audit(
+    ledger_path: str | Path, public_key: _keys.Ed25519PublicKey, policy: Policy
+) -> AuditReport:
+    """Audit a ledger against ``policy`` (see module docstring). ``ok`` is True iff the ledger
+    verifies with no error-severity problem, no stored epsilon mismatches, and every source is
+    within the policy's total under its accountant of record."""
+    path = Path(ledger_path)
+    st = read_ledger(path, public_key)
+    bad_lines: dict[int, list[str]] = {}
+    for p in st.problems:
+        bad_lines.setdefault(p.line, []).append(p.kind)
+    rows: list[EntryRow] = []
+    mismatches: list[str] = []
+    verified_events: dict[str, list[Any]] = {}
+    counts: dict[str, int] = {}
+    naive: dict[str, float] = {}
+    deltas: dict[str, float] = {}
+    for i, line in enumerate(_raw_lines(path)):
+        lineno = i + 1
+        try:
+            e = json.loads(line.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError, RecursionError):
+            e = None
+        flags = list(bad_lines.get(lineno, []))
+        if not isinstance(e, dict):
+            rows.append(EntryRow(lineno, None, "?", "", "", None, None, None, None, None, False, flags or ["malformed"]))
+            continue
+        seq = e.get("seq") if isinstance(e.get("seq"), int) else None
+        kind = str(e.get("kind", "?"))
+        source = str(e.get("source_id", ""))
+        delta = e.get("delta") if isinstance(e.get("delta"), float | int) else None
+        stored = e.get("epsilon") if isinstance(e.get("epsilon"), dict) else None
+        eps_rdp = eps_pld = None
+        events: list[Any] | None = None
+        if kind == "reserve":
+            try:
+                events = acc.events_from_json(e.get("events"))  # type: ignore[arg-type]
+                if delta is None or not (0 < delta < 1):
+                    raise ValueError("bad delta")
+                eps_rdp = acc.epsilon_rdp(events, float(delta))
+                eps_pld = acc.epsilon_pld(events, float(delta))
+            except ValueError as exc:
+                flags.append(f"unaccountable ({exc})")
+                events = None
+            if stored is not None and events is not None and delta is not None:
+                for name, value in stored.items():
+                    if name not in acc.ACCOUNTANTS or not isinstance(value, float | int):
+                        flags.append("stored-epsilon-malformed")
+                        continue
+                    recomputed = {"rdp": eps_rdp, "pld": eps_pld}.get(name)
+                    if recomputed is None:
+                        recomputed = acc.epsilon(events, float(delta), name)
+                    if abs(float(value) - recomputed) > EPS_MISMATCH_TOL:
+                        flags.append("stored-epsilon-mismatch")
+                        mismatches.append(
+                            f"line {lineno} (seq {seq}): stored {name} epsilon {float(value):.9g} "
+                            f"but events give {recomputed:.9g}"
+                        )
+        verified = lineno not in bad_lines
+        if verified and events is not None:
+            verified_events.setdefault(source, []).extend(events)
+            counts[source] = counts.get(source, 0) + 1
+            naive[source] = naive.get(source, 0.0) + (eps_rdp or 0.0)
+            deltas[source] = max(deltas.get(source, 0.0), float(delta or 0.0))
+        rows.append(
+            EntryRow(
+                lineno, seq, kind, str(e.get("release_id", "")), source,
+                e.get("stage") if isinstance(e.get("stage"), str) else None,
+                float(delta) if delta is not None else None,
+                {k: float(v) for k, v in stored.items() if isinstance(v, float | int)} if stored else None,
+                eps_rdp, eps_pld, verified, flags,
+            )
+        )
+    sources: list[SourceRow] = []
+    wanted = sorted(verified_events)
+    if policy.source_id is not None and policy.source_id not in wanted:
+        wanted.append(policy.source_id)
+    for s in wanted:
+        ev = verified_events.get(s, [])
+        d = policy.total_delta
+        rdp = acc.epsilon_rdp(ev, d)
+        pld = acc.epsilon_pld(ev, d)
+        of_record = {"rdp": rdp, "pld": pld}.get(policy.accountant)
+        if of_record is None:
+            of_record = acc.epsilon(ev, d, policy.accountant)
+        sources.append(
+            SourceRow(
+                source_id=s, reservations=counts.get(s, 0), delta=d, composed_rdp=rdp,
+                composed_pld=pld, naive_sum_rdp=naive.get(s, 0.0),
+                total_epsilon=policy.total_epsilon,
+                within_budget=of_record <= policy.total_epsilon * (1 + 1e-12),
+                accountant=policy.accountant, composed_of_record=of_record,
+            )
+        )
+    ok = not st.errors and not mismatches and all(s.within_budget for s in sources)
+    return AuditReport(
+        ledger=str(path), keyid=_keys.key_id(public_key), ok=ok, problems=st.problems,
+        entries=rows, sources=sources, mismatches=mismatches,
+    )

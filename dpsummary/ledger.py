@@ -1,0 +1,630 @@
+"""The privacy ledger: an append-only, hash-chained, signed JSON Lines file.
+
+Entries
+-------
+Each line is ``canonical_json(entry) + "\\n"`` (see :func:`dpsummary.artifact.canonical_json`)::
+
+    {seq, prev_hash, time, kind: "reserve" | "commit" | "abort", ref, release_id, stage,
+     source_id, content_id, adjacency, events, delta, accountant, epsilon, hold_epsilon,
+     artifact_digest, reason, software, keyid, sig}
+
+* ``seq`` counts lines from 0; ``prev_hash`` is ``sha256:`` of the previous line's bytes
+  (its canonical JSON including ``sig``), 64 zeros for the first line.
+* ``sig`` is base64 Ed25519 over ``canonical_json(entry without "sig")``.
+* ``events`` (reserve only) are dp_accounting events as JSON (:func:`accounting.event_to_json`);
+  commit/abort entries carry ``[]`` and point at their reserve entry with ``ref``.
+* ``epsilon`` stores, for information only, the reserve's standalone epsilon under its
+  accountant at its delta; the audit recomputes it and never trusts it.
+* ``content_id`` is a keyed HMAC of the input file (provenance only, see :mod:`dpsummary.keys`).
+
+Charging rule
+-------------
+A reserve entry is written (and fsynced) BEFORE the caller touches private data, so every
+events list in a reserve entry is charged to its source for ever: committed, aborted and
+never-finished (crashed) reservations all count. The budget of a source is the composition of
+all its charged events under ONE accountant (the policy's accountant of record), evaluated at
+the policy's ``total_delta``; never the sum of per-release epsilons.
+
+A reserve may also carry ``hold_epsilon`` > 0: an advance claim on the rest of that release's
+budget (the release reserves its DP count first, then its optimisation once the count is
+known). A hold is active until a later reserve entry of the same ``release_id`` replaces it or
+the holding reservation is aborted; an active hold counts as ``hold_epsilon`` added on top of the
+composed epsilon (a conservative, basic-composition bound). A hold of a crashed release stays
+active (over-counts; never under-counts).
+
+Concurrency and crash safety
+----------------------------
+One exclusive lock (``filelock.FileLock`` on ``<ledger>.lock``) covers the whole cycle: read,
+verify the chain and signatures, repair a torn tail, check the budget, append, fsync. Appends
+are one ``write`` on an ``O_APPEND`` descriptor followed by ``fsync``.
+
+A crash (SIGKILL, power loss) can leave at most one *torn tail*: bytes after the last newline.
+Readers report it as a ``torn-tail`` problem of severity ``"warning"``, distinct from
+tampering. The next writer, under the lock, repairs it: if the tail is a complete, validly
+signed, correctly chained entry missing only its newline, the newline is added (the entry
+stays); otherwise the tail is moved to ``<ledger>.torn`` (appended there with its offset, for
+forensics) and the file is truncated to the last newline. Dropping such a tail cannot
+under-count: :meth:`Ledger.reserve` returns only after its line is completely written and
+fsynced, so a torn reserve belongs to a caller that never received a reservation and never
+touched the data; and a torn commit/abort changes no charge (its reserve stays charged).
+
+Limitation: deleting whole lines at the END of the file cannot be detected from the file alone;
+anchor :meth:`Ledger.head` (seq and hash) elsewhere (e.g. print it, keep it in the artifact).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import contextlib
+import datetime as _dt
+import hashlib
+import json
+import os
+import secrets
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from filelock import FileLock
+
+from . import keys as _keys
+from .artifact import canonical_json
+from .private import accounting as acc
+
+if TYPE_CHECKING:
+    from .policy import Policy
+
+ADJACENCY = "add/remove one record"
+GENESIS_HASH = "sha256:" + "0" * 64
+KINDS = ("reserve", "commit", "abort")
+LOCK_TIMEOUT_S = 600.0
+ENTRY_FIELDS = frozenset(
+    {
+        "seq", "prev_hash", "time", "kind", "ref", "release_id", "stage", "source_id",
+        "content_id", "adjacency", "events", "delta", "accountant", "epsilon", "hold_epsilon",
+        "artifact_digest", "reason", "software", "keyid", "sig",
+    }
+)
+
+__all__ = [
+    "ADJACENCY",
+    "BudgetExceeded",
+    "Ledger",
+    "LedgerError",
+    "LedgerState",
+    "Problem",
+    "Reservation",
+    "Spent",
+    "read_ledger",
+    "verify_ledger",
+]
+
+
+class LedgerError(Exception):
+    """The ledger is unreadable, fails verification, or was used incorrectly (one line)."""
+
+
+class BudgetExceeded(LedgerError):
+    """The reservation would exceed the policy's budget. The message names only epsilons."""
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One verification finding. ``line`` is 1-based; ``severity`` is "error" (tampering,
+    corruption, foreign key) or "warning" (a torn tail left by a crash: repairable)."""
+
+    line: int
+    seq: int | None
+    kind: str
+    message: str
+    severity: Literal["error", "warning"] = "error"
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class LedgerState:
+    """The parsed ledger: valid entries (in order), problems found, and the torn tail if any."""
+
+    entries: list[dict[str, Any]]
+    problems: list[Problem]
+    last_hash: str
+    valid_length: int  # bytes up to and including the last newline
+    torn_tail: bytes = b""
+
+    @property
+    def errors(self) -> list[Problem]:
+        return [p for p in self.problems if p.severity == "error"]
+
+
+@dataclass
+class Spent:
+    """Budget spent by one source: composed epsilon per accountant (one accountant over all
+    charged events, at ``delta``), the naive sum of per-reservation epsilons, active holds."""
+
+    source_id: str
+    delta: float
+    composed: dict[str, float]
+    naive_sum: float
+    reservations: int
+    active_holds: float = 0.0
+    release_ids: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _now() -> str:
+    return _dt.datetime.now(_dt.UTC).isoformat(timespec="microseconds")
+
+
+def _line_hash(line: bytes) -> str:
+    return "sha256:" + hashlib.sha256(line).hexdigest()
+
+
+def _signing_bytes(entry: dict[str, Any]) -> bytes:
+    return canonical_json({k: v for k, v in entry.items() if k != "sig"})
+
+
+def _check_entry_shape(e: Any) -> str | None:
+    """None if ``e`` is a structurally valid entry, else a short reason."""
+    if not isinstance(e, dict):
+        return "not a JSON object"
+    if set(e) != ENTRY_FIELDS:
+        missing = sorted(ENTRY_FIELDS - set(e))
+        extra = sorted(set(e) - ENTRY_FIELDS)
+        return f"fields missing {missing} / unexpected {extra}"
+    typed = {
+        "seq": int, "prev_hash": str, "time": str, "kind": str, "release_id": str,
+        "source_id": str, "adjacency": str, "events": list, "accountant": str,
+        "keyid": str, "sig": str, "software": dict,
+    }
+    for k, t in typed.items():
+        if not isinstance(e[k], t) or isinstance(e[k], bool):
+            return f"field {k!r} has the wrong type"
+    if e["kind"] not in KINDS:
+        return "unknown kind"
+    if not isinstance(e["delta"], float | int) or isinstance(e["delta"], bool):
+        return "field 'delta' has the wrong type"
+    if e["kind"] == "reserve":
+        if e["ref"] is not None:
+            return "reserve entry with a ref"
+    elif not isinstance(e["ref"], int) or isinstance(e["ref"], bool):
+        return "commit/abort entry without ref"
+    if e["kind"] != "reserve" and e["events"]:
+        return "commit/abort entry with events"
+    return None
+
+
+def read_ledger(path: str | Path, public_key: _keys.Ed25519PublicKey) -> LedgerState:
+    """Parse and verify a ledger file (missing file: empty ledger).
+
+    Checks per line: canonical JSON, entry shape, ``keyid`` equals ``public_key``'s id (else
+    ``foreign-key``), signature, ``seq`` equals the line index (``seq``: gap, reorder,
+    duplicate), ``prev_hash`` chains to the previous line (``broken-chain``), commit/abort refers
+    to an earlier reserve of the same release and source that is not already finished
+    (``bad-ref``). An unterminated final segment is a ``torn-tail`` warning. Only lines without
+    problems are returned in ``entries``; all lines still advance the chain.
+    """
+    p = Path(path)
+    try:
+        data = p.read_bytes()
+    except FileNotFoundError:
+        return LedgerState([], [], GENESIS_HASH, 0)
+    except OSError as exc:
+        raise LedgerError(f"cannot read ledger {p}: {exc.strerror}") from None
+    kid = _keys.key_id(public_key)
+    nl = data.rfind(b"\n")
+    body, tail = (data[: nl + 1], data[nl + 1 :]) if nl >= 0 else (b"", data)
+    lines = body.split(b"\n")[:-1] if body else []
+    problems: list[Problem] = []
+    entries: list[dict[str, Any]] = []
+    prev = GENESIS_HASH
+    reserves: dict[int, dict[str, Any]] = {}
+    finished: set[int] = set()
+    for i, line in enumerate(lines):
+        lineno = i + 1
+        try:
+            e = json.loads(line.decode("utf-8"))
+            shape = _check_entry_shape(e)
+            if shape is None and canonical_json(e) != line:
+                shape = "not in canonical form"
+        except (UnicodeDecodeError, json.JSONDecodeError, ValueError, RecursionError):
+            e, shape = None, "not valid JSON"
+        if shape is not None or e is None:
+            problems.append(Problem(lineno, None, "malformed", f"line {lineno}: {shape}"))
+            prev = _line_hash(line)
+            continue
+        seq = e["seq"]
+        ok = True
+        if e["keyid"] != kid:
+            problems.append(Problem(lineno, seq, "foreign-key", f"line {lineno}: signed by another key ({e['keyid']})"))
+            ok = False
+        else:
+            try:
+                sig = base64.b64decode(e["sig"].encode("ascii"), validate=True)
+                if base64.b64encode(sig).decode("ascii") != e["sig"]:
+                    sig = b""  # non-canonical base64 would give one entry two encodings
+            except (binascii.Error, ValueError, UnicodeEncodeError):
+                sig = b""
+            if not _keys.verify(public_key, _signing_bytes(e), sig):
+                problems.append(Problem(lineno, seq, "bad-signature", f"line {lineno}: signature does not verify"))
+                ok = False
+        if seq != i:
+            problems.append(Problem(lineno, seq, "seq", f"line {lineno}: seq {seq}, expected {i} (gap, reorder or duplicate)"))
+            ok = False
+        if e["prev_hash"] != prev:
+            problems.append(Problem(lineno, seq, "broken-chain", f"line {lineno}: prev_hash does not match line {lineno - 1}"))
+            ok = False
+        if ok and e["kind"] == "reserve":
+            try:
+                acc.events_from_json(e["events"])
+            except ValueError as exc:
+                problems.append(Problem(lineno, seq, "malformed", f"line {lineno}: bad events ({exc})"))
+                ok = False
+        if ok and e["kind"] != "reserve":
+            r = reserves.get(e["ref"])
+            if r is None or r["release_id"] != e["release_id"] or r["source_id"] != e["source_id"]:
+                problems.append(Problem(lineno, seq, "bad-ref", f"line {lineno}: refers to no matching reserve"))
+                ok = False
+            elif e["ref"] in finished:
+                problems.append(Problem(lineno, seq, "bad-ref", f"line {lineno}: reservation {e['ref']} finished twice"))
+                ok = False
+        prev = _line_hash(line)
+        if ok:
+            entries.append(e)
+            if e["kind"] == "reserve":
+                reserves[seq] = e
+            else:
+                finished.add(e["ref"])
+    if tail:
+        problems.append(
+            Problem(len(lines) + 1, None, "torn-tail",
+                    f"line {len(lines) + 1}: unterminated final line ({len(tail)} bytes), left by an interrupted write",
+                    severity="warning")
+        )
+    return LedgerState(entries, problems, prev, len(body), tail)
+
+
+def verify_ledger(path: str | Path, public_key: _keys.Ed25519PublicKey) -> list[Problem]:
+    """All problems of the ledger (empty list: the ledger verifies). See :func:`read_ledger`."""
+    return read_ledger(path, public_key).problems
+
+
+# --------------------------------------------------------------------------- budget helpers
+
+
+def _charged_events(entries: Sequence[dict[str, Any]], source_id: str) -> list[Any]:
+    out: list[Any] = []
+    for e in entries:
+        if e["kind"] == "reserve" and e["source_id"] == source_id:
+            out.extend(acc.events_from_json(e["events"]))
+    return out
+
+
+def _active_holds(entries: Sequence[dict[str, Any]], source_id: str) -> dict[str, float]:
+    """``{release_id: hold_epsilon}`` of holds still active for the source."""
+    holds: dict[str, float] = {}
+    hold_seq: dict[str, int] = {}
+    for e in entries:
+        if e["source_id"] != source_id:
+            continue
+        rid = e["release_id"]
+        if e["kind"] == "reserve":
+            holds.pop(rid, None)  # a later reserve of the same release replaces its hold
+            h = e["hold_epsilon"]
+            if isinstance(h, float | int) and h > 0:
+                holds[rid] = float(h)
+                hold_seq[rid] = e["seq"]
+        elif e["kind"] == "abort" and rid in holds and e["ref"] == hold_seq.get(rid):
+            holds.pop(rid)
+    return holds
+
+
+class Reservation:
+    """A charged reservation; finish it with :meth:`commit` or :meth:`abort` (either way, and
+    also if neither is ever called, its events stay charged)."""
+
+    def __init__(self, ledger: Ledger, entry: dict[str, Any]):
+        self.ledger = ledger
+        self.seq: int = entry["seq"]
+        self.release_id: str = entry["release_id"]
+        self.source_id: str = entry["source_id"]
+        self.entry = entry
+        self.finished = False
+
+    def commit(self, artifact_digest: str | None = None) -> dict[str, Any]:
+        """Record success (with the artifact's digest, if an artifact was written)."""
+        return self._finish("commit", artifact_digest=artifact_digest)
+
+    def abort(self, reason: str = "") -> dict[str, Any]:
+        """Record failure. The reservation's events STAY charged."""
+        return self._finish("abort", reason=reason)
+
+    def _finish(self, kind: str, **kw: Any) -> dict[str, Any]:
+        if self.finished:
+            raise LedgerError(f"reservation {self.seq} is already finished")
+        e = self.ledger._append(kind=kind, base=self.entry, **kw)
+        self.finished = True
+        return e
+
+
+class Ledger:
+    """A ledger file written with one signing key. See the module docstring for the design."""
+
+    def __init__(
+        self,
+        path: str | Path,
+        private_key: _keys.Ed25519PrivateKey,
+        keyid: str | None = None,
+        *,
+        lock_timeout: float = LOCK_TIMEOUT_S,
+    ):
+        self.path = Path(path)
+        self.private_key = private_key
+        self.public_key = private_key.public_key()
+        self.keyid = keyid if keyid is not None else _keys.key_id(private_key)
+        if self.keyid != _keys.key_id(private_key):
+            raise LedgerError("keyid does not belong to the ledger's signing key")
+        self.lock = FileLock(str(self.path) + ".lock", timeout=lock_timeout)
+        self.lock_timeout = lock_timeout
+
+    # ------------------------------------------------------------------ reading
+
+    def state(self) -> LedgerState:
+        return read_ledger(self.path, self.public_key)
+
+    def head(self) -> tuple[int, str]:
+        """``(number of entries, hash of the last line)``: anchor it to detect tail deletion."""
+        st = self.state()
+        return len(st.entries), st.last_hash
+
+    def spent(self, source_id: str, delta: float | None = None) -> Spent:
+        """Composed epsilon per accountant over every charged event of ``source_id`` at
+        ``delta`` (default: the largest delta recorded for the source), plus the naive sum of
+        the per-reservation epsilons (each under its own accountant and delta)."""
+        st = self._read_verified()
+        return _spent(st.entries, source_id, delta)
+
+    # ------------------------------------------------------------------ writing
+
+    def _read_verified(self) -> LedgerState:
+        st = self.state()
+        if st.errors:
+            raise LedgerError(f"ledger {self.path} fails verification: {st.errors[0].message}")
+        return st
+
+    def repair(self) -> list[Problem]:
+        """Under the lock, repair a torn tail (see module docstring); returns what was found."""
+        with self.lock:
+            st = self.state()
+            self._repair_locked(st)
+            return st.problems
+
+    def _repair_locked(self, st: LedgerState) -> LedgerState:
+        if not st.torn_tail:
+            return st
+        tail = st.torn_tail
+        try:
+            e = json.loads(tail.decode("utf-8"))
+            complete = (
+                _check_entry_shape(e) is None
+                and canonical_json(e) == tail
+                and e["keyid"] == self.keyid
+                and e["seq"] == len(st.entries)
+                and e["prev_hash"] == st.last_hash
+                and _keys.verify(self.public_key, _signing_bytes(e), base64.b64decode(e["sig"]))
+            )
+        except (UnicodeDecodeError, ValueError, binascii.Error, RecursionError):
+            complete = False
+        if complete and not st.errors:
+            with open(self.path, "ab") as fh:
+                fh.write(b"\n")
+                fh.flush()
+                os.fsync(fh.fileno())
+        else:
+            quarantine = self.path.with_name(self.path.name + ".torn")
+            record = canonical_json(
+                {"time": _now(), "offset": st.valid_length, "bytes_b64": base64.b64encode(tail).decode("ascii")}
+            )
+            fd = os.open(quarantine, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            try:
+                os.write(fd, record + b"\n")
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            with open(self.path, "r+b") as fh:
+                fh.truncate(st.valid_length)
+                fh.flush()
+                os.fsync(fh.fileno())
+        return self.state()
+
+    def _write_line(self, entry: dict[str, Any]) -> None:
+        line = canonical_json(entry) + b"\n"
+        created = not self.path.exists()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        try:
+            view = memoryview(line)
+            while view:
+                n = os.write(fd, view)
+                view = view[n:]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        if created:
+            with contextlib.suppress(OSError):
+                dfd = os.open(self.path.parent, os.O_RDONLY)
+                try:
+                    os.fsync(dfd)
+                finally:
+                    os.close(dfd)
+
+    def _sign_entry(self, entry: dict[str, Any]) -> dict[str, Any]:
+        entry = {k: v for k, v in entry.items() if k != "sig"}
+        sig = _keys.sign(self.private_key, canonical_json(entry))
+        entry["sig"] = base64.b64encode(sig).decode("ascii")
+        return entry
+
+    def _new_entry(self, st: LedgerState, **fields: Any) -> dict[str, Any]:
+        entry: dict[str, Any] = {
+            "seq": len(st.entries),
+            "prev_hash": st.last_hash,
+            "time": _now(),
+            "kind": "reserve",
+            "ref": None,
+            "release_id": "",
+            "stage": None,
+            "source_id": "",
+            "content_id": None,
+            "adjacency": ADJACENCY,
+            "events": [],
+            "delta": 0.0,
+            "accountant": "rdp",
+            "epsilon": None,
+            "hold_epsilon": 0.0,
+            "artifact_digest": None,
+            "reason": None,
+            "software": {"dpsummary": _dpsummary_version(), **acc.accountant_versions()},
+            "keyid": self.keyid,
+        }
+        entry.update(fields)
+        return self._sign_entry(entry)
+
+    def _append(self, *, kind: str, base: dict[str, Any], **kw: Any) -> dict[str, Any]:
+        with self.lock:
+            st = self._repair_locked(self._read_verified())
+            if any(e["kind"] != "reserve" and e["ref"] == base["seq"] for e in st.entries):
+                raise LedgerError(f"reservation {base['seq']} is already finished")
+            entry = self._new_entry(
+                st,
+                kind=kind,
+                ref=base["seq"],
+                release_id=base["release_id"],
+                stage=base["stage"],
+                source_id=base["source_id"],
+                content_id=base["content_id"],
+                delta=base["delta"],
+                accountant=base["accountant"],
+                artifact_digest=kw.get("artifact_digest"),
+                reason=(str(kw.get("reason"))[:200] if kind == "abort" else None),
+            )
+            self._write_line(entry)
+            return entry
+
+    def reserve(
+        self,
+        *,
+        source_id: str,
+        events: Sequence[Any],
+        delta: float,
+        policy: Policy,
+        content_id: str | None = None,
+        release_id: str | None = None,
+        stage: str | None = None,
+        hold_epsilon: float = 0.0,
+    ) -> Reservation:
+        """Charge ``events`` to ``source_id`` if the policy's budget allows; else
+        :class:`BudgetExceeded`. Under the lock: verify the ledger (refuse to extend a ledger
+        that fails verification), repair a torn tail, compose the new events with every event
+        already charged to the source (one accountant, the policy's, at ``total_delta``), add
+        active holds of other releases, check ``total_epsilon`` and the per-release cap
+        (composed over all reservations with this ``release_id``), then append and fsync the
+        reserve entry. Returns only after the entry is durable.
+        """
+        if not source_id:
+            raise LedgerError("source_id must be non-empty")
+        if not (0 < delta < 1):
+            raise LedgerError("delta must lie in (0, 1)")
+        if delta > policy.total_delta:
+            raise BudgetExceeded(f"delta {delta:.3g} exceeds the policy's total_delta {policy.total_delta:.3g}")
+        if hold_epsilon < 0:
+            raise LedgerError("hold_epsilon must be >= 0")
+        events = list(events)
+        events_json = acc.events_to_json(events)  # validates: only accountable events
+        accountant = policy.accountant
+        rid = release_id or secrets.token_hex(8)
+        with self.lock:
+            st = self._repair_locked(self._read_verified())
+            charged = _charged_events(st.entries, source_id)
+            total_delta = policy.total_delta
+            composed = acc.epsilon([*charged, *events], total_delta, accountant)
+            holds = _active_holds(st.entries, source_id)
+            holds.pop(rid, None)
+            other_holds = sum(holds.values())
+            need = composed
+            if hold_epsilon > 0:
+                need = max(need, acc.epsilon(charged, total_delta, accountant) + hold_epsilon)
+            need += other_holds
+            if need > policy.total_epsilon:
+                raise BudgetExceeded(
+                    f"privacy budget of source {source_id!r} exhausted: epsilon would reach "
+                    f"{need:.4g} > total {policy.total_epsilon:g} ({accountant}, delta {total_delta:.3g})"
+                )
+            release_events = [
+                *(
+                    ev
+                    for e in st.entries
+                    if e["kind"] == "reserve" and e["release_id"] == rid and e["source_id"] == source_id
+                    for ev in acc.events_from_json(e["events"])
+                ),
+                *events,
+            ]
+            per_release = acc.epsilon(release_events, delta, accountant)
+            if per_release > policy.max_epsilon_per_release * (1 + 1e-12):
+                raise BudgetExceeded(
+                    f"release epsilon {per_release:.4g} exceeds the per-release cap "
+                    f"{policy.max_epsilon_per_release:g} ({accountant})"
+                )
+            entry = self._new_entry(
+                st,
+                kind="reserve",
+                release_id=rid,
+                stage=stage,
+                source_id=source_id,
+                content_id=content_id,
+                events=events_json,
+                delta=float(delta),
+                accountant=accountant,
+                epsilon={accountant: acc.epsilon(events, delta, accountant)},
+                hold_epsilon=float(hold_epsilon),
+            )
+            self._write_line(entry)
+        return Reservation(self, entry)
+
+
+def _spent(entries: Sequence[dict[str, Any]], source_id: str, delta: float | None) -> Spent:
+    mine = [e for e in entries if e["kind"] == "reserve" and e["source_id"] == source_id]
+    if delta is None:
+        delta = max((float(e["delta"]) for e in mine), default=1e-6)
+    charged = _charged_events(entries, source_id)
+    composed: dict[str, float] = {a: acc.epsilon(charged, delta, a) for a in acc.ACCOUNTANTS}
+    naive = sum(
+        acc.epsilon(acc.events_from_json(e["events"]), float(e["delta"]), _accountant(e))
+        for e in mine
+    )
+    return Spent(
+        source_id=source_id,
+        delta=delta,
+        composed=composed,
+        naive_sum=naive,
+        reservations=len(mine),
+        active_holds=sum(_active_holds(entries, source_id).values()),
+        release_ids=sorted({e["release_id"] for e in mine}),
+    )
+
+
+def _accountant(e: dict[str, Any]) -> acc.Accountant:
+    a = e["accountant"]
+    if a not in acc.ACCOUNTANTS:
+        raise LedgerError(f"entry {e['seq']}: unknown accountant {a!r}")
+    return a
+
+
+def _dpsummary_version() -> str:
+    from . import __version__
+
+    return __version__

@@ -1,0 +1,69 @@
+"""Tests for dpsummary.audit."""
+
+from __future__ import annotations
+
+import base64
+import json
+
+import dp_accounting as dpa
+
+from dpsummary import audit as AU
+from dpsummary import keys
+from dpsummary import ledger as L
+from dpsummary import policy as P
+from dpsummary.artifact import canonical_json
+from dpsummary.private import accounting as A
+
+DELTA = 1e-6
+
+
+def _policy(total=10.0):
+    return P.parse_policy(
+        {"total_epsilon": total, "total_delta": DELTA, "max_epsilon_per_release": min(5.0, total),
+         "n_max": 10_000, "source_id": "s"}
+    )
+
+
+def _setup(tmp_path):
+    info = keys.generate_keypair(tmp_path / "k")
+    priv = keys.load_private_key(info.private_path)
+    led = L.Ledger(tmp_path / "l.jsonl", priv, info.keyid)
+    for i in range(3):
+        led.reserve(source_id="s", events=[dpa.GaussianDpEvent(5.0),
+                                           A.subsampled_gaussian_event(2.0, 0.05, 10)],
+                    delta=DELTA, policy=_policy(), release_id=f"r{i}").commit("sha256:" + "0" * 64)
+    return led, info
+
+
+def test_clean_audit(tmp_path):
+    led, _ = _setup(tmp_path)
+    rep = AU.audit(led.path, led.public_key, _policy())
+    assert rep.ok and not rep.mismatches and not rep.problems
+    (src,) = rep.sources
+    events = [dpa.GaussianDpEvent(5.0), A.subsampled_gaussian_event(2.0, 0.05, 10)] * 3
+    assert src.composed_rdp == A.epsilon_rdp(events, DELTA)
+    assert src.composed_pld <= src.composed_rdp < src.naive_sum_rdp
+    assert "within budget" in rep.render_text()
+    assert json.loads(rep.to_json())["ok"] is True
+    over = AU.audit(led.path, led.public_key, _policy(total=src.composed_rdp * 0.9))
+    assert not over.ok and "OVER BUDGET" in over.render_text()
+
+
+def test_edited_epsilon_resigned_with_other_key_flagged(tmp_path):
+    led, _ = _setup(tmp_path)
+    evil = keys.load_private_key(keys.generate_keypair(tmp_path / "evil").private_path)
+    lines = led.path.read_bytes().splitlines()
+    e = json.loads(lines[2])
+    assert e["kind"] == "reserve"
+    e["epsilon"] = {"rdp": 0.001}
+    e["keyid"] = keys.key_id(evil)
+    e.pop("sig")
+    e["sig"] = base64.b64encode(keys.sign(evil, canonical_json(e))).decode()
+    lines[2] = canonical_json(e)
+    led.path.write_bytes(b"\n".join(lines) + b"\n")
+    rep = AU.audit(led.path, led.public_key, _policy())
+    assert not rep.ok
+    row = rep.entries[2]
+    assert "foreign-key" in row.flags and "stored-epsilon-mismatch" in row.flags
+    assert any("line 3 (seq 2)" in m for m in rep.mismatches)
+    assert "mismatch: line 3" in rep.render_text()

@@ -1,0 +1,119 @@
+"""Tests for dpsummary.policy."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from dpsummary import policy as P
+
+ROOT = Path(__file__).resolve().parents[1]
+
+BASE = """
+total_epsilon = 1.0
+total_delta = 1e-6
+max_epsilon_per_release = 0.5
+n_max = 100000
+"""
+
+
+def write(tmp_path, text):
+    p = tmp_path / "p.toml"
+    p.write_text(text)
+    return p
+
+
+def test_shipped_policies_load_and_packaged_copy_matches():
+    d = P.load_policy(ROOT / "policies" / "default.toml")
+    s = P.load_policy(ROOT / "policies" / "strict.toml")
+    assert d.accountant == "rdp" and d.data_schema is None
+    assert s.allowed_models == ["gaussian_mean", "logistic"]
+    assert s.max_delta() == pytest.approx(1e-9)
+    packaged = ROOT / "dpsummary" / "data" / "default_policy.toml"
+    assert packaged.read_text() == (ROOT / "policies" / "default.toml").read_text()
+
+
+def test_default_policy_fallback(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert P.default_policy().total_epsilon > 0
+    (tmp_path / "policies").mkdir()
+    shutil.copy(ROOT / "policies" / "strict.toml", tmp_path / "policies" / "default.toml")
+    assert P.default_policy().source_id == "strict-source"
+
+
+def test_delta_rule_and_split(tmp_path):
+    pol = P.load_policy(write(tmp_path, BASE))
+    assert pol.resolve_delta() == pytest.approx(1e-6)  # min(total 1e-6, 0.1/1e5)
+    assert pol.resolve_delta(1e-7) == 1e-7
+    with pytest.raises(P.PolicyError, match="exceeds"):
+        pol.resolve_delta(1e-5)
+    n = pol.budget_split.normalised(count=False)
+    assert n["count"] == 0 and sum(n.values()) == pytest.approx(1)
+    pol.check_model("linear")
+    assert pol.public_inputs()["n_max"] == 100000
+
+
+@pytest.mark.parametrize(
+    ("extra", "match"),
+    [
+        ("bogus = 1\n", "unknown key"),
+        ("allowed_models = ['linear', 'nope']\n", "unknown model 'nope'"),
+        ("accountant = 'gdp'\n", "accountant"),
+        ("record_count_public = true\n", "record_count"),
+        ("record_count = 10\n", "record_count_public"),
+        ("[budget_split]\ncount = 0.5\npreprocessing = 0.5\noptimisation = 0.5\n", "sum to 1"),
+        ("[delta_rule]\nmax_delta = 0.1\n", "unknown key"),
+        ("[schema]\ncolumns = []\n", "schema"),
+    ],
+)
+def test_invalid_policies(tmp_path, extra, match):
+    text = BASE + extra if extra.startswith("[") else extra + BASE
+    with pytest.raises(P.PolicyError, match=match) as ei:
+        P.load_policy(write(tmp_path, text))
+    assert "\n" not in str(ei.value)
+
+
+def test_malformed_toml_and_missing(tmp_path):
+    with pytest.raises(P.PolicyError, match="malformed TOML"):
+        P.load_policy(write(tmp_path, "total_epsilon = = 1"))
+    with pytest.raises(P.PolicyError, match="not found"):
+        P.load_policy(tmp_path / "missing.toml")
+    with pytest.raises(P.PolicyError, match="max_epsilon_per_release exceeds"):
+        P.load_policy(write(tmp_path, BASE.replace("0.5", "2.0")))
+    with pytest.raises(P.PolicyError, match="n_max"):
+        P.load_policy(write(tmp_path, BASE.replace("n_max = 100000", "")))
+
+
+def test_disallowed_model(tmp_path):
+    pol = P.load_policy(write(tmp_path, "allowed_models = ['logistic']\n" + BASE))
+    with pytest.raises(P.PolicyError, match="not allowed"):
+        pol.check_model("linear")
+
+
+def test_public_schema_and_ledger_path(tmp_path):
+    text = (
+        "ledger = 'l.jsonl'\nrecord_count_public = true\nrecord_count = 500\n"
+        + BASE
+        + """
+[schema]
+target = "y"
+[[schema.columns]]
+name = "x"
+kind = "numeric"
+lower = 0
+upper = 1
+[[schema.columns]]
+name = "y"
+kind = "categorical"
+categories = ["a", "b"]
+"""
+    )
+    pol = P.load_policy(write(tmp_path, text))
+    from dpsummary.data import Schema
+
+    assert isinstance(pol.data_schema, Schema) and pol.data_schema.target == "y"
+    assert pol.ledger_path() == tmp_path / "l.jsonl"
+    assert pol.public_inputs()["record_count"] == 500
+    assert P.source_id_from_path("/a/b/data.csv") == "file:data.csv"
