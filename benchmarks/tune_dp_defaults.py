@@ -21,7 +21,7 @@ import torch
 from dpsummary.constructors import fit
 from dpsummary.metrics import evaluate, full_posterior
 from dpsummary.models import DTYPE, LogisticRegression, PoissonRegression
-from dpsummary.private.accounting_shim import calibrate
+from dpsummary.private.accounting import calibrate_noise_multiplier
 from dpsummary.private.dppsvi import DPPSVI
 from dpsummary.private.mechanism import PrivateRecords
 from dpsummary.private.noise import quantize_sample_rate
@@ -69,7 +69,7 @@ def main() -> None:
     n, size, steps, batch, delta = 20000, 50, 300, 200, 1e-7
     q = quantize_sample_rate(batch / n)
     for kind, eps in itertools.product(grid["kind"], grid["epsilon"]):
-        sigma = calibrate(eps, delta, q, steps)
+        sigma = calibrate_noise_multiplier(target_epsilon=eps, delta=delta, sample_rate=q, steps=steps)
         for seed in range(args.seeds):
             model, train, test, (numeric, blocks) = synthetic(kind, n, seed)
             fp = full_posterior(model, train)

@@ -158,6 +158,7 @@ def audit(
     counts: dict[str, int] = {}
     naive: dict[str, float] = {}
     deltas: dict[str, float] = {}
+    extra_deltas: dict[str, float] = {}
     for i, line in enumerate(_raw_lines(path)):
         lineno = i + 1
         try:
@@ -205,6 +206,8 @@ def audit(
             counts[source] = counts.get(source, 0) + 1
             naive[source] = naive.get(source, 0.0) + (eps_rdp or 0.0)
             deltas[source] = max(deltas.get(source, 0.0), float(delta or 0.0))
+            extra = e.get("extra_delta")
+            extra_deltas[source] = extra_deltas.get(source, 0.0) + (float(extra) if isinstance(extra, float | int) else 0.0)
         rows.append(
             EntryRow(
                 lineno, seq, kind, str(e.get("release_id", "")), source,
@@ -220,7 +223,10 @@ def audit(
         wanted.append(policy.source_id)
     for s in wanted:
         ev = verified_events.get(s, [])
-        d = policy.total_delta
+        # Delta spent outside the events (partition selection) comes off the source's total.
+        d = policy.total_delta - extra_deltas.get(s, 0.0)
+        if d <= 0:
+            d = 1e-300
         rdp = acc.epsilon_rdp(ev, d)
         pld = acc.epsilon_pld(ev, d)
         of_record = {"rdp": rdp, "pld": pld}.get(policy.accountant)

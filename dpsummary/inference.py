@@ -82,7 +82,7 @@ def laplace(
     init: torch.Tensor | None = None,
     diagonal: bool = False,
     max_iter: int = 100,
-    tol: float = 1e-8,
+    tol: float = 1e-7,
 ) -> GaussianPosterior:
     """Laplace approximation of the weighted posterior by damped Newton's method.
 

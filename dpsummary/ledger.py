@@ -83,8 +83,8 @@ LOCK_TIMEOUT_S = 600.0
 ENTRY_FIELDS = frozenset(
     {
         "seq", "prev_hash", "time", "kind", "ref", "release_id", "stage", "source_id",
-        "content_id", "adjacency", "events", "delta", "accountant", "epsilon", "hold_epsilon",
-        "artifact_digest", "reason", "software", "keyid", "sig",
+        "content_id", "adjacency", "events", "delta", "extra_delta", "accountant", "epsilon",
+        "hold_epsilon", "artifact_digest", "reason", "software", "keyid", "sig",
     }
 )
 
@@ -189,6 +189,8 @@ def _check_entry_shape(e: Any) -> str | None:
         return "unknown kind"
     if not isinstance(e["delta"], float | int) or isinstance(e["delta"], bool):
         return "field 'delta' has the wrong type"
+    if not isinstance(e["extra_delta"], float | int) or isinstance(e["extra_delta"], bool) or e["extra_delta"] < 0:
+        return "field 'extra_delta' has the wrong type"
     if e["kind"] == "reserve":
         if e["ref"] is not None:
             return "reserve entry with a ref"
@@ -295,6 +297,12 @@ def verify_ledger(path: str | Path, public_key: _keys.Ed25519PublicKey) -> list[
 
 
 # --------------------------------------------------------------------------- budget helpers
+
+
+def charged_extra_delta(entries: Sequence[dict[str, Any]], source_id: str) -> float:
+    """Sum of the delta that reserves of ``source_id`` spend outside their events (e.g. the
+    partition selection of DP schema estimation); composition runs at total_delta minus this."""
+    return float(sum(e["extra_delta"] for e in entries if e["kind"] == "reserve" and e["source_id"] == source_id))
 
 
 def _charged_events(entries: Sequence[dict[str, Any]], source_id: str) -> list[Any]:
@@ -483,6 +491,7 @@ class Ledger:
             "adjacency": ADJACENCY,
             "events": [],
             "delta": 0.0,
+            "extra_delta": 0.0,
             "accountant": "rdp",
             "epsilon": None,
             "hold_epsilon": 0.0,
@@ -508,6 +517,7 @@ class Ledger:
                 source_id=base["source_id"],
                 content_id=base["content_id"],
                 delta=base["delta"],
+                extra_delta=0.0,
                 accountant=base["accountant"],
                 artifact_digest=kw.get("artifact_digest"),
                 reason=(str(kw.get("reason"))[:200] if kind == "abort" else None),
@@ -526,6 +536,7 @@ class Ledger:
         release_id: str | None = None,
         stage: str | None = None,
         hold_epsilon: float = 0.0,
+        extra_delta: float = 0.0,
     ) -> Reservation:
         """Charge ``events`` to ``source_id`` if the policy's budget allows; else
         :class:`BudgetExceeded`. Under the lock: verify the ledger (refuse to extend a ledger
@@ -543,6 +554,8 @@ class Ledger:
             raise BudgetExceeded(f"delta {delta:.3g} exceeds the policy's total_delta {policy.total_delta:.3g}")
         if hold_epsilon < 0:
             raise LedgerError("hold_epsilon must be >= 0")
+        if not (0 <= extra_delta < 1):
+            raise LedgerError("extra_delta must lie in [0, 1)")
         events = list(events)
         events_json = acc.events_to_json(events)  # validates: only accountable events
         accountant = policy.accountant
@@ -550,7 +563,9 @@ class Ledger:
         with self.lock:
             st = self._repair_locked(self._read_verified())
             charged = _charged_events(st.entries, source_id)
-            total_delta = policy.total_delta
+            total_delta = policy.total_delta - charged_extra_delta(st.entries, source_id) - extra_delta
+            if total_delta <= 0:
+                raise BudgetExceeded(f"delta budget of source {source_id!r} exhausted (total_delta {policy.total_delta:.3g})")
             composed = acc.epsilon([*charged, *events], total_delta, accountant)
             holds = _active_holds(st.entries, source_id)
             holds.pop(rid, None)
@@ -591,6 +606,7 @@ class Ledger:
                 accountant=accountant,
                 epsilon={accountant: acc.epsilon(events, delta, accountant)},
                 hold_epsilon=float(hold_epsilon),
+                extra_delta=float(extra_delta),
             )
             self._write_line(entry)
         return Reservation(self, entry)
@@ -600,6 +616,7 @@ def _spent(entries: Sequence[dict[str, Any]], source_id: str, delta: float | Non
     mine = [e for e in entries if e["kind"] == "reserve" and e["source_id"] == source_id]
     if delta is None:
         delta = max((float(e["delta"]) for e in mine), default=1e-6)
+    delta = max(delta - charged_extra_delta(entries, source_id), 1e-300)
     charged = _charged_events(entries, source_id)
     composed: dict[str, float] = {a: acc.epsilon(charged, delta, a) for a in acc.ACCOUNTANTS}
     naive = sum(

@@ -42,8 +42,10 @@ DEFAULT_STEPS = 500
 DEFAULT_NUM_SAMPLES = 100
 DEFAULT_EXPECTED_BATCH = 200
 DEFAULT_CLIP_MULTIPLIER = 10.0
-DEFAULT_LEARNING_RATE = 0.2
+DEFAULT_LEARNING_RATE = 0.05
 DEFAULT_THETA_SCALE = 0.3
+#: Share of a release's delta given to the partition selection of DP schema estimation.
+DELTA_SELECTION_SHARE = 0.1
 
 
 class ReleaseError(Exception):
@@ -156,7 +158,8 @@ def run_release(
     from dp_accounting import dp_event as dpe
 
     from . import data as dmod
-    from . import keys, policy as pmod
+    from . import keys
+    from . import policy as pmod
     from .artifact import write_artifact
     from .ledger import Ledger
     from .private import accounting as acc
@@ -167,7 +170,7 @@ def run_release(
     # ---- 1. public planning ----------------------------------------------------------------
     pol = pmod.load_policy(req.policy) if req.policy is not None else pmod.default_policy()
     accountant: Accountant = req.calibrate_to or pol.accountant
-    delta = pol.resolve_delta(req.delta)
+    delta_total = pol.resolve_delta(req.delta)
     if req.epsilon > pol.max_epsilon_per_release:
         raise ReleaseError(
             f"epsilon {req.epsilon:g} exceeds the policy's per-release cap {pol.max_epsilon_per_release:g}"
@@ -188,6 +191,10 @@ def run_release(
     schema_public = pol.data_schema is not None
     count_public = pol.record_count_public
     split = pol.budget_split.normalised(count=not count_public, preprocessing=not schema_public)
+    # DP schema estimation selects categories by thresholding noisy counts, which spends a little
+    # delta outside its Gaussian event (partition selection): a tenth of this release's delta.
+    delta_selection = 0.0 if schema_public else DELTA_SELECTION_SHARE * delta_total
+    delta = delta_total - delta_selection
     stage1_events: list[Any] = []
     count_sigma = pre_sigma = None
     if not count_public:
@@ -221,6 +228,7 @@ def run_release(
         reservation = ledger.reserve(
             source_id=source_id, events=stage1_events, delta=delta, policy=pol, content_id=content_id,
             release_id=release_id, stage="count-and-schema", hold_epsilon=req.epsilon,
+            extra_delta=delta_selection,
         )
         try:
             if schema_public:
@@ -229,7 +237,7 @@ def run_release(
                 from .private.preprocess import estimate_schema
 
                 target = req.target
-                est = estimate_schema(table, noise_multiplier=pre_sigma, target=target, delta=delta)
+                est = estimate_schema(table, noise_multiplier=pre_sigma, target=target, delta=delta_selection)
                 schema = est.schema
                 notes.extend(est.notes)
             if count_public:
@@ -248,32 +256,22 @@ def run_release(
         noisy_count = float(pol.record_count)
 
     # ---- 4. planning from released values ------------------------------------------------------
-    kind = dmod.target_kind(schema)
-    model_name = req.model or dmod.default_model_name(kind)
-    pol.check_model(model_name)
-    if noisy_count < pol.min_records:
-        raise ReleaseError("too few records for the policy (judged on the noisy record count)")
-    if pol.n_max is not None and noisy_count > pol.n_max:
-        raise ReleaseError("more records than the policy's public bound n_max (judged on the noisy count)")
-    transform = dmod.Transform.from_schema(schema, invalid_numeric="missing", invalid_target="drop")
-    from .models import get_model_class
-    model = get_model_class(model_name)(transform.num_features)
-    if model.point_dim != transform.point_dim:
-        raise ReleaseError(f"model {model_name!r} does not match the data's target ({kind})")
-
-    from .private.noise import quantize_sample_rate
-    q = quantize_sample_rate(req.sample_rate if req.sample_rate is not None
-                             else min(1.0, DEFAULT_EXPECTED_BATCH / max(noisy_count, 1.0)))
-    sigma = acc.calibrate_noise_multiplier(
-        target_epsilon=req.epsilon, delta=delta, sample_rate=q, steps=req.steps,
-        prior_events=stage1_events, accountant=accountant,
-    )
+    try:
+        # Calibrate to the target minus the partition-selection slack so the claim stays <= target.
+        slack = -math.log1p(-delta_selection)
+        plan = _plan_optimisation(req, pol, schema, noisy_count, stage1_events, delta, accountant,
+                                  target_epsilon=req.epsilon - slack)
+    except BaseException as exc:
+        if stage1_events:
+            _end_hold(ledger, source_id=source_id, release_id=release_id, delta=delta, policy=pol,
+                      content_id=content_id, reason=type(exc).__name__)
+        raise
+    model, transform, q, sigma = plan
     psvi_event = acc.subsampled_gaussian_event(sigma, q, req.steps)
     all_events = [*stage1_events, psvi_event]
 
     # ---- 5. stage 2: DP-PSVI ------------------------------------------------------------------
     from .constructors.base import Summary, fit
-    from .private.dppsvi import DPPSVI
 
     out = req.out or req.data.with_name(req.data.stem + ".dpsummary.json")
     reservation = ledger.reserve(
@@ -284,19 +282,23 @@ def run_release(
         points = transform.to_points(table)
         records = PrivateRecords(points)
         del points
-        point_scale = public_point_scale(transform, model)
-        constructor = DPPSVI(
-            noise_multiplier=sigma, sample_rate=q, record_count=noisy_count, steps=req.steps,
-            num_samples=req.num_samples, points_lr=DEFAULT_LEARNING_RATE, weights_lr=DEFAULT_LEARNING_RATE,
-            clip_multiplier=DEFAULT_CLIP_MULTIPLIER, theta_scale=DEFAULT_THETA_SCALE,
-            feature_sampler=transform.sample_public_features, point_scale=tuple(point_scale),
+        constructor = dp_psvi_constructor(
+            transform=transform, model=model, noise_multiplier=sigma, sample_rate=q,
+            record_count=noisy_count, steps=req.steps, num_samples=req.num_samples,
         )
         summary: Summary = fit(constructor, records, model, req.size, generator=nonpriv,
                                transform=transform.to_dict(), progress=progress)
         epsilons = acc.epsilons(all_events, delta)
+        if delta_selection:
+            epsilons = {k: v - math.log1p(-delta_selection) for k, v in epsilons.items()}
         claim = {
             "epsilon": epsilons,
-            "delta": delta,
+            "delta": delta_total,
+            "delta_accounting": delta,
+            "delta_partition_selection": delta_selection,
+            "epsilon_note": ("epsilons are computed at delta_accounting; DP schema estimation adds "
+                             "delta_partition_selection to delta and -log(1 - delta_partition_selection) "
+                             "(about the same, negligible) to epsilon") if delta_selection else None,
             "adjacency": "add/remove one record",
             "sampling": "poisson",
             "accountant_of_record": accountant,
@@ -336,10 +338,85 @@ def run_release(
 
     spent = ledger.spent(source_id, delta=pol.total_delta)
     return ReleaseResult(
-        out=out, artifact_digest=digest, source_id=source_id, epsilons=epsilons, delta=delta,
+        out=out, artifact_digest=digest, source_id=source_id, epsilons=epsilons, delta=delta_total,
         noise_multiplier=sigma, sample_rate=q, steps=req.steps, size=summary.size,
         budget_split=claim["budget_split"], composed_total=spent.composed, naive_total=spent.naive_sum,
         notes=notes, key_created=key_info.private_path if key_created else None, ledger=ledger_path,
+    )
+
+
+def _plan_optimisation(
+    req: ReleaseRequest,
+    pol: Any,
+    schema: Any,
+    noisy_count: float,
+    stage1_events: list[Any],
+    delta: float,
+    accountant: Accountant,
+    *,
+    target_epsilon: float,
+) -> tuple[Any, Any, float, float]:
+    """Model, public transform, sample rate and noise multiplier, from public or released values
+    only (the schema and the count are public or DP outputs of stage 1)."""
+    from . import data as dmod
+    from .models import get_model_class
+    from .private import accounting as acc
+    from .private.noise import quantize_sample_rate
+
+    kind = dmod.target_kind(schema)
+    model_name = req.model or dmod.default_model_name(kind)
+    pol.check_model(model_name)
+    if noisy_count < pol.min_records:
+        raise ReleaseError("too few records for the policy (judged on the noisy record count)")
+    if pol.n_max is not None and noisy_count > pol.n_max:
+        raise ReleaseError("more records than the policy's public bound n_max (judged on the noisy count)")
+    transform = dmod.Transform.from_schema(schema, invalid_numeric="missing", invalid_target="drop")
+    model = get_model_class(model_name)(transform.num_features)
+    if model.point_dim != transform.point_dim:
+        raise ReleaseError(f"model {model_name!r} does not match the data's target ({kind})")
+    if model_name == "logistic" and kind != "binary":
+        raise ReleaseError(f"logistic regression needs a binary target; the target is {kind}")
+    q = quantize_sample_rate(
+        req.sample_rate if req.sample_rate is not None else min(1.0, DEFAULT_EXPECTED_BATCH / max(noisy_count, 1.0))
+    )
+    sigma = acc.calibrate_noise_multiplier(
+        target_epsilon=target_epsilon, delta=delta, sample_rate=q, steps=req.steps,
+        prior_events=stage1_events, accountant=accountant,
+    )
+    return model, transform, q, sigma
+
+
+def _end_hold(ledger: Any, *, source_id: str, release_id: str, delta: float, policy: Any,
+              content_id: str | None, reason: str) -> None:
+    """A release refused between its stages gives back the rest of its held budget (what stage 1
+    spent stays charged): an empty reservation replaces the hold and is aborted."""
+    from dp_accounting import dp_event as dpe
+
+    r = ledger.reserve(source_id=source_id, events=[dpe.NoOpDpEvent()], delta=delta, policy=policy,
+                       content_id=content_id, release_id=release_id, stage="refused", hold_epsilon=0.0)
+    r.abort(reason=reason)
+
+
+def dp_psvi_constructor(
+    *,
+    transform: Any,
+    model: Any,
+    noise_multiplier: float,
+    sample_rate: float,
+    record_count: float,
+    steps: int = DEFAULT_STEPS,
+    num_samples: int = DEFAULT_NUM_SAMPLES,
+) -> Any:
+    """DP-PSVI with the release's public defaults, for a public ``transform`` (used by the
+    release and by the benchmarks, so both measure the same thing)."""
+    from .private.dppsvi import DPPSVI
+
+    return DPPSVI(
+        noise_multiplier=noise_multiplier, sample_rate=sample_rate, record_count=record_count,
+        steps=steps, num_samples=num_samples, points_lr=DEFAULT_LEARNING_RATE,
+        weights_lr=DEFAULT_LEARNING_RATE, clip_multiplier=DEFAULT_CLIP_MULTIPLIER,
+        theta_scale=DEFAULT_THETA_SCALE, feature_sampler=transform.sample_public_features,
+        point_scale=tuple(public_point_scale(transform, model)),
     )
 
 

@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from . import app
-from .common import UserError, guarded
+from .common import UserError, configure_torch, guarded
 
 METHODS = ("psvi", "sparsevi", "giga", "giga-realistic", "uniform", "lightweight")
 
@@ -33,6 +33,7 @@ def baseline(
 
     The baseline reads the data freely (transform fitted from the data): never publish its output.
     """
+    configure_torch()
     if method not in METHODS:
         raise UserError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
     if size < 1:

@@ -91,3 +91,17 @@ def guarded(fn: F) -> F:
             raise typer.Exit(code if isinstance(code, int) else EXIT_FAILED) from None
 
     return wrapper  # type: ignore[return-value]
+
+
+def configure_torch() -> None:
+    """One intra-op thread by default (``DPSUMMARY_THREADS`` overrides).
+
+    Every tensor here is small (M x S, d x d); measured on the 2-core machine, intra-op threading
+    made element-wise kernels 10-50x slower whenever another process was busy, and bought nothing
+    when idle.
+    """
+    import os
+
+    import torch
+
+    torch.set_num_threads(max(1, int(os.environ.get("DPSUMMARY_THREADS", "1"))))

@@ -9,7 +9,7 @@ from typing import Annotated, Literal
 import typer
 
 from . import app
-from .common import guarded
+from .common import configure_torch, guarded
 
 
 @app.command()
@@ -32,6 +32,7 @@ def release(
     json_output: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
 ) -> None:
     """Release a differentially private pseudocoreset of DATA built by DP-PSVI."""
+    configure_torch()
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 

@@ -166,8 +166,8 @@ class PSVI:
     steps: int = 500
     num_samples: int = 100
     batch_size: int = 200
-    points_lr: float = 0.2
-    weights_lr: float = 0.2
+    points_lr: float = 0.05
+    weights_lr: float = 0.05
     optimizer: OptimizerFactory = adam
     schedule: ScheduleFactory | None = exponential_decay
     diagonal: bool = False

@@ -77,7 +77,9 @@ class LogisticRegression(GLM):
     name: ClassVar[str] = "logistic"
 
     def log_lik_eta(self, y, eta):
-        return y * torch.nn.functional.logsigmoid(eta) + (1 - y) * torch.nn.functional.logsigmoid(-eta)
+        # y log s(eta) + (1 - y) log s(-eta), using log s(-eta) = log s(eta) - eta (one transcendental).
+        log_s = torch.nn.functional.logsigmoid(eta)
+        return log_s - (1 - y) * eta
 
     def sample_target(self, eta, generator):
         return (torch.rand(eta.shape, generator=generator, dtype=DTYPE) < torch.sigmoid(eta)).to(DTYPE)
