@@ -210,10 +210,14 @@ def run_release(
 
     # ---- 2. parsing (nothing released on failure) ------------------------------------------
     table = dmod.read_csv(req.data, private=True)
+    _reject_non_finite(table)
     if schema_public:
         missing = [c.name for c in pol.data_schema.columns if c.name not in table.header]
         if missing:
             raise ReleaseError(f"the data has no column {missing[0]!r} named in the policy's schema")
+        # Validate every record against the public schema now, before anything is reserved:
+        # a bad value is the curator's input error and nothing is released.
+        dmod.Transform.from_schema(pol.data_schema).apply(table)
 
     content_id = keys.keyed_content_id_for_file(req.data)
     release_id = secrets.token_hex(8)
@@ -343,6 +347,21 @@ def run_release(
         budget_split=claim["budget_split"], composed_total=spent.composed, naive_total=spent.naive_sum,
         notes=notes, key_created=key_info.private_path if key_created else None, ledger=ledger_path,
     )
+
+
+_NON_FINITE = frozenset({"nan", "+nan", "-nan", "inf", "+inf", "-inf", "infinity", "+infinity", "-infinity"})
+
+
+def _reject_non_finite(table: Any) -> None:
+    """NaN or infinite values are bad input in any column (one-line error, column name only)."""
+    import numpy as np
+
+    from .data import DataError
+
+    for name in table.header:
+        values = np.char.lower(table.array(name).astype(str))
+        if np.isin(values, list(_NON_FINITE)).any():
+            raise DataError(f"column {name!r} contains NaN or infinite values")
 
 
 def _plan_optimisation(

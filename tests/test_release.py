@@ -1,0 +1,232 @@
+"""End-to-end tests of ``dpsummary release`` (CliRunner) and its refusals.
+
+Every refusal must be a one-line error with a non-zero exit that writes no artifact; refusals
+before any data touch must also leave the ledger without a reservation.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from dpsummary.cli import app
+
+runner = CliRunner()
+
+
+def _write_csv(path: Path, n: int, seed: int = 0, *, target: str = "binary") -> Path:
+    rng = np.random.default_rng(seed)
+    x1 = rng.uniform(0, 10, n)
+    x2 = rng.choice(["a", "b", "c"], n)
+    eta = 0.5 * (x1 - 5) + (x2 == "b")
+    if target == "binary":
+        y = np.where(rng.random(n) < 1 / (1 + np.exp(-eta)), "yes", "no")
+    elif target == "count":
+        y = rng.poisson(np.exp(0.2 * eta + 1)).astype(int)
+    else:
+        y = eta + rng.normal(size=n)
+    lines = ["x1,x2,y"] + [f"{a:.3f},{b},{c}" for a, b, c in zip(x1, x2, y, strict=True)]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def _policy(path: Path, *, n: int | None, target_kind: str = "binary", extra: str = "") -> Path:
+    y = {
+        "binary": 'kind = "categorical"\ncategories = ["no", "yes"]',
+        "count": 'kind = "numeric"\ninteger = true\nlower = 0\nupper = 60',
+        "real": 'kind = "numeric"\nlower = -8\nupper = 8',
+    }[target_kind]
+    count = f"record_count_public = true\nrecord_count = {n}\n" if n is not None else ""
+    path.write_text(f"""source_id = "test-source"
+total_epsilon = 3.0
+total_delta = 1e-6
+max_epsilon_per_release = 2.0
+min_records = 50
+n_max = 100000
+{count}{extra}
+[schema]
+target = "y"
+[[schema.columns]]
+name = "x1"
+kind = "numeric"
+lower = 0
+upper = 10
+[[schema.columns]]
+name = "x2"
+kind = "categorical"
+categories = ["a", "b", "c"]
+[[schema.columns]]
+name = "y"
+{y}
+""")
+    return path
+
+
+@pytest.fixture()
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    h = tmp_path / "home"
+    monkeypatch.setenv("DPSUMMARY_HOME", str(h))
+    return h
+
+
+def _release(*args: str) -> object:
+    return runner.invoke(app, ["release", *args])
+
+
+def _ledger_lines(home: Path) -> list[dict]:
+    p = home / "ledger.jsonl"
+    return [json.loads(x) for x in p.read_text().splitlines()] if p.exists() else []
+
+
+def test_release_with_public_schema_end_to_end(tmp_path: Path, home: Path) -> None:
+    data = _write_csv(tmp_path / "d.csv", 600)
+    pol = _policy(tmp_path / "p.toml", n=600)
+    out = tmp_path / "r.json"
+    res = _release(str(data), "--epsilon", "1", "--policy", str(pol), "--out", str(out), "--steps", "30",
+                   "--size", "5", "--json", "--seed", "1")
+    assert res.exit_code == 0, res.output
+    payload = json.loads(res.stdout[res.stdout.index("{"):])
+    assert payload["epsilon"]["rdp"] <= 1.0 + 1e-12
+    assert payload["epsilon"]["pld"] <= payload["epsilon"]["rdp"]
+    assert out.exists()
+    # Nothing data-derived in what was printed: no exact record count, no batch size.
+    assert "600" not in res.stdout.replace(payload["artifact_sha256"], "")
+    entries = _ledger_lines(home)
+    assert [e["kind"] for e in entries] == ["reserve", "commit"]  # N and schema public: one stage
+    # The artifact verifies and inspect shows its claim.
+    pub = home / "keys" / "dpsummary.pub"
+    assert runner.invoke(app, ["verify", str(out), "--key", str(pub)]).exit_code == 0
+    audit = runner.invoke(app, ["audit", str(home / "ledger.jsonl"), "--key", str(pub), "--policy", str(pol)])
+    assert audit.exit_code == 0, audit.output
+
+
+def test_release_recorded_mechanism_reproduces_opacus(tmp_path: Path, home: Path) -> None:
+    from opacus.accountants import RDPAccountant
+
+    from dpsummary.artifact import read_artifact
+    from dpsummary.private.accounting import RDP_ORDERS
+
+    data = _write_csv(tmp_path / "d.csv", 600)
+    pol = _policy(tmp_path / "p.toml", n=600)
+    out = tmp_path / "r.json"
+    res = _release(str(data), "--epsilon", "0.7", "--policy", str(pol), "--out", str(out), "--steps", "25", "--size", "4")
+    assert res.exit_code == 0, res.output
+    _, claim, _ = read_artifact(out, allow_unsigned=True)
+    mech = claim["mechanism"]
+    acc = RDPAccountant()
+    for _ in range(mech["steps"]):
+        acc.step(noise_multiplier=mech["noise_multiplier"], sample_rate=mech["sample_rate"])
+    assert acc.get_epsilon(claim["delta_accounting"], alphas=RDP_ORDERS) == pytest.approx(claim["epsilon"]["rdp"], abs=1e-9)
+
+
+def test_zero_configuration_release_is_private_end_to_end(tmp_path: Path, home: Path) -> None:
+    data = _write_csv(tmp_path / "big.csv", 30000, seed=3)
+    out = tmp_path / "z.json"
+    res = _release(str(data), "--epsilon", "0.5", "--out", str(out), "--steps", "20", "--size", "5")
+    assert res.exit_code == 0, res.output
+    entries = _ledger_lines(home)
+    stages = [(e["kind"], e["stage"]) for e in entries]
+    assert stages == [("reserve", "count-and-schema"), ("commit", "count-and-schema"),
+                      ("reserve", "dp-psvi"), ("commit", "dp-psvi")]
+    assert entries[0]["hold_epsilon"] == pytest.approx(0.5)
+    assert entries[0]["extra_delta"] > 0  # partition selection of the DP schema
+    assert "schema estimated privately" in res.output
+    assert "30000" not in res.output
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (None, "not found"),
+        ("", "empty"),
+        ("x1,x2,y\n", "no data rows"),
+        ("x1,x2,y\n1,a,yes\n2,b\n", "field"),
+        ("x1,x2,y\nnan,a,yes\n2,b,no\n", "x1"),
+        ("x1,x2,y\ninf,a,yes\n2,b,no\n", "x1"),
+        ("x1,x2,y\nabc,a,yes\n2,b,no\n", "x1"),
+    ],
+)
+def test_bad_data_refused_before_touching_budget(tmp_path: Path, home: Path, content: str | None, message: str) -> None:
+    data = tmp_path / "bad.csv"
+    if content is not None:
+        data.write_text(content)
+    pol = _policy(tmp_path / "p.toml", n=600)
+    out = tmp_path / "o.json"
+    res = _release(str(data), "--epsilon", "0.5", "--policy", str(pol), "--out", str(out))
+    assert res.exit_code != 0
+    lines = [x for x in res.output.strip().splitlines() if x.startswith("error:")]
+    assert len(lines) == 1 and "Traceback" not in res.output
+    assert message.lower() in lines[0].lower()
+    assert not re.search(r"\brow \d+|line \d+", lines[0])  # no data-derived positions
+    assert not out.exists()
+    assert _ledger_lines(home) == []
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--epsilon", "0"], "epsilon"),
+        (["--epsilon", "-1"], "epsilon"),
+        (["--epsilon", "nan"], "epsilon"),
+        (["--epsilon", "5"], "cap"),
+        (["--epsilon", "0.5", "--delta", "0.5"], "delta"),
+        (["--epsilon", "0.5", "--model", "nosuch"], "model"),
+        (["--epsilon", "0.5", "--size", "0"], "size"),
+    ],
+)
+def test_bad_options_refused(tmp_path: Path, home: Path, args: list[str], message: str) -> None:
+    data = _write_csv(tmp_path / "d.csv", 300)
+    pol = _policy(tmp_path / "p.toml", n=300)
+    out = tmp_path / "o.json"
+    res = _release(str(data), *args, "--policy", str(pol), "--out", str(out))
+    assert res.exit_code != 0
+    assert "Traceback" not in res.output
+    assert message in res.output.lower()
+    assert not out.exists()
+    assert _ledger_lines(home) == []
+
+
+def test_non_binary_target_for_logistic_refused(tmp_path: Path, home: Path) -> None:
+    data = _write_csv(tmp_path / "d.csv", 300, target="count")
+    pol = _policy(tmp_path / "p.toml", n=300, target_kind="count")
+    out = tmp_path / "o.json"
+    res = _release(str(data), "--epsilon", "0.5", "--policy", str(pol), "--out", str(out), "--model", "logistic")
+    assert res.exit_code != 0 and "binary" in res.output
+    assert not out.exists()
+
+
+def test_too_few_records_judged_on_public_count(tmp_path: Path, home: Path) -> None:
+    data = _write_csv(tmp_path / "d.csv", 40)
+    pol = _policy(tmp_path / "p.toml", n=40)
+    out = tmp_path / "o.json"
+    res = _release(str(data), "--epsilon", "0.5", "--policy", str(pol), "--out", str(out))
+    assert res.exit_code != 0 and "too few records" in res.output
+    assert not out.exists()
+
+
+def test_budget_exhaustion_refuses_before_touching_data(tmp_path: Path, home: Path) -> None:
+    from dpsummary import keys
+    from dpsummary.audit import audit
+    from dpsummary.policy import load_policy
+
+    data = _write_csv(tmp_path / "d.csv", 600)
+    pol = _policy(tmp_path / "p.toml", n=600)
+    outcomes = []
+    for i in range(5):
+        before = len(_ledger_lines(home))
+        res = _release(str(data), "--epsilon", "1.5", "--policy", str(pol), "--out", str(tmp_path / f"o{i}.json"),
+                       "--steps", "10", "--size", "3")
+        outcomes.append(res.exit_code == 0)
+        if res.exit_code != 0:
+            assert "budget" in res.output and not (tmp_path / f"o{i}.json").exists()
+            assert len(_ledger_lines(home)) == before  # refused under the lock: nothing reserved
+    assert outcomes[0] and not outcomes[-1]
+    report = audit(home / "ledger.jsonl", keys.load_public_key(home / "keys" / "dpsummary.pub"), load_policy(pol))
+    assert report.ok
+    (src,) = report.sources
+    assert src.composed_rdp <= 3.0 < src.naive_sum_rdp + 1.5  # within budget; composition beats the naive sum
