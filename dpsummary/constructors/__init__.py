@@ -2,8 +2,38 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
+from typing import Any, cast
+
 from .base import Constructor, Summary, fit, write_atomic
+from .giga import GIGA
+from .lightweight import Lightweight
 from .psvi import PSVI
+from .sparsevi import SparseVI
 from .uniform import Uniform
 
-__all__ = ["PSVI", "Constructor", "Summary", "Uniform", "fit", "write_atomic"]
+#: Method name -> constructor factory (keyword arguments are the constructor's hyperparameters).
+#: (``cast``: the frozen dataclasses have a read-only ``name``, which mypy does not accept for the
+#: protocol's settable ``name: str``; a ``@property`` in the protocol would remove the need.)
+REGISTRY: dict[str, Callable[..., Constructor[Any, Any]]] = cast(Any, {
+    "uniform": Uniform,
+    "lightweight": Lightweight,
+    "giga": GIGA,
+    "giga-realistic": partial(GIGA, weighting="realistic", name="giga-realistic"),
+    "sparsevi": SparseVI,
+    "psvi": PSVI,
+})
+
+__all__ = [
+    "GIGA",
+    "PSVI",
+    "REGISTRY",
+    "Constructor",
+    "Lightweight",
+    "SparseVI",
+    "Summary",
+    "Uniform",
+    "fit",
+    "write_atomic",
+]

@@ -1,0 +1,17 @@
+"""Suite-wide settings: one intra-op torch thread (small tensors; threads only add contention on
+the 2-core CI machine) and an isolated dpsummary home so no test touches the user's keys."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+torch.set_num_threads(1)
+
+
+@pytest.fixture(autouse=True)
+def _isolated_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    if "DPSUMMARY_HOME" not in os.environ or not os.environ["DPSUMMARY_HOME"].startswith(str(tmp_path_factory.getbasetemp())):
+        monkeypatch.setenv("DPSUMMARY_HOME", str(tmp_path_factory.mktemp("dpsummary-home")))
