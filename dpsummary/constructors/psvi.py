@@ -69,6 +69,8 @@ class PSVIState:
     optimizer: torch.optim.Optimizer
     schedule: torch.optim.lr_scheduler.LRScheduler | None
     posterior: GaussianPosterior
+    point_bounds: tuple[torch.Tensor, torch.Tensor] | None = None
+    total_weight: float | None = None
     step: int = 0
     info: dict[str, Any] = field(default_factory=dict)
 
@@ -76,6 +78,14 @@ class PSVIState:
     def points(self) -> torch.Tensor:
         """Pseudopoints in model space (differentiable in ``latent``)."""
         return self.latent * self.point_scale
+
+    @property
+    def weights(self) -> torch.Tensor:
+        """Weights (differentiable in ``log_weights``): exp(log w), or, with a fixed
+        ``total_weight``, total_weight * softmax(log w)."""
+        if self.total_weight is None:
+            return self.log_weights.exp()
+        return self.total_weight * torch.softmax(self.log_weights, 0)
 
 
 def init_state(
@@ -89,23 +99,40 @@ def init_state(
     schedule: ScheduleFactory | None,
     steps: int,
     point_scale: torch.Tensor | None = None,
+    point_bounds: tuple[torch.Tensor, torch.Tensor] | None = None,
+    total_weight: float | None = None,
 ) -> PSVIState:
     """Wrap initial pseudopoints and weights into an optimisation state.
 
     ``point_scale`` (public, per column, default all ones) sets the units in which the optimiser
-    moves each coordinate.
+    moves each coordinate. ``point_bounds`` (lower, upper per column), when given, is the domain
+    pseudopoints are projected back into after every step: pseudodata stay data-like, and a
+    pseudopoint cannot random-walk to a far-away location whose log-likelihood is so curved that
+    it over-concentrates the posterior (observed with noisy DP gradients). ``total_weight``, when
+    given, fixes the sum of the weights (weights = total * softmax): the full-data posterior has
+    total weight N, and fixing it stops noisy gradients from inflating the weights.
     """
     pts = model.project_points(points.detach().clone().to(DTYPE))
+    if point_bounds is not None:
+        lo, hi = (b.detach().to(DTYPE) for b in point_bounds)
+        if lo.shape != (pts.shape[1],) or hi.shape != lo.shape or not bool((lo <= hi).all()):
+            raise ValueError("point_bounds must be (lower, upper) with one entry per point column")
+        point_bounds = (lo, hi)
+        pts = torch.clamp(pts, lo, hi)
     scale = torch.ones(pts.shape[1], dtype=DTYPE) if point_scale is None else point_scale.detach().to(DTYPE)
     if scale.shape != (pts.shape[1],) or not bool((scale > 0).all()):
         raise ValueError("point_scale must be positive, one entry per point column")
     latent = (pts / scale).requires_grad_(True)
     logw = torch.log(weights.detach().clone().to(DTYPE)).requires_grad_(True)
     opt = optimizer([{"params": [latent], "lr": points_lr}, {"params": [logw], "lr": weights_lr}])
-    posterior = coreset_posterior(model, pts, logw.detach().exp())
+    if total_weight is not None and not total_weight > 0:
+        raise ValueError("total_weight must be positive")
+    init_weights = logw.detach().exp() if total_weight is None else total_weight * torch.softmax(logw.detach(), 0)
+    posterior = coreset_posterior(model, pts, init_weights)
     sched = None if schedule is None else schedule(opt, steps)
     return PSVIState(
-        latent=latent, point_scale=scale, log_weights=logw, optimizer=opt, schedule=sched, posterior=posterior
+        latent=latent, point_scale=scale, log_weights=logw, optimizer=opt, schedule=sched, posterior=posterior,
+        point_bounds=point_bounds, total_weight=total_weight,
     )
 
 
@@ -114,7 +141,7 @@ def posterior_draws(
 ) -> tuple[GaussianPosterior, torch.Tensor]:
     """S draws from the current pseudocoreset posterior (no privacy cost: pseudopoints only)."""
     posterior = coreset_posterior(
-        model, state.points.detach(), state.log_weights.detach().exp(), warm_start=state.posterior, diagonal=diagonal
+        model, state.points.detach(), state.weights.detach(), warm_start=state.posterior, diagonal=diagonal
     )
     return posterior, posterior.sample(num_samples, generator)
 
@@ -140,7 +167,7 @@ def apply_gradient(
     theta = theta.detach()
     data_term = data_term.detach()
     num_samples = theta.shape[0]
-    weights = state.log_weights.exp()
+    weights = state.weights
     g_hat = centred_loglik(model, state.points, theta)  # (M, S), differentiable in points
     residual = data_term - weights.detach() @ g_hat.detach()  # r_s, held fixed
     loss = -(weights @ (g_hat @ residual)) / num_samples
@@ -150,7 +177,10 @@ def apply_gradient(
     if state.schedule is not None:
         state.schedule.step()
     with torch.no_grad():
-        state.latent.copy_(model.project_points(state.points) / state.point_scale)
+        pts = model.project_points(state.points)
+        if state.point_bounds is not None:
+            pts = torch.clamp(pts, *state.point_bounds)
+        state.latent.copy_(pts / state.point_scale)
         # Keep log-weights finite: exp overflow or underflow would make the posterior singular.
         state.log_weights.clamp_(min=-30.0, max=30.0)
     return replace(state, posterior=posterior, step=state.step + 1)
@@ -203,5 +233,5 @@ class PSVI:
         return apply_gradient(state, model, theta, data_term, posterior)
 
     def result(self, state: PSVIState) -> tuple[torch.Tensor, torch.Tensor]:
-        return state.points.detach(), state.log_weights.detach().exp()
+        return state.points.detach(), state.weights.detach()
 

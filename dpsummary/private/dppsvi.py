@@ -78,6 +78,8 @@ class DPPSVI:
     theta_scale: float = 1.0
     clip_multiplier: float = 1.0
     point_scale: tuple[float, ...] | None = None
+    point_bounds: tuple[tuple[float, ...], tuple[float, ...]] | None = None
+    fix_total_weight: bool = False
     diagonal: bool = False
     name: str = "dp-psvi"
 
@@ -95,6 +97,10 @@ class DPPSVI:
             schedule=self.schedule,
             steps=self.steps,
             point_scale=None if self.point_scale is None else torch.tensor(self.point_scale, dtype=DTYPE),
+            point_bounds=None
+            if self.point_bounds is None
+            else (torch.tensor(self.point_bounds[0], dtype=DTYPE), torch.tensor(self.point_bounds[1], dtype=DTYPE)),
+            total_weight=count if self.fix_total_weight else None,
         )
 
     def num_steps(self, size: int) -> int:
@@ -118,4 +124,4 @@ class DPPSVI:
         return apply_gradient(state, model, theta, noisy_sum / self.sample_rate, posterior)
 
     def result(self, state: PSVIState) -> tuple[torch.Tensor, torch.Tensor]:
-        return state.points.detach(), state.log_weights.detach().exp()
+        return state.points.detach(), state.weights.detach()

@@ -1,0 +1,441 @@
+"""The analyst's side of a release: load, verify, inspect, sample, predict, export.
+
+    import dpsummary
+    rel = dpsummary.load("credit.dpsummary.json", key="dpsummary.pub")   # verifies the signature
+    rel.claim["epsilon"]                 # the privacy guarantee the curator signed
+    draws = rel.sample(2000, seed=0)     # (2000, d) posterior draws
+    p = rel.posterior_predictive([{"age": "35", ...}], draws)   # (2000, 1) P(y = 1 | row)
+
+**What a release is.** A weighted pseudocoreset: points ``x_m`` in model space (the public
+feature transform applied, the target, if any, as the last column) and weights ``w_m``. The
+weights are *likelihood exponents*: the release's posterior is
+
+    p_w(theta) ∝ prior(theta) * prod_m p(x_m | theta) ** w_m
+
+so a point of weight 12.5 counts as 12.5 copies of itself. Weights are not probabilities, need
+not be integers, and pseudopoints may carry soft labels (logistic, in [0, 1]) and non-integer
+counts (Poisson): every density here accepts them.
+
+**Privacy.** Everything in this module is post-processing of the signed release: loading,
+verifying, sampling (any number of times, with any sampler), predicting and exporting cost no
+privacy and never touch the private data. The guarantee is the ``claim`` the curator signed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, overload
+
+import numpy as np
+import torch
+
+from .constructors.base import Summary
+from .data import Transform
+from .models import (
+    DTYPE,
+    GLM,
+    GaussianMean,
+    LinearRegression,
+    LogisticRegression,
+    Model,
+    PoissonRegression,
+)
+
+__all__ = ["RELEASE_FORMAT", "Release", "ReleaseFormatError", "load"]
+
+#: The ``format`` of a release body (see ``dpsummary.release``).
+RELEASE_FORMAT = "dpsummary.release/v1"
+
+SampleMethod = Literal["auto", "exact", "laplace", "hmc"]
+PredictiveKind = Literal["mean", "sample", "log_likelihood"]
+
+
+class ReleaseFormatError(ValueError):
+    """A verified artifact whose body is not a usable release (wrong format, bad shapes)."""
+
+
+@dataclass(frozen=True, eq=False)
+class Release:
+    """A loaded (and, unless loaded with ``allow_unsigned``, verified) release.
+
+    Attributes: ``summary`` (the core :class:`~dpsummary.constructors.base.Summary`), ``claim``
+    (the signed privacy claim: epsilon per accountant, delta, adjacency, sampling, events,
+    mechanism), ``feature_names`` (one per feature column of a point), ``param_names`` (one per
+    coordinate of theta), ``transform`` (the public :class:`~dpsummary.data.Transform` mapping
+    raw rows to model space, or None), ``envelope`` (``verified``, ``keyid`` and digests from
+    :func:`dpsummary.artifact.read_artifact`), ``body`` (the raw release body) and ``path``.
+
+    Weights are likelihood exponents (see the module docstring); using a release in any way costs
+    no privacy.
+    """
+
+    summary: Summary
+    claim: dict[str, Any] = field(default_factory=dict)
+    feature_names: list[str] = field(default_factory=list)
+    param_names: list[str] = field(default_factory=list)
+    transform: Transform | None = None
+    envelope: dict[str, Any] = field(default_factory=dict)
+    body: dict[str, Any] = field(default_factory=dict)
+    path: Path | None = None
+
+    # ---- construction -----------------------------------------------------------------------
+    @classmethod
+    def from_summary(
+        cls,
+        summary: Summary,
+        *,
+        claim: Mapping[str, Any] | None = None,
+        feature_names: Sequence[str] | None = None,
+        envelope: Mapping[str, Any] | None = None,
+        body: Mapping[str, Any] | None = None,
+        path: Path | None = None,
+    ) -> Release:
+        """Wrap a core :class:`Summary` (e.g. a non-private baseline) as a release.
+
+        Checks that points and weights are finite, of matching shapes, and weights >= 0.
+        """
+        model = summary.model
+        pts, w = summary.points, summary.weights
+        if pts.dim() != 2 or pts.shape[1] != model.point_dim:
+            raise ReleaseFormatError(
+                f"points must have shape (M, {model.point_dim}) for {model.name}, got {tuple(pts.shape)}"
+            )
+        if w.dim() != 1 or w.shape[0] != pts.shape[0]:
+            raise ReleaseFormatError("weights must be a vector with one entry per point")
+        if not bool(torch.isfinite(pts).all()) or not bool(torch.isfinite(w).all()):
+            raise ReleaseFormatError("points and weights must be finite")
+        if bool((w < 0).any()):
+            raise ReleaseFormatError("weights must be non-negative")
+        transform = Transform.from_dict(summary.transform) if summary.transform else None
+        if transform is not None and transform.num_features != model.num_features:
+            raise ReleaseFormatError("the transform's feature count does not match the model")
+        names = list(feature_names) if feature_names is not None else (
+            transform.feature_names if transform is not None else [f"x{i}" for i in range(model.num_features)]
+        )
+        if len(names) != model.num_features:
+            raise ReleaseFormatError("feature_names must have one name per feature")
+        return cls(
+            summary=summary,
+            claim=dict(claim or {}),
+            feature_names=list(names),
+            param_names=model.param_names(list(names)),
+            transform=transform,
+            envelope=dict(envelope or {}),
+            body=dict(body or {}),
+            path=path,
+        )
+
+    @classmethod
+    def from_body(
+        cls,
+        body: Mapping[str, Any],
+        claim: Mapping[str, Any] | None = None,
+        envelope: Mapping[str, Any] | None = None,
+        path: Path | None = None,
+    ) -> Release:
+        """Build from a release body (``format: dpsummary.release/v1``) and its claim."""
+        if body.get("format") != RELEASE_FORMAT:
+            raise ReleaseFormatError(f"not a {RELEASE_FORMAT} release body")
+        try:
+            summary = Summary.from_dict(body["summary"])
+        except (KeyError, TypeError, ValueError, RuntimeError) as exc:
+            raise ReleaseFormatError(f"malformed summary in the release: {exc}") from None
+        rel = cls.from_summary(
+            summary, claim=claim, feature_names=body.get("feature_names"), envelope=envelope,
+            body=body, path=path,
+        )
+        declared = body.get("param_names")
+        if declared is not None and list(declared) != rel.param_names:
+            raise ReleaseFormatError("param_names in the release do not match its model")
+        return rel
+
+    # ---- description ------------------------------------------------------------------------
+    @property
+    def model(self) -> Model:
+        return self.summary.model
+
+    @property
+    def points(self) -> torch.Tensor:
+        """``(M, point_dim)`` float64 points in model space (features, then the target)."""
+        return self.summary.points
+
+    @property
+    def weights(self) -> torch.Tensor:
+        """``(M,)`` float64 likelihood exponents (>= 0; samplers may drop zero-weight points)."""
+        return self.summary.weights
+
+    @property
+    def dim(self) -> int:
+        """Dimension d of theta."""
+        return self.model.param_dim
+
+    @property
+    def prior(self) -> dict[str, Any]:
+        """The prior: independent normals, ``{"family": "normal", "mean": [...], "scale": s}``."""
+        return {
+            "family": "normal",
+            "independent": True,
+            "mean": self.model.prior_mean.tolist(),
+            "scale": self.model.prior_scale,
+        }
+
+    @property
+    def verified(self) -> bool:
+        """Whether the signature was verified when loading."""
+        return bool(self.envelope.get("verified", False))
+
+    @property
+    def epsilon(self) -> dict[str, float]:
+        """The claimed epsilon under each accountant (``rdp``, ``prv``, ``pld``)."""
+        return dict(self.claim.get("epsilon", {}))
+
+    @property
+    def delta(self) -> float | None:
+        return self.claim.get("delta")
+
+    def nonzero(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Points and weights without zero-weight points (the same posterior)."""
+        keep = self.weights > 0
+        return self.points[keep], self.weights[keep]
+
+    def __repr__(self) -> str:
+        eps = ", ".join(f"{k}={v:.3g}" for k, v in self.epsilon.items()) or "n/a"
+        return (
+            f"Release(model={self.model!r}, points={self.summary.size}, "
+            f"total_weight={float(self.weights.sum()):.4g}, epsilon[{eps}], verified={self.verified})"
+        )
+
+    # ---- densities --------------------------------------------------------------------------
+    @overload
+    def log_density(self, theta: torch.Tensor) -> torch.Tensor: ...
+
+    @overload
+    def log_density(self, theta: np.ndarray | Sequence[float] | Sequence[Sequence[float]]) -> np.ndarray: ...
+
+    def log_density(self, theta: Any) -> Any:
+        """Unnormalised log posterior ``sum_m w_m log p(x_m | theta) + log prior(theta)``.
+
+        All normalising constants of the likelihood and of the prior are included, on the
+        constrained (natural) scale of theta: this is the reference every exporter reproduces.
+        ``theta`` has shape ``(..., d)``; the result has shape ``(...)``. A torch tensor gives a
+        float64 torch tensor (differentiable); anything else gives a float64 numpy array
+        (``float(...)`` it for one theta, e.g. for emcee).
+        """
+        if isinstance(theta, torch.Tensor):
+            return self._log_density_torch(theta)
+        arr = np.asarray(theta, dtype=np.float64)
+        with torch.no_grad():
+            out = self._log_density_torch(torch.from_numpy(np.ascontiguousarray(arr)))
+        return out.numpy()
+
+    def _log_density_torch(self, theta: torch.Tensor) -> torch.Tensor:
+        d = self.dim
+        if theta.dim() == 0 or theta.shape[-1] != d:
+            raise ValueError(f"theta must have shape (..., {d}), got {tuple(theta.shape)}")
+        theta = theta.to(DTYPE)
+        batch = theta.shape[:-1]
+        flat = theta.reshape(-1, d)
+        points, weights = self.nonzero()
+        value = self.model.log_prior(flat)
+        if points.shape[0] > 0:
+            value = value + weights @ self.model.log_likelihood(points, flat)
+        return value.reshape(batch)
+
+    def log_likelihood(self, theta: torch.Tensor) -> torch.Tensor:
+        """Unweighted per-point log-likelihoods, ``(M, S)`` for theta of shape ``(S, d)``."""
+        return self.model.log_likelihood(self.points, theta.to(DTYPE).reshape(-1, self.dim))
+
+    # ---- sampling ---------------------------------------------------------------------------
+    def sample(
+        self,
+        num_samples: int = 1000,
+        *,
+        seed: int | None = None,
+        method: SampleMethod = "auto",
+        num_warmup: int | None = None,
+        **kwargs: Any,
+    ) -> torch.Tensor:
+        """Draws from the release's weighted posterior, shape ``(num_samples, d)`` float64.
+
+        ``method``: ``"exact"`` (conjugate models: Gaussian mean, linear regression),
+        ``"laplace"`` (Gaussian approximation at the mode; exact for conjugate models),
+        ``"hmc"`` (:func:`dpsummary.mcmc.sample_posterior`, asymptotically exact for every
+        model; extra keyword arguments such as ``chains=4`` go to it, and ``chains`` chains give
+        ``chains * num_samples`` draws, chain after chain), ``"auto"``: exact if available, else
+        HMC.
+        Sampling costs no privacy, whatever the number of draws.
+        """
+        if num_samples < 1:
+            raise ValueError("num_samples must be at least 1")
+        gen = torch.Generator().manual_seed(seed if seed is not None else int(torch.seed() % (2**63)))
+        if method == "auto":
+            method = "exact" if self.model.conjugate else "hmc"
+        points, weights = self.nonzero()
+        if method == "exact":
+            if not self.model.conjugate:
+                raise ValueError(f"{self.model.name} has no exact posterior; use method='hmc'")
+            return self.model.exact_posterior(points, weights).sample(num_samples, gen)
+        if method == "laplace":
+            from .metrics import summary_posterior
+
+            return summary_posterior(self.model, points, weights).sample(num_samples, gen)
+        if method == "hmc":
+            from .mcmc import sample_posterior
+
+            warmup = num_warmup if num_warmup is not None else max(200, num_samples // 2)
+            draws = sample_posterior(
+                self.model, points, weights, num_samples=num_samples, num_warmup=warmup,
+                generator=gen, **kwargs,
+            )
+            return draws.reshape(-1, self.dim)
+        raise ValueError(f"unknown method {method!r}; use 'auto', 'exact', 'laplace' or 'hmc'")
+
+    def posterior_mode(self) -> torch.Tensor:
+        """The mode of the weighted posterior (Newton's method; exact for conjugate models)."""
+        from .metrics import summary_posterior
+
+        points, weights = self.nonzero()
+        return summary_posterior(self.model, points, weights).mean
+
+    # ---- new data ---------------------------------------------------------------------------
+    def map_rows(self, rows: Iterable[Mapping[str, str]]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Raw rows (dicts of strings) -> ``(features (n, F), target (n,) or None)`` in model
+        space, with the release's public transform."""
+        if self.transform is None:
+            raise ValueError("this release carries no feature transform; pass model-space features")
+        return self.transform.transform_rows(rows)
+
+    def posterior_predictive(
+        self,
+        new: Any,
+        draws: torch.Tensor | np.ndarray,
+        *,
+        kind: PredictiveKind = "mean",
+        seed: int | None = None,
+    ) -> torch.Tensor:
+        """Posterior predictive quantities for new records, one row per draw.
+
+        ``new``: raw rows (a list of dicts of strings, mapped with :meth:`map_rows`), or a
+        ``(n, F)`` array of model-space features, or for ``kind="log_likelihood"`` a
+        ``(n, point_dim)`` array of model-space points (features then target). For the Gaussian
+        mean model (no features) ``new`` is a number of new points, or points for
+        ``log_likelihood``.
+
+        ``kind``:
+        * ``"mean"``: E[y | x, theta] per draw — P(y = 1) for logistic, the rate for Poisson,
+          the mean for linear regression (in the target's original units when the transform is
+          known), theta for the Gaussian mean. Shape ``(S, n)`` (``(S, n, d)`` Gaussian mean).
+        * ``"sample"``: one simulated target per draw and record, same shape and units.
+        * ``"log_likelihood"``: log p(y_i | x_i, theta_s), shape ``(S, n)``; rows must carry
+          the target. Useful for held-out scores.
+        """
+        th = torch.as_tensor(np.asarray(draws, dtype=np.float64)) if not isinstance(draws, torch.Tensor) else draws
+        th = th.to(DTYPE).reshape(-1, self.dim)
+        gen = torch.Generator().manual_seed(seed if seed is not None else int(torch.seed() % (2**63)))
+        model = self.model
+        if isinstance(model, GaussianMean):
+            if kind == "log_likelihood":
+                pts = torch.as_tensor(np.asarray(new, dtype=np.float64)).reshape(-1, model.point_dim)
+                return model.log_likelihood(pts, th).T
+            n = int(new) if np.ndim(new) == 0 else int(np.shape(new)[0])
+            mean = th[:, None, :].expand(th.shape[0], n, model.num_features)
+            if kind == "mean":
+                return mean.clone()
+            if kind == "sample":
+                eps = torch.randn(mean.shape, generator=gen, dtype=DTYPE)
+                return mean + model.noise_scale * eps
+            raise ValueError(f"unknown kind {kind!r}")
+
+        x, y = self._features_and_target(new, need_target=kind == "log_likelihood")
+        if kind == "log_likelihood":
+            assert y is not None
+            return model.log_likelihood(torch.cat([x, y[:, None]], 1), th).T
+        assert isinstance(model, GLM | LinearRegression)
+        eta = (model.design(torch.cat([x, torch.zeros(x.shape[0], 1, dtype=DTYPE)], 1)) @ th.T).T
+        if isinstance(model, LogisticRegression):
+            mean = torch.sigmoid(eta)
+            out = mean if kind == "mean" else (torch.rand(mean.shape, generator=gen, dtype=DTYPE) < mean).to(DTYPE)
+        elif isinstance(model, PoissonRegression):
+            mean = torch.exp(eta)
+            out = mean if kind == "mean" else torch.poisson(mean, generator=gen)
+        elif isinstance(model, LinearRegression):
+            out = eta if kind == "mean" else eta + model.noise_scale * torch.randn(eta.shape, generator=gen, dtype=DTYPE)
+            if self.transform is not None and self.transform.target_kind == "real":
+                out = self.transform.inverse_target(out)
+        else:  # pragma: no cover - every registered model is handled above
+            raise NotImplementedError(f"no predictive for {model.name}")
+        if kind not in ("mean", "sample"):
+            raise ValueError(f"unknown kind {kind!r}")
+        return out
+
+    def _features_and_target(self, new: Any, *, need_target: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        f = self.model.num_features
+        if isinstance(new, Sequence) and new and isinstance(new[0], Mapping):
+            target = self.transform.target if self.transform is not None else None
+            rows = list(new) if need_target or target is None else [
+                {k: v for k, v in r.items() if k != target} for r in new
+            ]
+            x, y = self.map_rows(rows)
+            x = x.to(DTYPE)
+        else:
+            arr = torch.as_tensor(np.asarray(new, dtype=np.float64))
+            if arr.dim() == 1:
+                arr = arr[None, :]
+            if arr.shape[1] == f + 1 and self.model.has_target:
+                x, y = arr[:, :f], arr[:, f]
+            elif arr.shape[1] == f:
+                x, y = arr, None
+            else:
+                raise ValueError(f"expected {f} feature columns (or {f + 1} with the target), got {arr.shape[1]}")
+        if need_target and y is None:
+            raise ValueError("log_likelihood needs the target: pass rows with the target column or full points")
+        return x, y
+
+    # ---- export -----------------------------------------------------------------------------
+    def to_neutral(self, **kwargs: Any) -> dict[str, Any]:
+        """The sampler-neutral document (``docs/FORMAT.md``), with its ``checks`` block."""
+        from .export.neutral import to_neutral
+
+        return to_neutral(self, **kwargs)
+
+    def export(self, to: str, out: str | Path) -> list[Path]:
+        """Write a sampler adapter (``"json"``, ``"stan"``, ``"pymc"``, ``"numpyro"``) into ``out``."""
+        from .export import export
+
+        return export(self, to, out)
+
+
+def load(
+    path: str | Path,
+    key: str | Path | Any | None = None,
+    *,
+    allow_unsigned: bool = False,
+) -> Release:
+    """Load a released artifact and verify its signature.
+
+    ``key``: the curator's public key (a PEM file path, or an Ed25519 public key object); when
+    omitted, the default key of this machine's dpsummary home is used if there is one. An
+    unsigned, tampered-with or foreign-key artifact raises
+    :class:`dpsummary.artifact.ArtifactError`. ``allow_unsigned=True`` accepts a file whose
+    signature is missing or cannot be checked (``release.verified`` is then False); a signature
+    by the given key that does not verify still fails, and so does any change to the content.
+
+    Loading costs no privacy. The weights are likelihood exponents (see :class:`Release`).
+    """
+    from .artifact import read_artifact
+    from .keys import Ed25519PublicKey, load_public_key
+
+    public_key: Ed25519PublicKey | None
+    if key is None:
+        public_key = None
+    elif isinstance(key, str | Path):
+        public_key = load_public_key(key)
+    elif isinstance(key, Ed25519PublicKey):
+        public_key = key
+    else:
+        raise TypeError("key must be a path to a PEM public key or an Ed25519PublicKey")
+    p = Path(path)
+    body, claim, info = read_artifact(p, public_key, allow_unsigned=allow_unsigned)
+    return Release.from_body(body, claim, info, p)

@@ -1,0 +1,149 @@
+"""The sampler-neutral export (``dpsummary.neutral/v1``, documented field by field in
+docs/FORMAT.md) and its ``checks`` block.
+
+The document is plain JSON: model family and link, fixed likelihood parameters, prior, one name
+per coordinate of theta, the points (features and targets separately) with strictly positive
+weights (zero-weight points are dropped: they do not change the posterior and several samplers
+reject a zero weight), the public preprocessing, the privacy claim, and ``checks``: test values
+of theta with the reference log density (:meth:`dpsummary.analyst.Release.log_density`,
+constants included, natural scale) that any adapter must reproduce to a relative 1e-6.
+
+``dpsummary export --to json`` writes ``release.json`` and ``reference.py`` (a NumPy/SciPy-only
+copy of the log density with the emcee recipe, :mod:`dpsummary.export.templates.reference`).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from ..constructors.base import write_atomic
+from ..models import DTYPE, GLM, GaussianMean, LinearRegression
+
+if TYPE_CHECKING:
+    from ..analyst import Release
+
+NEUTRAL_FORMAT = "dpsummary.neutral/v1"
+#: Relative tolerance (against max(1, |reference|)) every adapter must meet at the checks.
+CHECK_RTOL = 1e-6
+
+LINKS = {"gaussian_mean": "identity", "linear": "identity", "logistic": "logit", "poisson": "log"}
+LIKELIHOODS = {
+    "gaussian_mean": "-0.5*||x - theta||^2/noise_scale^2 - K*log(noise_scale) - 0.5*K*log(2*pi)",
+    "linear": "-0.5*((y - eta)/noise_scale)^2 - log(noise_scale) - 0.5*log(2*pi)",
+    "logistic": "y*log_sigmoid(eta) + (1 - y)*log_sigmoid(-eta)",
+    "poisson": "y*eta - exp(eta) - lgamma(y + 1)",
+}
+
+
+def check_thetas(release: Release, *, num_random: int = 2, seed: int = 0) -> list[tuple[str, np.ndarray]]:
+    """Deterministic test values of theta: the prior mean, the posterior mode, draws of the
+    Gaussian approximation, and prior draws (a fixed seed, so exports are reproducible)."""
+    d = release.dim
+    gen = torch.Generator().manual_seed(seed)
+    model = release.model
+    out: list[tuple[str, np.ndarray]] = [("prior mean", model.prior_mean.numpy().copy())]
+    try:
+        from ..metrics import summary_posterior
+
+        pts, w = release.nonzero()
+        approx = summary_posterior(model, pts, w)
+        out.append(("posterior mode", approx.mean.numpy().copy()))
+        for i, th in enumerate(approx.sample(num_random, gen)):
+            out.append((f"posterior approximation draw {i + 1}", th.numpy().copy()))
+    except (RuntimeError, ValueError):  # Newton failed: prior-only checks are still valid
+        out.append(("unit vector", np.ones(d)))
+    for i, th in enumerate(model.sample_prior(num_random, gen)):
+        out.append((f"prior draw {i + 1}", th.numpy().copy()))
+    return out
+
+
+def to_neutral(release: Release, *, num_random_checks: int = 2, seed: int = 0) -> dict[str, Any]:
+    """The neutral document of a release (a JSON-able dict)."""
+    model = release.model
+    pts, w = release.nonzero()
+    k = model.num_features
+    if isinstance(model, GaussianMean):
+        features, target = pts, None
+        noise: float | None = model.noise_scale
+        intercept = False
+    elif isinstance(model, GLM | LinearRegression):
+        features, target = pts[:, :k], pts[:, k]
+        noise = model.noise_scale if isinstance(model, LinearRegression) else None
+        intercept = bool(model.intercept)
+    else:  # pragma: no cover - every registered model is handled above
+        raise NotImplementedError(f"no neutral export for model {model.name!r}")
+    checks = []
+    for label, th in check_thetas(release, num_random=num_random_checks, seed=seed):
+        value = float(release.log_density(torch.as_tensor(th, dtype=DTYPE)))
+        checks.append({"label": label, "theta": th.tolist(), "log_density": value})
+    tr = release.transform
+    env = release.envelope
+    return {
+        "format": NEUTRAL_FORMAT,
+        "release_id": release.body.get("release_id"),
+        "created": release.body.get("created"),
+        "model": {
+            "family": model.name,
+            "link": LINKS[model.name],
+            "log_likelihood": LIKELIHOODS[model.name],
+            "num_features": k,
+            "intercept": intercept,
+            "noise_scale": noise,
+            "spec": model.spec(),
+        },
+        "prior": release.prior,
+        "parameters": {"dim": release.dim, "names": list(release.param_names)},
+        "feature_names": list(release.feature_names),
+        "target_name": None if tr is None else tr.target,
+        "data": {
+            "num_points": int(pts.shape[0]),
+            "features": features.tolist(),
+            "target": None if target is None else target.tolist(),
+            "weights": w.tolist(),
+        },
+        "dropped_zero_weight_points": int(release.summary.size - pts.shape[0]),
+        "preprocessing": None if tr is None else tr.to_dict(),
+        "privacy": {
+            "claim": release.claim,
+            "verified": bool(env.get("verified", False)),
+            "keyid": env.get("keyid"),
+            "artifact_digest": env.get("artifact_digest"),
+            "subject_digest": env.get("subject_digest"),
+        },
+        "checks": {
+            "relative_tolerance": CHECK_RTOL,
+            "error": "|value - log_density| / max(1, |log_density|)",
+            "scale": "constrained (theta as is, no Jacobian)",
+            "constants": "included",
+            "values": checks,
+        },
+    }
+
+
+def dump(doc: dict[str, Any]) -> bytes:
+    """Serialise a neutral document (floats round-trip exactly)."""
+    return (json.dumps(doc, indent=1, allow_nan=False) + "\n").encode()
+
+
+def log_density(doc: dict[str, Any], theta: Any) -> np.ndarray:
+    """The reference adapter's (NumPy/SciPy) log density of a neutral document at theta
+    ``(..., d)``: what ``reference.py`` computes, in process (also the emcee target)."""
+    from .templates import reference
+
+    return reference.log_density(reference.from_document(doc), theta)
+
+
+def write(release: Release, out: str | Path, *, neutral: dict[str, Any] | None = None) -> list[Path]:
+    """Write ``release.json`` and ``reference.py`` (NumPy/SciPy + emcee recipe) into ``out``."""
+    from .templates import reference
+
+    doc = neutral if neutral is not None else to_neutral(release)
+    out = Path(out)
+    write_atomic(out / "release.json", dump(doc))
+    write_atomic(out / "reference.py", Path(reference.__file__).read_bytes())
+    return [out / "release.json", out / "reference.py"]
