@@ -11,7 +11,4 @@ torch.set_num_threads(1)
 
 @pytest.fixture(autouse=True)
 def _isolated_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
-    import os
-
-    if "DPSUMMARY_HOME" not in os.environ or not os.environ["DPSUMMARY_HOME"].startswith(str(tmp_path_factory.getbasetemp())):
-        monkeypatch.setenv("DPSUMMARY_HOME", str(tmp_path_factory.mktemp("dpsummary-home")))
+    monkeypatch.setenv("DPSUMMARY_HOME", str(tmp_path_factory.mktemp("dpsummary-home")))
