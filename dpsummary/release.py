@@ -241,12 +241,15 @@ def run_release(
                 from .private.preprocess import estimate_schema
 
                 target = req.target
+                assert pre_sigma is not None
                 est = estimate_schema(table, noise_multiplier=pre_sigma, target=target, delta=delta_selection)
                 schema = est.schema
                 notes.extend(est.notes)
             if count_public:
+                assert pol.record_count is not None
                 noisy_count = float(pol.record_count)
             else:
+                assert count_sigma is not None
                 noisy_count = PrivateRecords(torch.zeros(table.num_rows, 1)).noisy_count(
                     noise_multiplier=count_sigma
                 )
@@ -256,6 +259,7 @@ def run_release(
             reservation.abort(reason=type(exc).__name__)
             raise
     else:
+        assert pol.record_count is not None
         schema = pol.data_schema
         noisy_count = float(pol.record_count)
 
@@ -293,6 +297,7 @@ def run_release(
         summary: Summary = fit(constructor, records, model, req.size, generator=nonpriv,
                                transform=transform.to_dict(), progress=progress)
         epsilons = acc.epsilons(all_events, delta)
+        split_eps = _budget_split(stage1_events, count_sigma, pre_sigma, psvi_event, delta, accountant)
         if delta_selection:
             epsilons = {k: v - math.log1p(-delta_selection) for k, v in epsilons.items()}
         claim = {
@@ -321,7 +326,7 @@ def run_release(
                 "count_noise_multiplier": count_sigma,
                 "preprocessing_noise_multiplier": pre_sigma,
             },
-            "budget_split": _budget_split(stage1_events, count_sigma, pre_sigma, psvi_event, delta, accountant),
+            "budget_split": split_eps,
             "public_inputs": pol.public_inputs(),
             "source_id": source_id,
         }
@@ -344,7 +349,7 @@ def run_release(
     return ReleaseResult(
         out=out, artifact_digest=digest, source_id=source_id, epsilons=epsilons, delta=delta_total,
         noise_multiplier=sigma, sample_rate=q, steps=req.steps, size=summary.size,
-        budget_split=claim["budget_split"], composed_total=spent.composed, naive_total=spent.naive_sum,
+        budget_split=split_eps, composed_total=spent.composed, naive_total=spent.naive_sum,
         notes=notes, key_created=key_info.private_path if key_created else None, ledger=ledger_path,
     )
 

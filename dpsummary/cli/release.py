@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import typer
 
@@ -58,7 +58,7 @@ def release(
     _print_table(result)
 
 
-def _print_table(r) -> None:  # type: ignore[no-untyped-def]
+def _print_table(r: Any) -> None:
     from rich.console import Console
     from rich.table import Table
 

@@ -109,7 +109,8 @@ def write_atomic(path: Path, data: bytes) -> None:
 class Constructor(Protocol, Generic[DataT, StateT]):
     """What every coreset constructor implements (see module docstring)."""
 
-    name: str
+    @property
+    def name(self) -> str: ...
 
     def init(self, data: DataT, model: Model, size: int, generator: torch.Generator) -> StateT: ...
 

@@ -110,7 +110,7 @@ def test_gray_box_replay_neighbours_same_control_flow():
         clips: list[float] = []
 
         class Recording(DPPSVI):
-            def clip_norm(self, model, state, theta):
+            def clip_norm(self, model, state, theta, clips=clips):
                 c = super().clip_norm(model, state, theta)
                 clips.append(c)
                 return c
