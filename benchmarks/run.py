@@ -53,6 +53,7 @@ class Config:
     delta: float
     transform: str
     description: str
+    method_options: dict[str, dict[str, Any]]
 
     @classmethod
     def load(cls, path: Path, smoke: bool) -> Config:
@@ -71,6 +72,7 @@ class Config:
             delta=raw.get("delta", 1e-7),
             transform=raw.get("transform", "schema"),
             description=raw.get("description", ""),
+            method_options=raw.get("method_options", {}),
         )
 
 
@@ -131,7 +133,7 @@ def run_one(prep: PreparedData, method: str, size: int, seed: int, cfg: Config, 
         metrics = dpvi.evaluate_posterior(prep.model, result.posterior, prep.full_posterior, test=prep.test)
         return {**metrics, "seconds": seconds, "noise_multiplier": result.noise_multiplier}
     else:
-        constructor = make_constructor(method, steps=cfg.steps)
+        constructor = make_constructor(method, steps=cfg.steps, **cfg.method_options.get(method, {}))
         summary = fit(constructor, prep.train, prep.model, size, generator=gen)
         post_points, post_weights = summary.points, summary.weights
     seconds = time.perf_counter() - start

@@ -79,7 +79,8 @@ class RunResult:
     seconds: float
 
 
-def make_constructor(method: str, *, steps: int | None = None) -> Any:
+def make_constructor(method: str, *, steps: int | None = None, **options: Any) -> Any:
+    """A constructor from the registry; ``steps`` applies to PSVI, ``options`` to any."""
     from .constructors import REGISTRY
 
     try:
@@ -87,7 +88,7 @@ def make_constructor(method: str, *, steps: int | None = None) -> Any:
     except KeyError:
         raise ValueError(f"unknown method {method!r}") from None
     kwargs = {"steps": steps} if steps is not None and method == "psvi" else {}
-    return factory(**kwargs)
+    return factory(**kwargs, **options)
 
 
 def run_constructor(

@@ -41,7 +41,7 @@ DEFAULT_SIZE = 50
 DEFAULT_STEPS = 500
 DEFAULT_NUM_SAMPLES = 100
 DEFAULT_EXPECTED_BATCH = 200
-DEFAULT_CLIP_MULTIPLIER = 10.0
+DEFAULT_CLIP_MULTIPLIER = 30.0
 DEFAULT_LEARNING_RATE = 0.05
 DEFAULT_THETA_SCALE = 0.3
 #: Share of a release's delta given to the partition selection of DP schema estimation.
@@ -441,6 +441,7 @@ def dp_psvi_constructor(
         weights_lr=DEFAULT_LEARNING_RATE, clip_multiplier=DEFAULT_CLIP_MULTIPLIER,
         theta_scale=DEFAULT_THETA_SCALE, feature_sampler=transform.sample_public_features,
         point_scale=tuple(public_point_scale(transform, model)),
+        point_bounds=public_point_bounds(transform, model),
     )
 
 
@@ -457,6 +458,46 @@ def public_point_scale(transform: Any, model: Any) -> list[float]:
         if col.upper is not None and col.upper > 4:
             scale[-1] = float(col.upper) / 4.0
     return scale
+
+
+def public_point_bounds(transform: Any, model: Any) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """The public domain of model space, from the schema only: bounded numeric features in their
+    scaled bounds ([-1, 1] under the public transform), one-hot coordinates in [0, 1], and the
+    target in its range (binary [0, 1]; count [0, public upper bound]; real: scaled bounds).
+    DP-PSVI projects pseudopoints into this box after every step."""
+    inf = float("inf")
+    lower: list[float] = []
+    upper: list[float] = []
+
+    def numeric(col: Any) -> tuple[float, float]:
+        if col.lower is None or col.upper is None:
+            return -inf, inf
+        c, s = transform.centres[col.name], transform.scales[col.name]
+        return (col.lower - c) / s, (col.upper - c) / s
+
+    for col in transform.schema.feature_columns:
+        if col.kind == "numeric":
+            lo, hi = numeric(col)
+            lower.append(lo)
+            upper.append(hi)
+        else:
+            k = len(col.categories or [])
+            lower += [0.0] * k
+            upper += [1.0] * k
+    if model.has_target:
+        kind = transform.target_kind
+        col = transform.schema.column(transform.target)
+        if kind == "binary":
+            lower.append(0.0)
+            upper.append(1.0)
+        elif kind == "count":
+            lower.append(0.0)
+            upper.append(float(col.upper) if col.upper is not None else inf)
+        else:
+            lo, hi = numeric(col)
+            lower.append(lo)
+            upper.append(hi)
+    return tuple(lower), tuple(upper)
 
 
 def _budget_split(stage1, count_sigma, pre_sigma, psvi_event, delta, accountant) -> dict[str, float]:
