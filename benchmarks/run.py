@@ -242,6 +242,7 @@ def main() -> None:
     ap.add_argument("--fresh", action="store_true", help="delete this config's previous results first")
     args = ap.parse_args()
     torch.set_default_dtype(DTYPE)
+    torch.set_num_threads(1)  # small tensors; two configs can run side by side on 2 cores
     if not args.report_only:
         if args.config is None:
             ap.error("a config is required unless --report-only")

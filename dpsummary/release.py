@@ -41,7 +41,9 @@ DEFAULT_SIZE = 50
 DEFAULT_STEPS = 500
 DEFAULT_NUM_SAMPLES = 100
 DEFAULT_EXPECTED_BATCH = 200
-DEFAULT_CLIP_MULTIPLIER = 30.0
+DEFAULT_CLIP_MULTIPLIER = 1.0
+DEFAULT_CLIP_QUANTILE = 0.5
+DEFAULT_NUM_REFERENCE = 1000
 DEFAULT_LEARNING_RATE = 0.05
 DEFAULT_THETA_SCALE = 0.3
 #: Share of a release's delta given to the partition selection of DP schema estimation.
@@ -320,8 +322,9 @@ def run_release(
                 "sample_rate": q,
                 "steps": req.steps,
                 "num_posterior_samples": req.num_samples,
-                "clip_norm_rule": f"{DEFAULT_CLIP_MULTIPLIER:g} x median L2 norm of the pseudopoints' "
-                                  "centred log-likelihood vectors at each step",
+                "clip_norm_rule": (f"{DEFAULT_CLIP_MULTIPLIER:g} x the {DEFAULT_CLIP_QUANTILE:g}-quantile of the L2 "
+                                   "norms of the centred log-likelihood vectors of "
+                                   f"{DEFAULT_NUM_REFERENCE} public synthetic records at each step"),
                 "noise": "OpenDP discrete Gaussian from OS entropy",
                 "count_noise_multiplier": count_sigma,
                 "preprocessing_noise_multiplier": pre_sigma,
@@ -440,6 +443,7 @@ def dp_psvi_constructor(
         steps=steps, num_samples=num_samples, points_lr=DEFAULT_LEARNING_RATE,
         weights_lr=DEFAULT_LEARNING_RATE, clip_multiplier=DEFAULT_CLIP_MULTIPLIER,
         theta_scale=DEFAULT_THETA_SCALE, feature_sampler=transform.sample_public_features,
+        clip_rule="synthetic", clip_quantile=DEFAULT_CLIP_QUANTILE, num_reference=DEFAULT_NUM_REFERENCE,
         point_scale=tuple(public_point_scale(transform, model)),
         point_bounds=public_point_bounds(transform, model),
     )

@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 
@@ -80,6 +81,9 @@ class DPPSVI:
     point_scale: tuple[float, ...] | None = None
     point_bounds: tuple[tuple[float, ...], tuple[float, ...]] | None = None
     fix_total_weight: bool = False
+    clip_rule: Literal["pseudopoints", "synthetic"] = "pseudopoints"
+    clip_quantile: float = 0.5
+    num_reference: int = 1000
     diagonal: bool = False
     name: str = "dp-psvi"
 
@@ -87,7 +91,14 @@ class DPPSVI:
         points = simulate_initial_points(model, size, generator, self.feature_sampler, theta_scale=self.theta_scale)
         count = max(float(self.record_count), 1.0)
         weights = torch.full((size,), count / size, dtype=DTYPE)
-        return init_state(
+        reference = None
+        if self.clip_rule == "synthetic":
+            # Public synthetic records spread over the public domain: the clip norm is a quantile
+            # of THEIR vectors, so it tracks the scale of data-like records without reading any.
+            reference = simulate_initial_points(
+                model, self.num_reference, generator, self.feature_sampler, theta_scale=self.theta_scale
+            )
+        state = init_state(
             points,
             weights,
             model,
@@ -102,17 +113,24 @@ class DPPSVI:
             else (torch.tensor(self.point_bounds[0], dtype=DTYPE), torch.tensor(self.point_bounds[1], dtype=DTYPE)),
             total_weight=count if self.fix_total_weight else None,
         )
+        if reference is not None:
+            state.info["clip_reference"] = reference
+        return state
 
     def num_steps(self, size: int) -> int:
         return self.steps
 
     def clip_norm(self, model: Model, state: PSVIState, theta: torch.Tensor) -> float:
-        """C_t = clip_multiplier x the median norm of the pseudopoints' centred log-likelihood
-        vectors at this step (the paper's choice when clip_multiplier = 1). Public: it depends only
-        on the pseudopoints and the posterior draws."""
+        """C_t = clip_multiplier x the ``clip_quantile`` of the L2 norms of centred log-likelihood
+        vectors at this step, over the pseudopoints (``clip_rule="pseudopoints"``; the paper's
+        choice with the median and multiplier 1) or over a fixed set of public synthetic records
+        (``"synthetic"``). Public either way: it depends only on released or simulated points and
+        on the posterior draws."""
+        ref = state.info.get("clip_reference") if self.clip_rule == "synthetic" else None
+        pts = state.points.detach() if ref is None else ref
         with torch.no_grad():
-            norms = centred_loglik(model, state.points.detach(), theta).norm(dim=1)
-        c = self.clip_multiplier * float(norms.median())
+            norms = centred_loglik(model, pts, theta).norm(dim=1)
+        c = self.clip_multiplier * float(torch.quantile(norms, self.clip_quantile))
         return c if math.isfinite(c) and c > MIN_CLIP_NORM else MIN_CLIP_NORM
 
     def step(self, state: PSVIState, data: PrivateRecords, model: Model, generator: torch.Generator) -> PSVIState:
