@@ -1,0 +1,947 @@
+"""Empirical privacy self-test: does the implementation leak more than the accountant claims?
+
+Proofs cover the algorithm; bugs live in the code. This module runs the product's own mechanism
+(:meth:`dpsummary.private.mechanism.PrivateRecords.noisy_clipped_sum`: its Poisson coins, its
+clipping, its OpenDP noise) on neighbouring data sets D and D + canary many times and derives a
+statistically valid *lower* bound on epsilon. A lower bound above the accountant's epsilon proves
+a violation; a lower bound below it proves nothing about privacy (it only shows that the audit
+found no gross implementation bug). See ``docs/SELFTEST.md``.
+
+Audits
+------
+1. White-box Clopper-Pearson audit (Jagielski, Ullman, Oprea 2020; Nasr et al. 2021, 2023).
+   Two canary designs, each a pair (D, D + canary) fixed before any run:
+
+   * ``dirac``: the other records' centred log-likelihood vectors are exactly zero, the canary's
+     clipped vector has norm exactly C in a fixed direction c (verified numerically by
+     :func:`check_canary_design`). This is the worst case of add/remove adjacency for the
+     subsampled Gaussian mechanism; the Neyman-Pearson optimal statistic is the log-likelihood
+     ratio summed over the T steps (:func:`dirac_score`).
+   * ``swap``: the other records point in the opposite direction -c with norm C. Under correct
+     Poisson sampling the canary's inclusion is independent of theirs; under fixed-size batches
+     the canary *displaces* a record, the projection moves by 2C and the audit sees it
+     (:func:`swap_score`).
+
+   Each run is scored, a threshold is chosen on separate pilot runs, and the false-positive and
+   false-negative counts of the main runs give Clopper-Pearson upper bounds pFP, pFN and
+
+       eps_LB = max( ln((1 - delta - pFN) / pFP), ln((1 - delta - pFP) / pFN) ),
+
+   valid with probability >= 1 - alpha whenever the mechanism is (eps, delta)-DP.
+
+2. One-run audit (Steinke, Nasr, Jagielski 2023): m canaries, each included with probability
+   1/2 in ONE data set, one execution of T steps; the auditor guesses membership for the k
+   highest and k lowest scores (k from a small grid, Bonferroni-corrected), and
+   :func:`one_run_epsilon_lower_bound` turns v correct out of r guesses into a lower bound.
+
+3. Gray-box replay (Cebere et al. 2026): the full DP-PSVI constructor on D and D + canary with
+   identical (recorded, non-private) randomness: same control flow, same shapes, and the
+   pre-noise sum moves by at most C (:func:`gray_box_replay`).
+
+Batching runs
+-------------
+A run is T calls of ``noisy_clipped_sum``. To make tens of thousands of runs affordable, K runs
+share one call: the model is :class:`~dpsummary.models.GaussianMean` in K dimensions and the S = 2K
+posterior draws are ``+e_j, -e_j``; a record ``x * e_j`` then has the centred log-likelihood
+vector ``x * (e_{2j} - e_{2j+1})``, non-zero only in run j's two coordinates. Because the
+product's coins are independent per record and its noise independent per coordinate, the
+output's coordinates (2j, 2j+1) are distributed exactly as one run of the mechanism on run j's
+records alone (cross-run leakage is floating-point rounding, checked to be below 1e-12 C).
+
+Noise paths
+-----------
+``noise="opendp"`` (default) audits the product's noise (:class:`SystemRandomness`: OS-entropy
+coins and OpenDP's discrete Gaussian). ``noise="numpy"`` keeps the product's coins, clipping and
+mechanism code but replaces the noise by a vectorised numpy Gaussian (PCG64 seeded from OS
+entropy), several times faster; results say which path was audited.
+
+Bug injection
+-------------
+``inject`` replaces one piece of the product by a known bug, everything else unchanged:
+``no-clip`` (:class:`NoClipRecords`), ``half-noise`` (:class:`HalfNoiseRandomness`),
+``fixed-size`` (:class:`FixedSizeRandomness`: exactly round(qn) records per step, still
+accounted as Poisson) and ``fixed-seed`` (:class:`FixedSeedRandomness`: noise from a generator
+re-seeded with one constant seed at every call).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+import torch
+from scipy import stats
+
+from .models import DTYPE, GaussianMean, LogisticRegression, Model
+from .private import noise
+from .private.accounting import (
+    Accountant,
+    calibrate_noise_multiplier,
+    epsilon,
+    subsampled_gaussian_event,
+)
+from .private.mechanism import PrivacyRandomness, PrivateRecords, SystemRandomness, clip_rows
+
+Injection = Literal["none", "no-clip", "half-noise", "fixed-size", "fixed-seed"]
+INJECTIONS: tuple[Injection, ...] = ("none", "no-clip", "half-noise", "fixed-size", "fixed-seed")
+NoisePath = Literal["opendp", "numpy"]
+NOISE_PATHS: tuple[NoisePath, ...] = ("opendp", "numpy")
+Scenario = Literal["dirac", "swap"]
+
+#: ``progress(stage, done, total)``; stages: "pilot", "main", "one-run", "replay".
+Progress = Callable[[str, int, int], None]
+
+CERTIFIES = (
+    "A lower bound ABOVE the claimed epsilon certifies, with confidence 1 - alpha, that the audited "
+    "code path does not satisfy its claimed (epsilon, delta) guarantee: an implementation or "
+    "accounting bug."
+)
+DOES_NOT_CERTIFY = (
+    "A lower bound BELOW the claimed epsilon is no proof of privacy. It shows only that these audits, "
+    "with these canaries and this many runs, found no gross leak (such as missing clipping, noise on "
+    "the wrong scale, fixed-size batches accounted as Poisson, or reused noise). The test runs at an "
+    "inflated epsilon, on a synthetic data set, with the mechanism's public inputs fixed; bugs that "
+    "only show at small epsilon, in data-dependent preprocessing, in other code paths or in "
+    "side channels (timing, floating point) are out of its reach."
+)
+
+
+# =========================================================================== statistics
+
+
+def clopper_pearson_upper(successes: int, trials: int, alpha: float) -> float:
+    """One-sided upper confidence bound (level 1 - alpha) on a binomial proportion."""
+    if trials < 1:
+        return 1.0
+    if successes >= trials:
+        return 1.0
+    return float(stats.beta.ppf(1.0 - alpha, successes + 1, trials - successes))
+
+
+def epsilon_lower_bound(
+    false_positives: int, negatives: int, false_negatives: int, positives: int, *, delta: float, alpha: float
+) -> tuple[float, float, float]:
+    """``(eps_LB, pFP, pFN)`` from a threshold test's error counts (Jagielski et al. 2020).
+
+    ``negatives`` runs without the canary gave ``false_positives`` "canary" guesses; ``positives``
+    runs with it gave ``false_negatives`` "no canary" guesses. pFP and pFN are Clopper-Pearson upper
+    bounds at level alpha/2 each, so both hold simultaneously with probability >= 1 - alpha. An
+    (eps, delta)-DP mechanism forces FP + e^eps FN >= 1 - delta and FN + e^eps FP >= 1 - delta
+    for every test, hence eps >= ln((1 - delta - FN)/FP) and eps >= ln((1 - delta - FP)/FN);
+    both expressions decrease in FP and FN, so the upper bounds keep them valid.
+    """
+    p_fp = clopper_pearson_upper(false_positives, negatives, alpha / 2)
+    p_fn = clopper_pearson_upper(false_negatives, positives, alpha / 2)
+    best = 0.0
+    for num, den in ((1.0 - delta - p_fn, p_fp), (1.0 - delta - p_fp, p_fn)):
+        if num > 0 and den > 0:
+            best = max(best, math.log(num / den))
+    return best, p_fp, p_fn
+
+
+def one_run_p_value(m: int, r: int, v: int, eps: float, delta: float) -> float:
+    """P[at least v of r guesses correct] under (eps, delta)-DP (Steinke, Nasr, Jagielski 2023).
+
+    m canaries, each included independently with probability 1/2; the auditor guesses membership
+    for r of them. Under eps-DP the number of correct guesses is stochastically dominated by
+    Bin(r, p) with p = e^eps / (1 + e^eps); delta adds 2 m delta max_{1<=i<=v} P[v-i <= Bin < v] / i.
+    """
+    if not (0 <= v <= r <= m):
+        raise ValueError("need 0 <= v <= r <= m")
+    p = 1.0 / (1.0 + math.exp(-eps))
+    tail = float(stats.binom.sf(v - 1, r, p))
+    if v == 0 or delta == 0:
+        return min(tail, 1.0)
+    i = np.arange(1, v + 1)
+    cdf_below_v = float(stats.binom.cdf(v - 1, r, p))
+    window = cdf_below_v - stats.binom.cdf(v - 1 - i, r, p)  # P[v-i <= Bin <= v-1]
+    return float(min(1.0, tail + 2.0 * m * delta * float(np.max(window / i))))
+
+
+def one_run_epsilon_lower_bound(m: int, r: int, v: int, *, delta: float, alpha: float) -> float:
+    """Largest eps (to 1e-4) at which ``v`` correct guesses out of ``r`` still have p-value <= alpha.
+
+    The p-value increases with eps, so every eps' below the returned value is rejected at level
+    alpha: the mechanism is not (eps', delta)-DP, with confidence 1 - alpha.
+    """
+    if r == 0 or one_run_p_value(m, r, v, 0.0, delta) > alpha:
+        return 0.0
+    lo, hi = 0.0, 1.0
+    while one_run_p_value(m, r, v, hi, delta) <= alpha:
+        lo, hi = hi, 2 * hi
+        if hi > 100:
+            return lo
+    while hi - lo > 1e-4:
+        mid = 0.5 * (lo + hi)
+        if one_run_p_value(m, r, v, mid, delta) <= alpha:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def dirac_score(u: np.ndarray, *, sample_rate: float, noise_multiplier: float) -> np.ndarray:
+    """Per-step log-likelihood ratio for the Dirac canary, ``u = <y, c_hat> / C``.
+
+    Without the canary the projection of the step's output y on the canary direction c_hat is
+    N(0, (sigma C)^2); with it, the canary is included with probability q and adds its clipped
+    vector, of norm exactly C along c_hat: q N(C, (sigma C)^2) + (1 - q) N(0, (sigma C)^2). The
+    orthogonal coordinates carry the same distribution in both worlds and cancel. The ratio is
+
+        p1(y)/p0(y) = (1 - q) + q exp( (2 <y,c_hat> C - C^2) / (2 sigma^2 C^2) )
+                    = (1 - q) + q exp( (u - 1/2) / sigma^2 ),
+
+    evaluated with logaddexp. Steps have independent coins and noise, so a run's statistic is
+    the sum over its T steps (Neyman-Pearson optimal for this pair of data sets).
+    """
+    q, s2 = sample_rate, noise_multiplier**2
+    return np.logaddexp(math.log1p(-q), math.log(q) + (u - 0.5) / s2)
+
+
+def swap_score(u: np.ndarray, *, sample_rate: float, noise_multiplier: float, background: int) -> np.ndarray:
+    """Per-step statistic for the swap canary (``background`` records at -c, canary at +c).
+
+    ``v = u + q * background`` centres the background's expected projection. If the canary's
+    inclusion displaces one background record (fixed-size batches), the projection moves by 2C;
+    the score is the log-likelihood ratio of that alternative,
+    (1 - q) + q exp( (2 v - 2) / sigma^2 ) (the Dirac formula with a shift of 2C). Under Poisson
+    sampling the background count varies, which only costs this statistic power.
+    """
+    q, s2 = sample_rate, noise_multiplier**2
+    v = u + q * background
+    return np.logaddexp(math.log1p(-q), math.log(q) + (2.0 * v - 2.0) / s2)
+
+
+# =========================================================================== randomness and bugs
+
+
+class NumpyGaussianRandomness:
+    """The fast noise path: the product's coins (:func:`noise.poisson_mask`, OS entropy) and a
+    vectorised numpy Gaussian from a PCG64 generator seeded from OS entropy. Not the product's
+    noise (OpenDP's discrete Gaussian); results audited with it say so."""
+
+    def __init__(self) -> None:
+        self._rng = np.random.default_rng()  # seeded from OS entropy
+
+    def coins(self, num_records: int, sample_rate: float) -> np.ndarray:
+        return noise.poisson_mask(num_records, sample_rate)
+
+    def gaussian(self, values: np.ndarray, *, noise_std: float, clip_norm: float) -> np.ndarray:
+        values = np.asarray(values, dtype=np.float64)
+        return values + noise_std * self._rng.standard_normal(values.shape[0])
+
+
+class HalfNoiseRandomness:
+    """Bug: the noise standard deviation is halved (coins and noise sampler otherwise unchanged)."""
+
+    def __init__(self, base: PrivacyRandomness) -> None:
+        self.base = base
+
+    def coins(self, num_records: int, sample_rate: float) -> np.ndarray:
+        return self.base.coins(num_records, sample_rate)
+
+    def gaussian(self, values: np.ndarray, *, noise_std: float, clip_norm: float) -> np.ndarray:
+        return self.base.gaussian(values, noise_std=noise_std / 2, clip_norm=clip_norm)
+
+
+class FixedSizeRandomness:
+    """Bug: exactly round(q n) records per step, drawn without replacement (OS entropy), while
+    the accountant is still told "Poisson with rate q".
+
+    ``blocks`` lists the (start, stop) record ranges of independent data sets sharing one call
+    (batched runs); each gets its own fixed-size batch. ``None``: one data set.
+    """
+
+    def __init__(self, base: PrivacyRandomness, blocks: Sequence[tuple[int, int]] | None = None) -> None:
+        self.base = base
+        self.blocks = None if blocks is None else list(blocks)
+        self._rng = np.random.default_rng()
+
+    def coins(self, num_records: int, sample_rate: float) -> np.ndarray:
+        blocks = self.blocks if self.blocks is not None else [(0, num_records)]
+        starts = np.array([b[0] for b in blocks], dtype=np.int64)
+        sizes = np.array([b[1] - b[0] for b in blocks], dtype=np.int64)
+        if int(sizes.sum()) != num_records or np.any(starts != np.concatenate([[0], np.cumsum(sizes)[:-1]])):
+            raise ValueError("blocks must tile the records contiguously")
+        take = np.array([round(sample_rate * int(s)) for s in sizes], dtype=np.int64)
+        block_of = np.repeat(np.arange(len(blocks)), sizes)
+        order = np.lexsort((self._rng.random(num_records), block_of))  # random order within blocks
+        rank = np.empty(num_records, dtype=np.int64)
+        rank[order] = np.arange(num_records) - starts[block_of[order]]
+        return rank < take[block_of]
+
+    def gaussian(self, values: np.ndarray, *, noise_std: float, clip_norm: float) -> np.ndarray:
+        return self.base.gaussian(values, noise_std=noise_std, clip_norm=clip_norm)
+
+
+class FixedSeedRandomness:
+    """Bug: the noise generator is re-created from one constant seed at every call, so every step
+    (and every run) adds the same noise vector. Coins are the base's.
+
+    ``block_dim``: output coordinates per data set when several share one call (the noise vector
+    is repeated per data set, exactly as separate runs with the same seed would see it).
+    """
+
+    SEED = 20230512
+
+    def __init__(self, base: PrivacyRandomness, block_dim: int | None = None) -> None:
+        self.base = base
+        self.block_dim = block_dim
+
+    def coins(self, num_records: int, sample_rate: float) -> np.ndarray:
+        return self.base.coins(num_records, sample_rate)
+
+    def gaussian(self, values: np.ndarray, *, noise_std: float, clip_norm: float) -> np.ndarray:
+        values = np.asarray(values, dtype=np.float64)
+        dim = self.block_dim or values.shape[0]
+        z = np.random.default_rng(self.SEED).standard_normal(dim)
+        return values + noise_std * np.tile(z, values.shape[0] // dim)
+
+
+class NoClipRecords(PrivateRecords):
+    """Bug: clipping disabled. The product's method is called with the clip norm inflated by
+    :attr:`INFLATION` (so no realistic vector is clipped) and the noise multiplier deflated by the
+    same factor (so the noise standard deviation sigma * C is unchanged)."""
+
+    __slots__ = ()
+    INFLATION = 1e6
+
+    def noisy_clipped_sum(
+        self, model: Model, theta: torch.Tensor, *, sample_rate: float, clip_norm: float, noise_multiplier: float
+    ) -> torch.Tensor:
+        return super().noisy_clipped_sum(
+            model, theta, sample_rate=sample_rate, clip_norm=clip_norm * self.INFLATION,
+            noise_multiplier=noise_multiplier / self.INFLATION,
+        )
+
+
+def base_randomness(noise_path: NoisePath) -> PrivacyRandomness:
+    if noise_path == "opendp":
+        return SystemRandomness()
+    if noise_path == "numpy":
+        return NumpyGaussianRandomness()
+    raise ValueError(f"unknown noise path {noise_path!r}; choose one of {', '.join(NOISE_PATHS)}")
+
+
+def make_mechanism(
+    points: torch.Tensor,
+    *,
+    inject: Injection = "none",
+    noise_path: NoisePath = "opendp",
+    blocks: Sequence[tuple[int, int]] | None = None,
+    block_dim: int | None = None,
+) -> PrivateRecords:
+    """The product's :class:`PrivateRecords` over ``points`` with one injected bug (or none)."""
+    if inject not in INJECTIONS:
+        raise ValueError(f"unknown injection {inject!r}; choose one of {', '.join(INJECTIONS)}")
+    rnd = base_randomness(noise_path)
+    if inject == "half-noise":
+        rnd = HalfNoiseRandomness(rnd)
+    elif inject == "fixed-size":
+        rnd = FixedSizeRandomness(rnd, blocks)
+    elif inject == "fixed-seed":
+        rnd = FixedSeedRandomness(rnd, block_dim)
+    cls = NoClipRecords if inject == "no-clip" else PrivateRecords
+    return cls(points, randomness=rnd)
+
+
+# =========================================================================== batched canary design
+
+
+@dataclass(frozen=True)
+class Design:
+    """The public, fixed-in-advance canary design (units: the clip norm C)."""
+
+    clip_norm: float = 1.0
+    #: The canary's raw (unclipped) centred vector has this many times the clip norm.
+    canary_norm_factor: float = 4.0
+    #: Other records per data set (zero vectors for "dirac", -c for "swap").
+    background: int = 10
+
+    @property
+    def offset(self) -> float:
+        """|x| of a record x e_j whose raw centred vector x (1, -1) has norm canary_norm_factor C."""
+        return self.canary_norm_factor * self.clip_norm / math.sqrt(2.0)
+
+
+def _draws(k: int) -> torch.Tensor:
+    """S = 2k posterior draws, interleaved: theta_{2j} = +e_j, theta_{2j+1} = -e_j (all norm 1)."""
+    eye = torch.eye(k, dtype=DTYPE)
+    return torch.stack([eye, -eye], dim=1).reshape(2 * k, k)
+
+
+def _block_data(
+    runs: Sequence[tuple[Scenario, bool]], design: Design
+) -> tuple[torch.Tensor, list[tuple[int, int]]]:
+    """Records for K batched runs: run j lives in dimension j; returns points and record ranges."""
+    k, x = len(runs), design.offset
+    rows: list[torch.Tensor] = []
+    bounds: list[tuple[int, int]] = []
+    start = 0
+    for j, (scenario, canary) in enumerate(runs):
+        n = design.background + int(canary)
+        block = torch.zeros(n, k, dtype=DTYPE)
+        if scenario == "swap":
+            block[: design.background, j] = -x
+        if canary:
+            block[-1, j] = x
+        rows.append(block)
+        bounds.append((start, start + n))
+        start += n
+    return torch.cat(rows), bounds
+
+
+def _projections(y: np.ndarray, clip_norm: float) -> np.ndarray:
+    """u_j = <y_(2j, 2j+1), (1, -1)/sqrt 2> / C for every batched run j."""
+    y = np.asarray(y, dtype=np.float64).reshape(-1, 2)
+    return (y[:, 0] - y[:, 1]) / (math.sqrt(2.0) * clip_norm)
+
+
+@dataclass(frozen=True)
+class CanaryCheck:
+    """Numerical verification of the canary design through the product's own functions."""
+
+    clip_norm: float
+    canary_clipped_norm: float
+    canary_cosine: float
+    dirac_background_max_norm: float
+    swap_background_projection: float
+    cross_run_leak_max: float
+    ok: bool
+
+
+def check_canary_design(design: Design, k: int = 4) -> CanaryCheck:
+    """Compute every record's clipped centred vector exactly as the mechanism does
+    (``model.log_likelihood``, centring over the draws, :func:`clip_rows` at C minus the rounding
+    slack) and check the design: the canary has norm C (within the slack) along (1, -1)/sqrt 2 in
+    its own run's coordinates, dirac background vectors vanish, swap background vectors are -C
+    along the same direction, and nothing leaks into other runs' coordinates (< 1e-12 C)."""
+    c = design.clip_norm
+    extra: list[tuple[Scenario, bool]] = [("dirac", False)] * (k - 2)
+    runs: list[tuple[Scenario, bool]] = [("dirac", True), ("swap", True), *extra]
+    points, bounds = _block_data(runs, design)
+    model = GaussianMean(k)
+    theta = _draws(k)
+    slack = noise.rounding_slack(c, 2 * k)
+    with torch.no_grad():
+        ll = model.log_likelihood(points, theta)
+        clipped = clip_rows(ll - ll.mean(1, keepdim=True), c - slack).numpy()
+    direction = np.zeros(2 * k)
+    leak = 0.0
+    norms_canary, cos_canary, bg_dirac, bg_swap = [], [], 0.0, []
+    for j, ((scenario, canary), (lo, hi)) in enumerate(zip(runs, bounds, strict=True)):
+        direction[:] = 0.0
+        direction[2 * j], direction[2 * j + 1] = 1 / math.sqrt(2), -1 / math.sqrt(2)
+        own = np.zeros(2 * k, dtype=bool)
+        own[2 * j: 2 * j + 2] = True
+        block = clipped[lo:hi]
+        leak = max(leak, float(np.abs(block[:, ~own]).max(initial=0.0)))
+        if canary:
+            v = block[-1]
+            norms_canary.append(float(np.linalg.norm(v)))
+            cos_canary.append(float(v @ direction / np.linalg.norm(v)))
+        bg = block[: design.background]
+        if scenario == "dirac":
+            bg_dirac = max(bg_dirac, float(np.linalg.norm(bg, axis=1).max(initial=0.0)))
+        else:
+            bg_swap.extend((bg @ direction).tolist())
+    canary_norm = min(norms_canary)
+    ok = (
+        c - 2 * slack - 1e-12 * c <= canary_norm <= c
+        and max(norms_canary) <= c
+        and min(cos_canary) >= 1 - 1e-12
+        and bg_dirac <= 1e-12 * c
+        and all(abs(p + c) <= 2 * slack + 1e-12 * c for p in bg_swap)
+        and leak <= 1e-12 * c
+    )
+    return CanaryCheck(
+        clip_norm=c, canary_clipped_norm=canary_norm, canary_cosine=min(cos_canary),
+        dirac_background_max_norm=bg_dirac, swap_background_projection=float(np.mean(bg_swap)),
+        cross_run_leak_max=leak, ok=bool(ok),
+    )
+
+
+# =========================================================================== configuration and results
+
+
+@dataclass(frozen=True)
+class SelfTestConfig:
+    """Parameters of a self-test run (all public, fixed before any run)."""
+
+    #: The inflated claim: sigma is calibrated so that the accountant reports this epsilon.
+    epsilon: float = 2.0
+    #: delta of the audited claim. Finite-run audits resolve error rates down to ~1/runs, so the
+    #: claim is audited where that has power; the accountant's (epsilon(delta), delta) guarantee
+    #: holds for every delta, so a violation at this delta is a violation of the claim.
+    delta: float = 1e-2
+    accountant: Accountant = "rdp"
+    sample_rate: float = 0.1
+    steps: int = 10
+    #: Main runs per side (without / with the canary) for each canary scenario.
+    runs: int = 10_000
+    #: Pilot runs per side (threshold selection); None: runs // 4.
+    pilot_runs: int | None = None
+    alpha: float = 0.05
+    inject: Injection = "none"
+    noise: NoisePath = "opendp"
+    scenarios: tuple[Scenario, ...] = ("dirac", "swap")
+    design: Design = field(default_factory=Design)
+    #: Runs batched into one mechanism call (see the module docstring).
+    runs_per_call: int = 128
+    #: One-run audit: number of canaries (0 disables it) and the delta it audits.
+    one_run_canaries: int = 1000
+    one_run_delta: float = 1e-6
+    one_run_k_grid: tuple[int, ...] = (25, 50, 100, 200)
+    replay: bool = True
+    #: Torch threads during the audit (restored afterwards); 1 is fastest for these tiny calls.
+    torch_threads: int | None = 1
+
+    def validated(self) -> SelfTestConfig:
+        if not (self.epsilon > 0 and math.isfinite(self.epsilon)):
+            raise ValueError("epsilon must be positive")
+        if not (0 < self.delta < 1 and 0 < self.one_run_delta < 1):
+            raise ValueError("delta must lie in (0, 1)")
+        if not (0 < self.alpha < 1):
+            raise ValueError("alpha must lie in (0, 1)")
+        if self.runs < 10 or (self.pilot_runs is not None and self.pilot_runs < 10):
+            raise ValueError("runs and pilot runs must be at least 10 per side")
+        if self.steps < 1 or self.runs_per_call < 1:
+            raise ValueError("steps and runs_per_call must be positive")
+        if self.inject not in INJECTIONS:
+            raise ValueError(f"unknown injection {self.inject!r}; choose one of {', '.join(INJECTIONS)}")
+        if self.noise not in NOISE_PATHS:
+            raise ValueError(f"unknown noise path {self.noise!r}; choose one of {', '.join(NOISE_PATHS)}")
+        if not set(self.scenarios) <= {"dirac", "swap"}:
+            raise ValueError("scenarios must be 'dirac' and/or 'swap'")
+        return self
+
+    @property
+    def pilot(self) -> int:
+        return self.pilot_runs if self.pilot_runs is not None else max(10, self.runs // 4)
+
+
+@dataclass(frozen=True)
+class AuditResult:
+    """A white-box Clopper-Pearson audit of one canary scenario."""
+
+    scenario: str
+    claimed_epsilon: float
+    delta: float
+    alpha: float
+    confidence: float
+    runs_per_side: int
+    pilot_runs_per_side: int
+    threshold: float
+    false_positives: int
+    false_negatives: int
+    fp_upper: float
+    fn_upper: float
+    epsilon_lower_bound: float
+    violation: bool
+
+
+@dataclass(frozen=True)
+class OneRunResult:
+    claimed_epsilon: float
+    delta: float
+    alpha: float
+    confidence: float
+    canaries: int
+    included: int
+    guesses: int
+    correct: int
+    k: int
+    epsilon_lower_bound: float
+    violation: bool
+
+
+@dataclass(frozen=True)
+class ReplayResult:
+    """Gray-box replay of the full DP-PSVI constructor on D and D + canary."""
+
+    steps: int
+    calls: tuple[int, int]
+    shapes_equal: bool
+    first_step_clip_equal: bool
+    first_step_delta: float
+    first_step_clip: float
+    per_step_delta: list[float]
+    per_step_clip: list[float]
+    #: max_t ||sum(D+canary) - sum(D)|| / C_t with both evaluated at D's public state (lockstep).
+    lockstep_max_ratio: float
+    ok: bool
+
+
+@dataclass(frozen=True)
+class SelfTestResult:
+    config: dict[str, Any]
+    noise_multiplier: float
+    claimed_epsilon: float
+    audits: list[AuditResult]
+    one_run: OneRunResult | None
+    replay: ReplayResult | None
+    canary_check: CanaryCheck
+    noise_path_audited: str
+    white_box_runs: int
+    runs_per_second: float
+    elapsed_seconds: float
+    alpha_per_audit: float
+    violation: bool
+    verdict: str
+    certifies: str = CERTIFIES
+    does_not_certify: str = DOES_NOT_CERTIFY
+
+    @property
+    def max_lower_bound(self) -> float:
+        return max([a.epsilon_lower_bound for a in self.audits]
+                   + ([self.one_run.epsilon_lower_bound] if self.one_run else []))
+
+    def as_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["max_lower_bound"] = self.max_lower_bound
+        return out
+
+
+# =========================================================================== white-box audit
+
+
+@contextmanager
+def _torch_threads(n: int | None) -> Iterator[None]:
+    if n is None:
+        yield
+        return
+    old = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(old)
+
+
+def _run_scores(
+    runs: Sequence[tuple[Scenario, bool]],
+    cfg: SelfTestConfig,
+    sigma: float,
+    q: float,
+    on_call: Callable[[int], None],
+) -> np.ndarray:
+    """Score every run (T steps each) through the product's ``noisy_clipped_sum``."""
+    design, c = cfg.design, cfg.design.clip_norm
+    scores = np.zeros(len(runs))
+    for lo in range(0, len(runs), cfg.runs_per_call):
+        chunk = runs[lo: lo + cfg.runs_per_call]
+        k = len(chunk)
+        points, bounds = _block_data(chunk, design)
+        records = make_mechanism(points, inject=cfg.inject, noise_path=cfg.noise, blocks=bounds, block_dim=2)
+        model, theta = GaussianMean(k), _draws(k)
+        swap = np.array([s == "swap" for s, _ in chunk])
+        acc = np.zeros(k)
+        for _ in range(cfg.steps):
+            y = records.noisy_clipped_sum(model, theta, sample_rate=q, clip_norm=c, noise_multiplier=sigma)
+            u = _projections(y.numpy(), c)
+            acc += np.where(
+                swap,
+                swap_score(u, sample_rate=q, noise_multiplier=sigma, background=design.background),
+                dirac_score(u, sample_rate=q, noise_multiplier=sigma),
+            )
+        scores[lo: lo + k] = acc
+        on_call(k)
+    return scores
+
+
+def _counts(s0: np.ndarray, s1: np.ndarray, threshold: float) -> tuple[int, int]:
+    """(false positives, false negatives) of the test "canary iff score >= threshold"."""
+    return int(np.sum(s0 >= threshold)), int(np.sum(s1 < threshold))
+
+
+def choose_threshold(
+    s0: np.ndarray, s1: np.ndarray, *, delta: float, alpha: float, main_runs: int | None = None, grid: int = 512
+) -> float:
+    """The pilot threshold for the test "canary iff score >= threshold" (uses pilot runs only).
+
+    Among (up to ``grid``) observed pilot scores, pick the one whose Clopper-Pearson lower bound
+    is largest when the pilot's error *rates* are projected onto ``main_runs`` runs per side (the
+    expected counts of the main audit; default: the pilot size). Projecting matters: the best
+    threshold for 10^4 runs lies further in the tail than the best one for 2500.
+    """
+    pooled = np.unique(np.concatenate([s0, s1]))
+    if pooled.size > grid:
+        pooled = pooled[np.unique(np.linspace(0, pooled.size - 1, grid).round().astype(int))]
+    s0s, s1s = np.sort(s0), np.sort(s1)
+    n0, n1 = s0s.size, s1s.size
+    n = main_runs or min(n0, n1)
+    best_t, best = float(pooled[-1]), -1.0
+    for t in pooled:
+        fp = n0 - int(np.searchsorted(s0s, t, "left"))
+        fn = int(np.searchsorted(s1s, t, "left"))
+        lb = epsilon_lower_bound(round(fp * n / n0), n, round(fn * n / n1), n, delta=delta, alpha=alpha)[0]
+        if lb > best:
+            best, best_t = lb, float(t)
+    return best_t
+
+
+def white_box_audits(
+    cfg: SelfTestConfig, sigma: float, q: float, claimed: float, alpha: float, progress: Progress | None = None
+) -> list[AuditResult]:
+    """The Clopper-Pearson audits of every scenario in ``cfg.scenarios`` (each at level ``alpha``)."""
+    results = []
+    pilot_runs = [(s, c) for s in cfg.scenarios for c in (False, True) for _ in range(cfg.pilot)]
+    main_runs = [(s, c) for s in cfg.scenarios for c in (False, True) for _ in range(cfg.runs)]
+    thresholds: dict[str, float] = {}
+    for stage, runs in (("pilot", pilot_runs), ("main", main_runs)):
+        done = [0]
+
+        def on_call(k: int, stage: str = stage, total: int = len(runs), done: list[int] = done) -> None:
+            done[0] += k
+            if progress is not None:
+                progress(stage, done[0], total)
+
+        scores = _run_scores(runs, cfg, sigma, q, on_call)
+        n = cfg.pilot if stage == "pilot" else cfg.runs
+        for i, scenario in enumerate(cfg.scenarios):
+            s0 = scores[(2 * i) * n: (2 * i + 1) * n]
+            s1 = scores[(2 * i + 1) * n: (2 * i + 2) * n]
+            if stage == "pilot":
+                thresholds[scenario] = choose_threshold(s0, s1, delta=cfg.delta, alpha=alpha, main_runs=cfg.runs)
+                continue
+            t = thresholds[scenario]
+            fp, fn = _counts(s0, s1, t)
+            lb, p_fp, p_fn = epsilon_lower_bound(fp, n, fn, n, delta=cfg.delta, alpha=alpha)
+            results.append(AuditResult(
+                scenario=scenario, claimed_epsilon=claimed, delta=cfg.delta, alpha=alpha,
+                confidence=1 - alpha, runs_per_side=n, pilot_runs_per_side=cfg.pilot, threshold=t,
+                false_positives=fp, false_negatives=fn, fp_upper=p_fp, fn_upper=p_fn,
+                epsilon_lower_bound=lb, violation=lb > claimed,
+            ))
+    return results
+
+
+# =========================================================================== one-run audit
+
+
+def one_run_audit(
+    cfg: SelfTestConfig, sigma: float, q: float, claimed: float, alpha: float, progress: Progress | None = None
+) -> OneRunResult:
+    """Steinke, Nasr, Jagielski (2023): m Dirac canaries in orthogonal directions, each included
+    with probability 1/2 (OS entropy), ONE execution of T steps of the mechanism on the resulting
+    data set (plus zero-vector background records). Canary j's score is its summed Dirac
+    statistic; the auditor guesses "in" for the k highest and "out" for the k lowest scores, for
+    each k of a fixed grid, at level alpha / len(grid) (Bonferroni)."""
+    m, design, c = cfg.one_run_canaries, cfg.design, cfg.design.clip_norm
+    included = np.frombuffer(os.urandom(m), dtype=np.uint8) & 1 == 1
+    points = torch.zeros(m, m, dtype=DTYPE)
+    points[np.arange(m), np.arange(m)] = design.offset
+    points = torch.cat([points[torch.from_numpy(included)], torch.zeros(design.background, m, dtype=DTYPE)])
+    records = make_mechanism(points, inject=cfg.inject, noise_path=cfg.noise)  # one data set, one run
+    model, theta = GaussianMean(m), _draws(m)
+    scores = np.zeros(m)
+    for t in range(cfg.steps):
+        y = records.noisy_clipped_sum(model, theta, sample_rate=q, clip_norm=c, noise_multiplier=sigma)
+        scores += dirac_score(_projections(y.numpy(), c), sample_rate=q, noise_multiplier=sigma)
+        if progress is not None:
+            progress("one-run", t + 1, cfg.steps)
+    order = np.argsort(-scores, kind="stable")
+    grid = [k for k in cfg.one_run_k_grid if 2 * k <= m] or [m // 2]
+    a_each = alpha / len(grid)
+    best: tuple[float, int, int, int] = (0.0, 0, 0, grid[0])
+    for k in grid:
+        v = int(included[order[:k]].sum() + (~included[order[m - k:]]).sum())
+        lb = one_run_epsilon_lower_bound(m, 2 * k, v, delta=cfg.one_run_delta, alpha=a_each)
+        if lb > best[0] or best[1] == 0:
+            best = (lb, 2 * k, v, k)
+    lb, r, v, k = best
+    return OneRunResult(
+        claimed_epsilon=claimed, delta=cfg.one_run_delta, alpha=alpha, confidence=1 - alpha,
+        canaries=m, included=int(included.sum()), guesses=r, correct=v, k=k,
+        epsilon_lower_bound=lb, violation=lb > claimed,
+    )
+
+
+# =========================================================================== gray-box replay
+
+
+class ReplayRandomness:
+    """Seeded, recording stand-in for OS entropy (replay only: never used for a release).
+
+    Coins for the first ``shared`` records come from the seed; records beyond them (the canary)
+    are always included, the worst case for the sensitivity check."""
+
+    def __init__(self, seed: int, shared: int, zero_noise: bool = False) -> None:
+        self._rng = np.random.default_rng(seed)
+        self.shared = shared
+        self.zero_noise = zero_noise
+        self.inputs: list[np.ndarray] = []
+        self.masks: list[np.ndarray] = []
+        self.replay_masks: list[np.ndarray] | None = None
+
+    def coins(self, num_records: int, sample_rate: float) -> np.ndarray:
+        if self.replay_masks is not None:
+            base = self.replay_masks[len(self.masks)]
+        else:
+            base = self._rng.random(self.shared) < sample_rate
+        mask = np.concatenate([base, np.ones(num_records - self.shared, dtype=bool)])
+        self.masks.append(base)
+        return mask
+
+    def gaussian(self, values: np.ndarray, *, noise_std: float, clip_norm: float) -> np.ndarray:
+        values = np.array(values, dtype=np.float64, copy=True)
+        self.inputs.append(values.copy())
+        if self.zero_noise:
+            return values
+        return values + noise_std * self._rng.standard_normal(values.shape[0])
+
+
+class _LockstepRecords:
+    """Runs D through the mechanism and, at the same public inputs (theta, C) and the same coins,
+    D + canary with zero noise; the constructor's trajectory follows D."""
+
+    def __init__(self, main: PrivateRecords, main_rnd: ReplayRandomness,
+                 twin: PrivateRecords, twin_rnd: ReplayRandomness) -> None:
+        self.main, self.main_rnd, self.twin, self.twin_rnd = main, main_rnd, twin, twin_rnd
+        self.ratios: list[float] = []
+
+    def noisy_clipped_sum(
+        self, model: Model, theta: torch.Tensor, *, sample_rate: float, clip_norm: float, noise_multiplier: float
+    ) -> torch.Tensor:
+        out = self.main.noisy_clipped_sum(
+            model, theta, sample_rate=sample_rate, clip_norm=clip_norm, noise_multiplier=noise_multiplier
+        )
+        self.twin.noisy_clipped_sum(
+            model, theta, sample_rate=sample_rate, clip_norm=clip_norm, noise_multiplier=noise_multiplier
+        )
+        delta = np.linalg.norm(self.twin_rnd.inputs[-1] - self.main_rnd.inputs[-1])
+        self.ratios.append(float(delta / clip_norm))
+        return out
+
+
+def gray_box_replay(
+    *, inject: Injection = "none", records: int = 400, steps: int = 8, num_samples: int = 20,
+    seed: int = 2, progress: Progress | None = None,
+) -> ReplayResult:
+    """Replay the full DP-PSVI constructor (:func:`dpsummary.constructors.fit` with
+    :class:`~dpsummary.private.dppsvi.DPPSVI`) on D and D + canary with identical randomness.
+
+    Two checks: (1) two independent fits with identical recorded randomness must make the same
+    number of mechanism calls with the same shapes, and at the first step (identical public
+    state) the same clip norm and a pre-noise sum that moves by at most C; later steps differ as
+    post-processing of different noisy outputs and are reported, not asserted. (2) Lockstep: along
+    D's trajectory, D + canary is evaluated at the same public inputs and coins at every step, and
+    ||delta sum|| <= C_t must hold at every step. Only ``no-clip`` of the injections acts here
+    (the others change randomness, which the replay controls itself)."""
+    from .constructors import fit
+    from .private.dppsvi import DPPSVI
+
+    cls = NoClipRecords if inject == "no-clip" else PrivateRecords
+    g = torch.Generator().manual_seed(5)
+    model = LogisticRegression(4)
+    theta0 = model.sample_prior(1, g)[0]
+    points = model.simulate(theta0, records, g)
+    canary = torch.tensor([[6.0, -6.0, 6.0, -6.0, 1.0]], dtype=DTYPE)
+    q = noise.quantize_sample_rate(0.25)
+
+    clips: list[list[float]] = [[], []]
+
+    def constructor(log: list[float]) -> DPPSVI:
+        class Recording(DPPSVI):
+            def clip_norm(self, model: Model, state: Any, theta: torch.Tensor) -> float:
+                c = super().clip_norm(model, state, theta)
+                log.append(c)
+                return c
+
+        return Recording(noise_multiplier=1.0, sample_rate=q, record_count=float(records), steps=steps,
+                         num_samples=num_samples)
+
+    inputs = []
+    for i, data in enumerate((points, torch.cat([points, canary]))):
+        rnd = ReplayRandomness(seed, shared=records)
+        fit(constructor(clips[i]), cls(data, randomness=rnd), model, 5,
+            generator=torch.Generator().manual_seed(9))
+        inputs.append(rnd.inputs)
+        if progress is not None:
+            progress("replay", i + 1, 3)
+    in0, in1 = inputs
+    main_rnd = ReplayRandomness(seed, shared=records)
+    twin_rnd = ReplayRandomness(seed, shared=records, zero_noise=True)
+    twin_rnd.replay_masks = main_rnd.masks
+    main_rnd.zero_noise = False
+    lock = _LockstepRecords(cls(points, randomness=main_rnd), main_rnd,
+                            cls(torch.cat([points, canary]), randomness=twin_rnd), twin_rnd)
+    fit(constructor([]), lock, model, 5, generator=torch.Generator().manual_seed(9))
+    if progress is not None:
+        progress("replay", 3, 3)
+    # main_rnd records its (noise-free) input before adding noise, so inputs are comparable.
+    deltas = [float(np.linalg.norm(b - a)) for a, b in zip(in0, in1, strict=False)]
+    shapes = len(in0) == len(in1) and all(a.shape == b.shape for a, b in zip(in0, in1, strict=True))
+    first_clip_equal = bool(clips[0] and clips[1] and clips[0][0] == clips[1][0])
+    first_ok = bool(deltas) and deltas[0] <= clips[0][0] + 1e-9
+    lock_max = max(lock.ratios) if lock.ratios else math.inf
+    ok = len(in0) == len(in1) == steps and shapes and first_clip_equal and first_ok and lock_max <= 1 + 1e-9
+    return ReplayResult(
+        steps=steps, calls=(len(in0), len(in1)), shapes_equal=shapes, first_step_clip_equal=first_clip_equal,
+        first_step_delta=deltas[0] if deltas else math.nan, first_step_clip=clips[0][0] if clips[0] else math.nan,
+        per_step_delta=deltas, per_step_clip=list(clips[0]), lockstep_max_ratio=lock_max, ok=bool(ok),
+    )
+
+
+# =========================================================================== driver
+
+
+def run_selftest(config: SelfTestConfig | None = None, progress: Progress | None = None) -> SelfTestResult:
+    """Calibrate sigma with the real accountant for the inflated claim, then run the white-box
+    audits, the one-run audit and the gray-box replay. ``alpha`` is split equally (Bonferroni)
+    over the audits that produce lower bounds, so the probability that a correct implementation
+    is reported as violating its claim is at most ``alpha``."""
+    cfg = (config or SelfTestConfig()).validated()
+    q = noise.quantize_sample_rate(cfg.sample_rate)
+    sigma = calibrate_noise_multiplier(
+        target_epsilon=cfg.epsilon, delta=cfg.delta, sample_rate=q, steps=cfg.steps, accountant=cfg.accountant
+    )
+    event = subsampled_gaussian_event(sigma, q, cfg.steps)
+    claimed = epsilon([event], cfg.delta, cfg.accountant)
+    check = check_canary_design(cfg.design)
+    if not check.ok:
+        raise RuntimeError(f"canary design check failed: {check}")
+    n_audits = len(cfg.scenarios) + (1 if cfg.one_run_canaries > 0 else 0)
+    a_each = cfg.alpha / max(n_audits, 1)
+    t0 = time.perf_counter()
+    with _torch_threads(cfg.torch_threads):
+        wb_start = time.perf_counter()
+        audits = white_box_audits(cfg, sigma, q, claimed, a_each, progress)
+        wb_time = time.perf_counter() - wb_start
+        one = None
+        if cfg.one_run_canaries > 0:
+            claimed_one = epsilon([event], cfg.one_run_delta, cfg.accountant)
+            one = one_run_audit(cfg, sigma, q, claimed_one, a_each, progress)
+        replay = gray_box_replay(inject=cfg.inject, progress=progress) if cfg.replay else None
+    wb_runs = 2 * len(cfg.scenarios) * (cfg.runs + cfg.pilot)
+    violation = any(a.violation for a in audits) or bool(one and one.violation) or bool(replay and not replay.ok)
+    lbs = ", ".join(f"{a.scenario} {a.epsilon_lower_bound:.3f}" for a in audits)
+    if one is not None:
+        lbs += f", one-run {one.epsilon_lower_bound:.3f} (claim {one.claimed_epsilon:.3f} at delta {one.delta:g})"
+    verdict = (
+        f"VIOLATION DETECTED: lower bounds [{lbs}] vs claimed epsilon {claimed:.3f} at delta {cfg.delta:g}"
+        if violation else
+        f"no violation detected: lower bounds [{lbs}] do not exceed claimed epsilon {claimed:.3f} "
+        f"at delta {cfg.delta:g} (this is not a proof of privacy)"
+    )
+    if replay is not None and not replay.ok:
+        verdict += "; gray-box replay failed (control flow or sensitivity)"
+    cfg_dict = asdict(cfg)
+    cfg_dict["sample_rate_quantised"] = q
+    return SelfTestResult(
+        config=cfg_dict, noise_multiplier=sigma, claimed_epsilon=claimed, audits=audits, one_run=one,
+        replay=replay, canary_check=check,
+        noise_path_audited=(
+            "product: OpenDP discrete Gaussian (SystemRandomness)" if cfg.noise == "opendp"
+            else "numpy Gaussian (fast mode); product coins, clipping and mechanism code"
+        ),
+        white_box_runs=wb_runs, runs_per_second=wb_runs / wb_time if wb_time > 0 else math.inf,
+        elapsed_seconds=time.perf_counter() - t0, alpha_per_audit=a_each, violation=violation,
+        verdict=verdict,
+    )

@@ -1,0 +1,113 @@
+"""CI smoke run of the benchmark harness: every config's ``[smoke]`` grid, as a subprocess.
+
+Asserts that each run writes ``<results>/<name>-smoke.csv`` with the harness's header, no failed
+rows and finite KL values; then that the plots can be drawn from those files. All configs
+together must stay well under two minutes (the ``[smoke]`` tables are sized for that).
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import os
+import subprocess
+import sys
+import time
+import tomllib
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = sorted((ROOT / "benchmarks" / "configs").glob("*.toml"))
+DATA = ROOT.parent / "shared" / "data"
+
+
+def _fields() -> list[str]:
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import run  # type: ignore[import-not-found]
+    finally:
+        sys.path.pop(0)
+    return list(run.FIELDS)
+
+
+def _needs_real_data(cfg: Path) -> bool:
+    raw = tomllib.loads(cfg.read_text())
+    datasets = raw.get("smoke", {}).get("datasets", raw.get("datasets", []))
+    return any(":" not in d and d not in ("gaussian_mean", "linear") for d in datasets)
+
+
+@pytest.mark.parametrize("cfg", CONFIGS, ids=[c.stem for c in CONFIGS])
+def test_smoke_config_produces_well_formed_results(cfg: Path, tmp_path: Path) -> None:
+    if _needs_real_data(cfg) and not DATA.is_dir():
+        pytest.skip(f"real data sets not found at {DATA}")
+    name = tomllib.loads(cfg.read_text())["name"]
+    env = {**os.environ, "DPSUMMARY_THREADS": "1", "OMP_NUM_THREADS": "1"}
+    start = time.perf_counter()
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "run.py"), str(cfg), "--smoke", "--results", str(tmp_path)],
+        capture_output=True, text=True, timeout=300, env=env, cwd=ROOT,
+    )
+    seconds = time.perf_counter() - start
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = tmp_path / f"{name}-smoke.csv"
+    assert out.exists(), f"no results file; stdout:\n{proc.stdout[-2000:]}"
+    with out.open(newline="") as fh:
+        reader = csv.DictReader(fh)
+        assert reader.fieldnames == _fields()
+        rows = list(reader)
+    assert rows, "no result rows"
+    for r in rows:
+        assert not r["error"], r["error"]
+        assert r["config"] == f"{name}-smoke"
+        for col in ("forward", "reverse", "forward_normalised", "reverse_normalised"):
+            v = float(r[col])
+            assert math.isfinite(v) and v >= -1e-9, (col, r)
+        assert math.isfinite(float(r["seconds"]))
+    # Nothing besides the results file is written in smoke mode (BENCHMARKS.md is left alone).
+    assert sorted(p.name for p in tmp_path.iterdir()) == [out.name]
+
+    # The plots come out of the same files.
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import plots  # type: ignore[import-not-found]
+    finally:
+        sys.path.pop(0)
+    pngs = plots.make_plots(tmp_path, tmp_path / "plots")
+    methods = {r["method"] for r in rows}
+    if any(m not in ("dp-vi",) for m in methods):
+        assert any(p.name.endswith("kl-vs-size.png") for p in pngs)
+    if methods & {"dp-psvi", "dp-vi"}:
+        assert any(p.name.endswith("kl-vs-epsilon.png") for p in pngs)
+    for p in pngs:
+        assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    print(f"{cfg.stem}: {len(rows)} rows in {seconds:.1f}s")
+
+
+def test_plots_survive_partial_and_malformed_files(tmp_path: Path) -> None:
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import plots  # type: ignore[import-not-found]
+    finally:
+        sys.path.pop(0)
+    assert plots.make_plots(tmp_path / "missing", tmp_path / "out") == []
+    fields = _fields()
+    (tmp_path / "empty.csv").write_text("")
+    (tmp_path / "junk.csv").write_bytes(b"\xff\xfe\x00garbage")
+    (tmp_path / "header_only.csv").write_text(",".join(fields) + "\n")
+    rows = [
+        {"dataset": "d", "method": "dp-psvi", "epsilon": "0.5", "size": "20", "seed": "0", "forward": "3.0"},
+        {"dataset": "d", "method": "dp-psvi", "epsilon": "1.0", "size": "20", "seed": "0", "forward": "2.0"},
+        {"dataset": "d", "method": "dp-vi", "epsilon": "0.5", "size": "0", "seed": "0", "forward": "nan"},
+        {"dataset": "d", "method": "dp-vi", "epsilon": "1.0", "size": "0", "seed": "0", "forward": "5"},
+        {"dataset": "d", "method": "psvi", "epsilon": "", "size": "20", "seed": "0", "forward": "1.0"},
+        {"dataset": "d", "method": "psvi", "epsilon": "", "size": "50", "seed": "0", "error": "Boom: x"},
+    ]
+    with (tmp_path / "partial.csv").open("w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=fields, restval="")
+        w.writeheader()
+        w.writerows(rows)
+        fh.write("d,dp-psvi,truncated")  # a run still writing
+    pngs = plots.make_plots(tmp_path, tmp_path / "out")
+    assert sorted(p.name for p in pngs) == ["partial-kl-vs-epsilon.png", "partial-kl-vs-size.png"]
