@@ -34,6 +34,7 @@ DATA = ROOT.parent / "shared" / "data"
 RESULTS = ROOT / "benchmarks" / "results"
 
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from dpsummary.constructors import fit  # noqa: E402
 from dpsummary.experiment import PreparedData, make_constructor, prepare_public_dataset  # noqa: E402
@@ -125,13 +126,15 @@ def run_one(prep: PreparedData, method: str, size: int, seed: int, cfg: Config, 
         extra = {"noise_multiplier": sigma, "sample_rate": q}
         post_points, post_weights = summary.points, summary.weights
     elif method == "dp-vi":
-        from dpsummary import dpvi  # type: ignore[attr-defined]
+        from dpsummary import dpvi
 
         assert epsilon is not None
-        result = dpvi.fit_dpvi(prep.train, prep.model, epsilon=epsilon, delta=cfg.delta, generator=gen)
+        kwargs = {"steps": cfg.steps} if cfg.steps else {}
+        result = dpvi.fit_dpvi(prep.train, prep.model, epsilon=epsilon, delta=cfg.delta, generator=gen, **kwargs)
         seconds = time.perf_counter() - start
         metrics = dpvi.evaluate_posterior(prep.model, result.posterior, prep.full_posterior, test=prep.test)
-        return {**metrics, "seconds": seconds, "noise_multiplier": result.noise_multiplier}
+        return {**metrics, "seconds": seconds, "noise_multiplier": result.noise_multiplier,
+                "sample_rate": result.sample_rate}
     else:
         constructor = make_constructor(method, steps=cfg.steps, **cfg.method_options.get(method, {}))
         summary = fit(constructor, prep.train, prep.model, size, generator=gen)
@@ -227,9 +230,19 @@ def report(results: Path, target: Path) -> None:
         if errors:
             lines += ["", f"{len(errors)} run(s) failed: " + "; ".join(sorted({e['error'] for e in errors}))[:500]]
         lines.append("")
-    extra = ROOT / "benchmarks" / "results" / "NOTES.md"
-    if extra.exists():
-        lines += [extra.read_text()]
+    try:
+        from plots import make_plots  # benchmarks/plots.py
+
+        pngs = make_plots(results, results / "plots")
+    except Exception as exc:  # noqa: BLE001 - plots are optional; the tables are the record
+        pngs = []
+        lines += [f"(plots not generated: {type(exc).__name__}: {exc})", ""]
+    if pngs:
+        lines += ["## Plots", ""] + [f"![{p.stem}]({p.relative_to(ROOT)})" for p in pngs] + [""]
+    for extra in ("speed.md", "ledger_stress.md", "selftest.md", "NOTES.md"):
+        path = results / extra
+        if path.exists():
+            lines += [f"<!-- {extra} -->", path.read_text().replace("\n# ", "\n## "), ""]
     target.write_text("\n".join(lines) + "\n")
 
 

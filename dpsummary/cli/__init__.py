@@ -17,10 +17,10 @@ app = typer.Typer(
 
 from . import baseline as _baseline  # noqa: E402,F401  (registers commands)
 from . import export as _export  # noqa: E402,F401
-from . import report as _report  # noqa: E402,F401
-from . import selftest as _selftest  # noqa: E402,F401
 from . import keys as _keys  # noqa: E402,F401
 from . import release as _release  # noqa: E402,F401
+from . import report as _report  # noqa: E402,F401
+from . import selftest as _selftest  # noqa: E402,F401
 
 
 def main() -> None:
