@@ -16,6 +16,7 @@ the full training split (GLMs); the ``reference`` column says which.
 from __future__ import annotations
 
 import argparse
+import os
 import csv
 import math
 import resource
@@ -238,7 +239,7 @@ def report(results: Path, target: Path) -> None:
         pngs = []
         lines += [f"(plots not generated: {type(exc).__name__}: {exc})", ""]
     if pngs:
-        lines += ["## Plots", ""] + [f"![{p.stem}]({p.relative_to(ROOT)})" for p in pngs] + [""]
+        lines += ["## Plots", ""] + [f"![{p.stem}]({os.path.relpath(p, target.parent)})" for p in pngs] + [""]
     for extra in ("speed.md", "ledger_stress.md", "selftest.md", "NOTES.md"):
         path = results / extra
         if path.exists():
