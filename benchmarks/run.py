@@ -16,9 +16,9 @@ the full training split (GLMs); the ``reference`` column says which.
 from __future__ import annotations
 
 import argparse
-import os
 import csv
 import math
+import os
 import resource
 import statistics
 import sys
