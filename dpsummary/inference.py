@@ -139,6 +139,7 @@ def laplace(
         if decrement / 2 <= tol:
             break
         t = 1.0
+        converged = False
         while True:
             cand = theta + t * step
             cvalue, cgrad, cneg_hess = grad_hess(cand)
@@ -146,7 +147,14 @@ def laplace(
                 break
             t *= 0.5
             if t < 1e-10:
+                # With large weights the log density is large and its rounding error can exceed
+                # a tiny remaining Newton decrement: that is convergence to working precision.
+                if decrement / 2 <= 1e-9 * max(1.0, abs(float(value))):
+                    converged = True
+                    break
                 raise NewtonFailure("line search failed")
+        if converged:
+            break
         theta, value, grad, neg_hess = cand, cvalue, cgrad, cneg_hess
     else:
         if strict:
