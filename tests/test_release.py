@@ -230,3 +230,43 @@ def test_budget_exhaustion_refuses_before_touching_data(tmp_path: Path, home: Pa
     assert report.ok
     (src,) = report.sources
     assert src.composed_rdp <= 3.0 < src.naive_sum_rdp + 1.5  # within budget; composition beats the naive sum
+
+
+@pytest.mark.parametrize(
+    ("policy_text", "message"),
+    [
+        ("total_epsilon = [1\n", "policy"),
+        ("total_epsilon = 1.0\ntotal_delta = 1e-6\nmax_epsilon_per_release = 0.5\nn_max = 1000\nbogus = 1\n", "bogus"),
+        ("total_epsilon = 1.0\ntotal_delta = 1e-6\nmax_epsilon_per_release = 0.5\nn_max = 1000\n"
+         "allowed_models = [\"nosuch\"]\n", "nosuch"),
+    ],
+)
+def test_bad_policy_is_one_line_and_writes_nothing(tmp_path: Path, home: Path, policy_text: str, message: str) -> None:
+    data = _write_csv(tmp_path / "d.csv", 300)
+    pol = tmp_path / "bad.toml"
+    pol.write_text(policy_text)
+    out = tmp_path / "o.json"
+    res = _release(str(data), "--epsilon", "0.5", "--policy", str(pol), "--out", str(out))
+    assert res.exit_code != 0 and "Traceback" not in res.output
+    errors = [x for x in res.output.splitlines() if x.startswith("error:")]
+    assert len(errors) == 1 and message in errors[0]
+    assert not out.exists() and not (home / "ledger.jsonl").exists()
+
+
+def test_missing_key_file_and_foreign_ledger(tmp_path: Path, home: Path) -> None:
+    data = _write_csv(tmp_path / "d.csv", 600)
+    pol = _policy(tmp_path / "p.toml", n=600)
+    out = tmp_path / "o.json"
+    res = _release(str(data), "--epsilon", "0.5", "--policy", str(pol), "--out", str(out), "--key", str(tmp_path / "nokey.key"))
+    assert res.exit_code != 0 and "Traceback" not in res.output and not out.exists()
+    assert not (home / "ledger.jsonl").exists()
+    # A release, then an audit of its ledger with somebody else's public key: refused.
+    assert _release(str(data), "--epsilon", "0.5", "--policy", str(pol), "--out", str(out), "--steps", "5",
+                    "--size", "3").exit_code == 0
+    other = runner.invoke(app, ["keygen", "--dir", str(tmp_path / "other")])
+    assert other.exit_code == 0
+    res = runner.invoke(app, ["audit", str(home / "ledger.jsonl"), "--key", str(tmp_path / "other" / "dpsummary.pub"),
+                              "--policy", str(pol)])
+    assert res.exit_code != 0
+    res = runner.invoke(app, ["verify", str(out), "--key", str(tmp_path / "other" / "dpsummary.pub")])
+    assert res.exit_code != 0 and "Traceback" not in res.output
