@@ -231,6 +231,9 @@ def report(results: Path, target: Path) -> None:
         if errors:
             lines += ["", f"{len(errors)} run(s) failed: " + "; ".join(sorted({e['error'] for e in errors}))[:500]]
         lines.append("")
+    from targets import targets_markdown  # benchmarks/targets.py
+
+    lines += [targets_markdown(results)]
     try:
         from plots import make_plots  # benchmarks/plots.py
 

@@ -21,6 +21,16 @@ SIGMA = 5.0
 DELTA = 1e-6
 
 
+def _mp_context() -> mp.context.BaseContext:
+    """Fork from a clean server process: by the time these tests run, other tests may have started
+    JAX (multithreaded), and forking the pytest process itself could deadlock a child."""
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(
+        ["dpsummary.ledger", "dpsummary.keys", "dpsummary.policy", "dpsummary.models", "opacus.accountants", "pytest"]
+    )
+    return ctx
+
+
 def make_policy(total_epsilon=10.0, per_release=5.0, accountant="rdp"):
     return P.parse_policy(
         {
@@ -210,7 +220,7 @@ def test_concurrent_reservations_exactly_k(tmp_path, keydir):
     info, _ = keydir
     k = 5
     total = (A.epsilon_rdp(ev() * k, DELTA) + A.epsilon_rdp(ev() * (k + 1), DELTA)) / 2
-    ctx = mp.get_context("fork")
+    ctx = _mp_context()
     barrier, results = ctx.Barrier(20), ctx.Queue()
     path = tmp_path / "l.jsonl"
     procs = [
@@ -249,13 +259,13 @@ def test_sigkill_crash_safety(tmp_path, keydir):
     path, side = tmp_path / "l.jsonl", tmp_path / "returned.txt"
     make_policy()  # warm the heavy imports (models, opacus) so forked workers start at once
     A.epsilon_rdp(ev(), DELTA)
-    ctx = mp.get_context("fork")
+    ctx = _mp_context()
     rng = random.Random(2024)
     led = L.Ledger(path, keys.load_private_key(info.private_path), info.keyid)
     for _trial in range(24):
         p = ctx.Process(target=_crash_worker, args=(path, info.private_path, info.keyid, side))
         p.start()
-        time.sleep(rng.uniform(0.0, 0.25))
+        time.sleep(rng.uniform(0.4, 1.2))  # the forkserver child must start and warm its RDP cache
         os.kill(p.pid, signal.SIGKILL)
         p.join()
         probs = L.verify_ledger(path, pub)
