@@ -11,44 +11,17 @@
 
 from __future__ import annotations
 
-import argparse
 import sys
 import tempfile
 from pathlib import Path
 
 import arviz as az
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-
-import dpsummary  # noqa: E402
-from dpsummary.data import read_csv  # noqa: E402
-from dpsummary.metrics import full_posterior  # noqa: E402
-
-HERE = Path(__file__).resolve().parent
-ARTIFACT = HERE / "release" / "german_credit.dpsummary.json"
-KEY = HERE / "release" / "curator.pub"
-
-
-def full_data_idata(release, draws: int = 4000) -> az.InferenceData:
-    """The non-private reference: Laplace on the whole example CSV, same public transform."""
-    import torch
-
-    points = release.transform.to_points(read_csv(HERE / "german_credit.csv"))
-    post = full_posterior(release.model, points)
-    theta = post.sample(draws, torch.Generator().manual_seed(0)).numpy()
-    return az.from_dict(posterior={"theta": theta[None]}, coords={"param": release.param_names},
-                        dims={"theta": ["param"]})
+from _analyst_common import compare_and_plot, load_release, parse_out_dir  # noqa: E402
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", type=Path, default=HERE.parent / "out" / "examples")
-    args = ap.parse_args()
-    release = dpsummary.load(ARTIFACT, key=KEY)  # raises if unsigned or tampered
-    print(release)
+    out_dir = parse_out_dir()
+    release = load_release()  # raises if unsigned or tampered
 
     with tempfile.TemporaryDirectory() as tmp:
         release.export("numpyro", tmp)
@@ -61,19 +34,7 @@ def main() -> None:
     idata = az.from_numpyro(mcmc, coords={"param": release.param_names}, dims={"theta": ["param"]})
     print(az.summary(idata, var_names=["theta"])[["mean", "sd", "r_hat", "ess_bulk"]])
 
-    full = full_data_idata(release)
-    args.out.mkdir(parents=True, exist_ok=True)
-    axes = az.plot_forest([idata, full], model_names=[f"private release (eps={release.epsilon['rdp']:.2g}, NUTS)",
-                                                      "full data (Laplace, non-private)"],
-                          var_names=["theta"], combined=True, hdi_prob=0.9, figsize=(8, 6))
-    axes[0].set_title("German credit, logistic regression: NumPyro on the released pseudocoreset")
-    png = args.out / "analyst_numpyro.png"
-    plt.savefig(png, dpi=110, bbox_inches="tight")
-    print(f"wrote {png}")
-    gap = np.abs(idata.posterior["theta"].mean(("chain", "draw")).values
-                 - full.posterior["theta"].mean(("chain", "draw")).values)
-    print(f"largest |mean difference| to the full-data posterior: {gap.max():.3f}")
-
+    compare_and_plot(release, idata, "NumPyro", out_dir)
 
 if __name__ == "__main__":
     main()
