@@ -390,12 +390,17 @@ class Ledger:
         st = self.state()
         return len(st.entries), st.last_hash
 
-    def spent(self, source_id: str, delta: float | None = None) -> Spent:
-        """Composed epsilon per accountant over every charged event of ``source_id`` at
-        ``delta`` (default: the largest delta recorded for the source), plus the naive sum of
-        the per-reservation epsilons (each under its own accountant and delta)."""
+    def spent(
+        self,
+        source_id: str,
+        delta: float | None = None,
+        accountants: Sequence[acc.Accountant] = acc.ACCOUNTANTS,
+    ) -> Spent:
+        """Composed epsilon under each of ``accountants`` over every charged event of
+        ``source_id`` at ``delta`` (default: the largest delta recorded for the source), plus the
+        naive sum of the per-reservation epsilons (each under its own accountant and delta)."""
         st = self._read_verified()
-        return _spent(st.entries, source_id, delta)
+        return _spent(st.entries, source_id, delta, accountants)
 
     # ------------------------------------------------------------------ writing
 
@@ -612,13 +617,18 @@ class Ledger:
         return Reservation(self, entry)
 
 
-def _spent(entries: Sequence[dict[str, Any]], source_id: str, delta: float | None) -> Spent:
+def _spent(
+    entries: Sequence[dict[str, Any]],
+    source_id: str,
+    delta: float | None,
+    accountants: Sequence[acc.Accountant] = acc.ACCOUNTANTS,
+) -> Spent:
     mine = [e for e in entries if e["kind"] == "reserve" and e["source_id"] == source_id]
     if delta is None:
         delta = max((float(e["delta"]) for e in mine), default=1e-6)
     delta = max(delta - charged_extra_delta(entries, source_id), 1e-300)
     charged = _charged_events(entries, source_id)
-    composed: dict[str, float] = {a: acc.epsilon(charged, delta, a) for a in acc.ACCOUNTANTS}
+    composed: dict[str, float] = {a: acc.epsilon(charged, delta, a) for a in accountants}
     naive = sum(
         acc.epsilon(acc.events_from_json(e["events"]), float(e["delta"]), _accountant(e))
         for e in mine

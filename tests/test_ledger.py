@@ -88,6 +88,11 @@ def test_reserve_commit_abort_and_spent(tmp_path, key):
     assert sp.reservations == 3
     assert sp.composed["rdp"] == A.epsilon_rdp([A.gaussian_event(SIGMA)] * 3, DELTA)
     assert sp.composed["pld"] <= sp.composed["rdp"] < sp.naive_sum
+    assert set(sp.composed) == {"rdp", "prv", "pld"}
+    # The release asks only for the accountants it shows; the numbers are the same.
+    some = led.spent("s1", delta=DELTA, accountants=("rdp", "pld"))
+    assert some.composed == {"rdp": sp.composed["rdp"], "pld": sp.composed["pld"]}
+    assert some.naive_sum == sp.naive_sum
     assert led.spent("other").reservations == 0
     r = led.reserve(source_id="s1", events=ev(), delta=DELTA, policy=make_policy())
     r.commit(None)

@@ -121,7 +121,10 @@ def test_release_recorded_mechanism_reproduces_opacus(tmp_path: Path, home: Path
     acc = RDPAccountant()
     for _ in range(mech["steps"]):
         acc.step(noise_multiplier=mech["noise_multiplier"], sample_rate=mech["sample_rate"])
-    assert acc.get_epsilon(claim["delta_accounting"], alphas=RDP_ORDERS) == pytest.approx(claim["epsilon"]["rdp"], abs=1e-9)
+    opacus_eps = acc.get_epsilon(claim["delta_accounting"], alphas=RDP_ORDERS)
+    assert opacus_eps == pytest.approx(claim["epsilon"]["rdp"], abs=1e-9)
+    # Opacus itself (not only dpsummary's vectorised evaluation) finds the target met.
+    assert opacus_eps <= 0.7
 
 
 def test_zero_configuration_release_is_private_end_to_end(tmp_path: Path, home: Path) -> None:

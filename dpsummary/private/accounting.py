@@ -25,7 +25,10 @@ epsilons.
 Accountants
 -----------
 * ``"rdp"``: Opacus :class:`~opacus.accountants.RDPAccountant` with the extended order grid
-  :data:`RDP_ORDERS` (the default Opacus grid stops at 63 and binds at small epsilon).
+  :data:`RDP_ORDERS` (the default Opacus grid stops at 63 and binds at small epsilon). Its
+  per-order series is evaluated vectorised (:func:`epsilon_rdp`, within 1e-9 of Opacus's loop,
+  about 100x faster); Opacus's own loop (:func:`epsilon_rdp_opacus`) confirms calibrations and
+  re-derives every epsilon in ``dpsummary audit``.
 * ``"prv"``: Opacus PRV accountant (Gopi et al. 2021); returns its *upper* bound. It models
   Poisson-subsampled Gaussians only, which is all we produce (q = 1 for plain Gaussians).
 * ``"pld"``: Google ``dp_accounting`` PLD accountant (pessimistic estimate): an independent
@@ -52,6 +55,9 @@ Triple = tuple[float, float, int]
 
 #: Opacus's default RDP orders (1.1 ... 10.9, 12 ... 63) extended up to 2048. At epsilon ~0.2
 #: the optimal order often lies far above 63; the default grid then over-reports epsilon.
+#: Note: Opacus's series for integer orders uses ``scipy.special.binom``, which overflows for
+#: alpha >= 1030, so orders 1536 and 2048 evaluate to +inf or NaN and never bind: the effective
+#: grid ends at 1024. They stay listed because claims record this grid.
 RDP_ORDERS: list[float] = (
     [1 + x / 10.0 for x in range(1, 100)]
     + [float(a) for a in range(12, 64)]
@@ -294,13 +300,19 @@ def _rdp_one_step(sample_rate: float, noise_multiplier: float) -> Any:
     return vec
 
 
-def _rdp_privacy_spent(history: Sequence[Triple], delta: float) -> tuple[float, float]:
-    """Exactly what ``RDPAccountant(history).get_privacy_spent(delta, alphas=RDP_ORDERS)``
-    computes (Opacus's ``compute_rdp(steps=T)`` is its one-step vector times T, so caching the
-    one-step vector is bit-identical), summed in history order, then Opacus's conversion."""
+def _rdp_privacy_spent(history: Sequence[Triple], delta: float, *, reference: bool = False) -> tuple[float, float]:
+    """``RDPAccountant(history).get_privacy_spent(delta, alphas=RDP_ORDERS)``: the one-step RDP
+    vectors times their step counts, summed in history order, then Opacus's RDP-to-DP conversion.
+
+    ``reference=True`` takes the one-step vectors from Opacus's own loop (:func:`_rdp_one_step`;
+    Opacus's ``compute_rdp(steps=T)`` is its one-step vector times T, so this is bit-identical to
+    the accountant); otherwise from the vectorised series (:func:`_rdp_one_step_fast`), which
+    agrees with it to far below 1e-9 relative in epsilon (tested) at a hundredth of the cost.
+    """
     from opacus.accountants.analysis import rdp as privacy_analysis
 
-    rdp = sum([_rdp_one_step(q, s) * t for (s, q, t) in history])
+    one_step = _rdp_one_step if reference else _rdp_one_step_fast
+    rdp = sum([one_step(q, s) * t for (s, q, t) in history])
     with warnings.catch_warnings():
         # Opacus warns when the optimum is at the grid's edge; see rdp_optimal_order.
         warnings.simplefilter("ignore")
@@ -308,15 +320,126 @@ def _rdp_privacy_spent(history: Sequence[Triple], delta: float) -> tuple[float, 
     return float(eps), float(best)
 
 
+@lru_cache(maxsize=4096)
+def _rdp_one_step_fast(sample_rate: float, noise_multiplier: float) -> Any:
+    """Opacus's one-step RDP vector on :data:`RDP_ORDERS`, with the integer orders vectorised.
+
+    This is how dpsummary evaluates RDP (release, ledger budget checks); :func:`_rdp_one_step`
+    (Opacus itself) confirms every calibrated noise multiplier and serves ``dpsummary audit``.
+    Opacus sums the integer-order series
+    ``log A_alpha = logsumexp_i [log C(alpha, i) + i log q + (alpha - i) log(1 - q)
+    + (i^2 - i) / (2 sigma^2)]`` (Mironov, Talwar and Zhang 2019, Section 3.3) term by term in
+    Python, which costs about 30 ms per (q, sigma) at orders up to 2048. Here the same terms are
+    built in one array and summed with a single logsumexp; the binomial coefficient is the same
+    ``scipy.special.binom``, so orders whose coefficient overflows (alpha >= 1030: 1536 and 2048
+    on our grid) come out +inf or NaN exactly as in Opacus (both are never the optimum). Fractional orders call Opacus's own series.
+    Agreement with Opacus is tested per order (absolute 1e-12 relative to max(1, value): the
+    near-zero orders are cancellations where both carry rounding) and on epsilon (1e-9 relative).
+    """
+    import numpy as np
+    from opacus.accountants.analysis import rdp as privacy_analysis
+    from scipy import special
+
+    q, sigma = float(sample_rate), float(noise_multiplier)
+    orders = np.asarray(RDP_ORDERS, dtype=np.float64)
+    if q == 1.0:
+        vec = orders / (2 * sigma**2)
+    else:
+        vec = np.empty_like(orders)
+        is_int = np.array([float(a).is_integer() for a in RDP_ORDERS])
+        with warnings.catch_warnings(), _np_errstate():
+            warnings.simplefilter("ignore")
+            frac = np.flatnonzero(~is_int)
+            vec[frac] = _log_a_frac_vectorised(q, sigma, orders[frac]) / (orders[frac] - 1)
+            for j in frac[~np.isfinite(vec[frac])]:  # the window was too short: Opacus's own loop
+                vec[j] = privacy_analysis._compute_rdp(q, sigma, float(orders[j]))
+            alphas = orders[is_int].astype(np.int64)
+            owner = np.repeat(np.arange(alphas.size), alphas + 1)
+            starts = np.concatenate([[0], np.cumsum(alphas + 1)[:-1]])
+            i = np.arange(owner.size) - starts[owner]
+            a = alphas[owner]
+            terms = (np.log(special.binom(a, i)) + i * math.log(q) + (a - i) * math.log(1 - q)
+                     + (i * i - i) / (2 * (sigma**2)))
+            top = np.maximum.reduceat(terms, starts)
+            finite_top = np.where(np.isfinite(top), top, 0.0)
+            sums = np.add.reduceat(np.exp(terms - finite_top[owner]), starts)
+            log_a = np.where(np.isinf(top), top, np.log(sums) + finite_top)
+            # Opacus's running log-add turns a second +inf term into NaN (inf - inf): mirror it.
+            overflowed = np.add.reduceat(np.isposinf(terms).astype(np.int64), starts)
+            log_a = np.where(overflowed >= 2, np.nan, log_a)
+            vec[is_int] = log_a / (alphas - 1)
+    vec.setflags(write=False)
+    return vec
+
+
+#: Terms of the fractional-order series evaluated at once; orders whose series has not met
+#: Opacus's stopping rule within the window fall back to Opacus's loop.
+_FRAC_TERMS = 256
+
+
+def _log_a_frac_vectorised(q: float, sigma: float, alphas: Any) -> Any:
+    """Opacus's ``_compute_log_a_for_frac_alpha`` for many fractional orders at once (NaN where
+    the series needs more than :data:`_FRAC_TERMS` terms).
+
+    The same two series (integrals below and above z0, Mironov et al. 2019, Section 3.3), term i
+    with sign sign(C(alpha, i)), truncated after the first term whose two parts are both below
+    exp(-30), exactly Opacus's do-until rule; the signed terms are summed relative to their
+    maximum instead of by repeated log-add/log-sub.
+    """
+    import numpy as np
+    from scipy import special
+
+    a = np.asarray(alphas, dtype=np.float64)[:, None]
+    i = np.arange(_FRAC_TERMS, dtype=np.float64)[None, :]
+    j = a - i
+    z0 = sigma**2 * math.log(1 / q - 1) + 0.5
+    coef = special.binom(a, i)
+    log_coef = np.log(np.abs(coef))
+    log_t0 = log_coef + i * math.log(q) + j * math.log(1 - q)
+    log_t1 = log_coef + j * math.log(q) + i * math.log(1 - q)
+    log_e0 = math.log(0.5) + math.log(2) + special.log_ndtr(-((i - z0) / (math.sqrt(2) * sigma)) * 2**0.5)
+    log_e1 = math.log(0.5) + math.log(2) + special.log_ndtr(-((z0 - j) / (math.sqrt(2) * sigma)) * 2**0.5)
+    log_s0 = log_t0 + (i * i - i) / (2 * (sigma**2)) + log_e0
+    log_s1 = log_t1 + (j * j - j) / (2 * (sigma**2)) + log_e1
+    stop = np.maximum(log_s0, log_s1) < -30
+    done = stop.any(axis=1)
+    last = np.where(done, stop.argmax(axis=1), _FRAC_TERMS - 1)
+    keep = i <= last[:, None]
+    sign = np.sign(coef)
+
+    def signed_logsum(log_s: Any) -> Any:
+        log_s = np.where(keep, log_s, -np.inf)
+        top = log_s.max(axis=1, keepdims=True)
+        total = (sign * np.exp(log_s - top)).sum(axis=1)
+        return np.log(total) + top[:, 0]
+
+    log_a0, log_a1 = signed_logsum(log_s0), signed_logsum(log_s1)
+    top = np.maximum(log_a0, log_a1)
+    out = np.log1p(np.exp(np.minimum(log_a0, log_a1) - top)) + top
+    return np.where(done, out, np.nan)
+
+
 def epsilon_rdp(events: Sequence[dpa.DpEvent], delta: float) -> float:
     """Epsilon of Opacus's RDP accounting (``RDPAccountant`` semantics, orders
-    :data:`RDP_ORDERS`) over the events' history; equal to the accountant stepped through the
-    same mechanisms (tested bit for bit)."""
+    :data:`RDP_ORDERS`) over the events' history, evaluated with the vectorised series: within
+    1e-9 relative of the accountant stepped through the same mechanisms (tested). Noise
+    multipliers are calibrated so that :func:`epsilon_rdp_opacus` (the bit-exact loop) meets the
+    target, and ``dpsummary audit`` recomputes with that loop."""
     _check_delta(delta)
     history = events_to_history(events)
     if not history:
         return 0.0
     return _rdp_privacy_spent(history, delta)[0]
+
+
+def epsilon_rdp_opacus(events: Sequence[dpa.DpEvent], delta: float) -> float:
+    """:func:`epsilon_rdp` computed by Opacus's own per-order loop: bit for bit what
+    ``RDPAccountant`` returns (about 30-100 ms per distinct (q, sigma); cached)."""
+    _check_delta(delta)
+    history = events_to_history(events)
+    if not history:
+        return 0.0
+    return _rdp_privacy_spent(history, delta, reference=True)[0]
 
 
 def rdp_optimal_order(events: Sequence[dpa.DpEvent], delta: float) -> float:
@@ -400,8 +523,9 @@ def calibrate_noise_multiplier(
     """Smallest sigma (to relative tolerance ``rel_tol``) with
     ``epsilon(prior_events + [subsampled_gaussian_event(sigma, sample_rate, steps)]) <= target``.
 
-    The returned sigma always satisfies the target under ``accountant`` (it is the upper end of
-    the final bisection bracket). Raises ``ValueError`` when the target is unreachable (the prior
+    The returned sigma always satisfies the target under ``accountant`` as its library computes
+    it (for RDP, Opacus's own loop, :func:`epsilon_rdp_opacus`): the bisection runs on the fast
+    evaluation and :func:`_confirm` checks its upper end with the exact one. Raises ``ValueError`` when the target is unreachable (the prior
     events alone already reach it, or sigma would exceed :data:`MAX_SIGMA`).
     """
     if not (target_epsilon > 0 and math.isfinite(target_epsilon)):
@@ -423,6 +547,10 @@ def calibrate_noise_multiplier(
             [*prior, subsampled_gaussian_event(sigma, sample_rate, steps)], delta, accountant
         )
 
+    def of_record(sigma: float) -> float:
+        events = [*prior, subsampled_gaussian_event(sigma, sample_rate, steps)]
+        return epsilon_rdp_opacus(events, delta) if accountant == "rdp" else eps_at(sigma)
+
     hi = 1.0
     while eps_at(hi) > target_epsilon:
         hi *= 2.0
@@ -436,7 +564,7 @@ def calibrate_noise_multiplier(
         while eps_at(lo) <= target_epsilon:
             hi, lo = lo, lo / 2.0
             if lo < 1e-6:
-                return hi
+                return _confirm(hi, of_record, target_epsilon, rel_tol)
     # invariant: eps_at(lo) > target >= eps_at(hi)
     while (hi - lo) > rel_tol * hi:
         mid = 0.5 * (lo + hi)
@@ -444,7 +572,19 @@ def calibrate_noise_multiplier(
             hi = mid
         else:
             lo = mid
-    return hi
+    return _confirm(hi, of_record, target_epsilon, rel_tol)
+
+
+def _confirm(sigma: float, of_record: Any, target_epsilon: float, rel_tol: float) -> float:
+    """Raise ``sigma`` in steps of ``rel_tol / 10`` until the accountant of record, evaluated
+    exactly as its library does (Opacus's own loop for RDP), agrees that it meets the target.
+    The search above uses the vectorised series, which differs from the loop by rounding only,
+    so a step is almost never needed."""
+    for _ in range(1000):
+        if of_record(sigma) <= target_epsilon:
+            return sigma
+        sigma *= 1.0 + rel_tol / 10
+    raise RuntimeError("calibration could not be confirmed by the accountant of record")
 
 
 def calibrate_gaussian(

@@ -356,7 +356,8 @@ def _categorical_spec(
     kept = sorted(lab for lab, _ in ranked[:max_categories])
     extra = f", the {max_categories} most frequent kept" if len(ranked) > max_categories else ""
     spec = ColumnSpec(name=name, kind="categorical", categories=kept)
-    return spec, f"{name}: categorical, {len(kept)} categories passed the noisy threshold{extra}"
+    noun = "category" if len(kept) == 1 else "categories"
+    return spec, f"{name}: categorical, {len(kept)} {noun} passed the noisy threshold{extra}"
 
 
 def describe(result: PrivateSchemaResult) -> dict[str, Any]:

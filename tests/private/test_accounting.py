@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import dp_accounting as dpa
+import numpy as np
 import pytest
 
 from dpsummary.private import accounting as A
@@ -90,7 +91,8 @@ def test_rdp_reproduces_opacus_stepped_accountant_exactly():
         A.subsampled_gaussian_event(1.1, 0.01, 200),
     ]
     assert A.events_to_history(events) == acc.history
-    assert A.epsilon_rdp(events, 1e-6) == expected
+    assert A.epsilon_rdp_opacus(events, 1e-6) == expected  # bit for bit
+    assert A.epsilon_rdp(events, 1e-6) == pytest.approx(expected, rel=1e-9, abs=0)  # vectorised
 
 
 def test_composition_is_one_accountant_not_sum():
@@ -102,8 +104,54 @@ def test_composition_is_one_accountant_not_sum():
 
     acc = RDPAccountant()
     acc.history = [(1.0, 0.01, 500), (1.5, 0.02, 300)]
-    assert both == acc.get_epsilon(delta=1e-6, alphas=A.RDP_ORDERS)
+    assert A.epsilon_rdp_opacus(r1 + r2, 1e-6) == acc.get_epsilon(delta=1e-6, alphas=A.RDP_ORDERS)
+    assert both == pytest.approx(acc.get_epsilon(delta=1e-6, alphas=A.RDP_ORDERS), rel=1e-9, abs=0)
     assert max(e1, e2) < both < e1 + e2
+
+
+# (q, sigma) grid for the vectorised RDP series: tiny to full sampling rates, noise from far below
+# 1 (where Opacus's series overflows at high orders) to very large (where A_alpha - 1 cancels).
+_RDP_GRID = [(q, s) for q in (1e-4, 0.004109, 0.0182, 0.05, 0.3, 0.7, 0.99, 1.0)
+             for s in (0.3, 0.5, 0.7, 1.0, 2.7, 9.5, 50.0, 300.0)]
+
+
+@pytest.mark.parametrize(("q", "sigma"), _RDP_GRID)
+def test_vectorised_rdp_series_matches_opacus_per_order(q, sigma):
+    import warnings
+
+    from opacus.accountants.analysis import rdp as privacy_analysis
+
+    fast = np.asarray(A._rdp_one_step_fast(q, sigma))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ref = np.asarray(privacy_analysis.compute_rdp(q=q, noise_multiplier=sigma, steps=1, orders=A.RDP_ORDERS))
+    # Same overflow behaviour: +inf where one series term overflows, NaN where several do.
+    assert np.array_equal(np.isposinf(fast), np.isposinf(ref))
+    assert np.array_equal(np.isnan(fast), np.isnan(ref))
+    finite = np.isfinite(ref)
+    # Near-zero orders are cancellations (log of 1 + tiny) in both: compare on an absolute scale.
+    assert np.all(np.abs(fast[finite] - ref[finite]) <= 1e-12 * np.maximum(1.0, np.abs(ref[finite])))
+
+
+@pytest.mark.parametrize(("q", "sigma"), _RDP_GRID)
+@pytest.mark.parametrize("steps", [1, 500, 100_000])
+def test_vectorised_rdp_epsilon_matches_opacus(q, sigma, steps):
+    for delta in (1e-5, 1e-9):
+        ev = [A.gaussian_event(3.0), A.subsampled_gaussian_event(sigma, q, steps)]
+        exact = A.epsilon_rdp_opacus(ev, delta)
+        assert A.epsilon_rdp(ev, delta) == pytest.approx(exact, rel=1e-9, abs=0)
+
+
+@pytest.mark.parametrize(("target", "q", "steps"), [(0.2, 0.004109, 500), (1.0, 0.0182, 500), (8.0, 0.3, 50)])
+def test_calibrated_sigma_meets_target_under_opacus_itself(target, q, steps):
+    prior = [A.gaussian_event(200.0)]
+    sigma = A.calibrate_noise_multiplier(target_epsilon=target, delta=1e-7, sample_rate=q, steps=steps,
+                                         prior_events=prior)
+    exact = A.epsilon_rdp_opacus([*prior, A.subsampled_gaussian_event(sigma, q, steps)], 1e-7)
+    assert exact <= target
+    # ... and it is the smallest such sigma to the calibration tolerance.
+    smaller = A.epsilon_rdp_opacus([*prior, A.subsampled_gaussian_event(sigma * (1 - 2e-4), q, steps)], 1e-7)
+    assert smaller > target
 
 
 def test_tight_accountants_below_rdp():
