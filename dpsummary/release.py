@@ -333,7 +333,8 @@ def run_release(
                 "num_posterior_samples": req.num_samples,
                 "clip_norm_rule": (f"{DEFAULT_CLIP_MULTIPLIER:g} x the {DEFAULT_CLIP_QUANTILE:g}-quantile of the L2 "
                                    "norms of the centred log-likelihood vectors of "
-                                   f"{DEFAULT_NUM_REFERENCE} public synthetic records at each step"),
+                                   f"{DEFAULT_NUM_REFERENCE} public synthetic records at each step (features "
+                                   "from the public schema, targets simulated at the prior mean)"),
                 "noise": "OpenDP discrete Gaussian from OS entropy",
                 "count_noise_multiplier": count_sigma,
                 "preprocessing_noise_multiplier": pre_sigma,

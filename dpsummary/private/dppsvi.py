@@ -84,6 +84,7 @@ class DPPSVI:
     clip_rule: Literal["pseudopoints", "synthetic"] = "pseudopoints"
     clip_quantile: float = 0.5
     num_reference: int = 1000
+    reference_theta_scale: float = 0.0
     diagonal: bool = False
     name: str = "dp-psvi"
 
@@ -95,8 +96,14 @@ class DPPSVI:
         if self.clip_rule == "synthetic":
             # Public synthetic records spread over the public domain: the clip norm is a quantile
             # of THEIR vectors, so it tracks the scale of data-like records without reading any.
+            # Their targets are simulated at reference_theta_scale x a prior draw; at the default
+            # 0 (the prior mean) targets carry no relation to the features, so no pseudocoreset
+            # posterior can come to "explain" the reference. With a random relation (the earlier
+            # default, 0.3) a posterior that happened to agree with it shrank the reference norms,
+            # hence C, until most real records were clipped and the data signal vanished: a trap
+            # DP-PSVI could not leave (benchmarks/results/dp_diagnostics.md).
             reference = simulate_initial_points(
-                model, self.num_reference, generator, self.feature_sampler, theta_scale=self.theta_scale
+                model, self.num_reference, generator, self.feature_sampler, theta_scale=self.reference_theta_scale
             )
         state = init_state(
             points,
