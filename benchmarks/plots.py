@@ -162,8 +162,8 @@ def plot_kl_vs_epsilon(rows: list[Row], path: Path, *, metric: str = "forward", 
     """Figure 4 layout: KL against epsilon, DP-PSVI at each M against DP-VI, per data set."""
     rows = [r for r in rows if r.get("method") in ("dp-psvi", "dp-vi") and _float(r.get("epsilon"))]
     datasets = sorted({r["dataset"] for r in rows if r.get("dataset")})
-    if not datasets:
-        return None
+    if not datasets or len({_float(r.get("epsilon")) for r in rows}) < 2:
+        return None  # a curve against epsilon needs two epsilons at least
     fig, axes = _figure(len(datasets))
     drew = False
     for ax, ds in zip(axes, datasets, strict=True):

@@ -61,6 +61,7 @@ class Config:
     transform: str
     description: str
     method_options: dict[str, dict[str, Any]]
+    variants: dict[str, dict[str, Any]]
 
     @classmethod
     def load(cls, path: Path, smoke: bool) -> Config:
@@ -80,6 +81,7 @@ class Config:
             transform=raw.get("transform", "schema"),
             description=raw.get("description", ""),
             method_options=raw.get("method_options", {}),
+            variants=raw.get("variants", {}),
         )
 
 
@@ -107,27 +109,60 @@ def load_dataset(name: str, seed: int, transform: str) -> PreparedData:
     return prepare_public_dataset(DATA / f"{name}.csv", seed=seed, transform=transform)
 
 
+def base_method(method: str) -> str:
+    """``dp-psvi@LABEL`` is DP-PSVI with the options of ``[variants.LABEL]`` in the config."""
+    return method.partition("@")[0]
+
+
+def dp_psvi_variant(options: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Split a ``[variants.LABEL]`` table into harness options (``expected_batch``, ``steps``,
+    ``accountant``, ``noise_multiplier``: a fixed sigma, for noise-free diagnostics that are NOT
+    private) and :class:`~dpsummary.private.dppsvi.DPPSVI` field overrides (``learning_rate``
+    sets both learning rates; ``adam_beta1`` passes ``torch.optim.Adam(betas=(b1, 0.999))``)."""
+    harness_keys = ("expected_batch", "steps", "accountant", "noise_multiplier")
+    harness = {k: v for k, v in options.items() if k in harness_keys}
+    fields = {k: v for k, v in options.items() if k not in harness_keys}
+    if "learning_rate" in fields:
+        fields["points_lr"] = fields["weights_lr"] = fields.pop("learning_rate")
+    if "adam_beta1" in fields:
+        beta1 = float(fields.pop("adam_beta1"))
+        fields["optimizer"] = lambda groups: torch.optim.Adam(groups, betas=(beta1, 0.999))
+    return harness, fields
+
+
 def run_one(prep: PreparedData, method: str, size: int, seed: int, cfg: Config, epsilon: float | None) -> dict[str, Any]:
     gen = torch.Generator().manual_seed(seed)
     start = time.perf_counter()
     extra: dict[str, Any] = {}
-    if method == "dp-psvi":
+    if base_method(method) == "dp-psvi":
+        import dataclasses
+
         from dpsummary.data import Transform
         from dpsummary.private import accounting as acc
         from dpsummary.private.mechanism import PrivateRecords
         from dpsummary.private.noise import quantize_sample_rate
         from dpsummary.release import DEFAULT_EXPECTED_BATCH, DEFAULT_STEPS, dp_psvi_constructor
 
+        label = method.partition("@")[2]
+        if label and label not in cfg.variants:
+            raise ValueError(f"method {method!r} names no [variants.{label}] table")
+        harness, fields = dp_psvi_variant(cfg.variants.get(label, {}))
         n = prep.train.shape[0]  # declared public here (as a policy's record_count would be)
-        steps = cfg.steps or DEFAULT_STEPS
-        q = quantize_sample_rate(min(1.0, DEFAULT_EXPECTED_BATCH / n))
+        steps = int(harness.get("steps", cfg.steps or DEFAULT_STEPS))
+        q = quantize_sample_rate(min(1.0, float(harness.get("expected_batch", DEFAULT_EXPECTED_BATCH)) / n))
         assert epsilon is not None
-        sigma = acc.calibrate_noise_multiplier(target_epsilon=epsilon, delta=cfg.delta, sample_rate=q, steps=steps)
+        if "noise_multiplier" in harness:
+            sigma = float(harness["noise_multiplier"])
+        else:
+            sigma = acc.calibrate_noise_multiplier(target_epsilon=epsilon, delta=cfg.delta, sample_rate=q,
+                                                   steps=steps, accountant=harness.get("accountant", "rdp"))
         tf = Transform.from_dict(prep.transform) if prep.transform else None
         if tf is None:
             raise ValueError("dp-psvi needs a public transform (real data sets only)")
         constructor = dp_psvi_constructor(transform=tf, model=prep.model, noise_multiplier=sigma, sample_rate=q,
                                           record_count=n, steps=steps)
+        if fields:
+            constructor = dataclasses.replace(constructor, **fields)
         summary = fit(constructor, PrivateRecords(prep.train), prep.model, size, generator=gen)
         extra = {"noise_multiplier": sigma, "sample_rate": q}
         post_points, post_weights = summary.points, summary.weights
@@ -168,7 +203,8 @@ def run(cfg: Config, out: Path) -> None:
                 prep = load_dataset(dataset, seed, cfg.transform)
                 reference = "exact" if prep.model.conjugate else "laplace"
                 for method in cfg.methods:
-                    eps_list: list[float | None] = list(cfg.epsilons) if method in ("dp-psvi", "dp-vi") else [None]
+                    eps_list: list[float | None] = (list(cfg.epsilons) if base_method(method) in ("dp-psvi", "dp-vi")
+                                                    else [None])
                     sizes: list[int] = [0] if method == "dp-vi" else cfg.sizes
                     for eps in eps_list:
                         for size in sizes:

@@ -69,6 +69,19 @@ def targets_markdown(results: Path) -> str:
         ratio = "n/a" if dp is None or ps is None else f"{dp / ps:.2f}x"
         lines.append(f"- adult eps=0.2 M={size}: DP-PSVI {_fmt(dp)} within 2x of PSVI {_fmt(ps)} ({ratio}) "
                      f"and below uniform {_fmt(un)}: {_verdict(ok)}")
+    lv = _load(results / "dp_levers.csv")
+    if lv:
+        sizes = sorted({int(k[3]) for k in lv if k[1] == "psvi"})
+        lines += ["", "DP-PSVI levers on adult at epsilon 0.2 (`dp_levers`): median KL(summary || full) divided "
+                  "by non-private PSVI's median at the same M (`@no-noise*` rows are not private: diagnostics).", "",
+                  "| method | " + " | ".join(f"M={m}" for m in sizes) + " |", "|---|" + "---|" * len(sizes)]
+        for method in sorted({k[1] for k in lv if k[1] != "psvi"}):
+            cells = []
+            for m in sizes:
+                dp, ps = _med(lv, ("adult", method, "0.2", str(m))), _med(lv, ("adult", "psvi", "", str(m)))
+                cells.append("n/a" if dp is None or ps is None else f"{dp / ps:.2f}x")
+            lines.append(f"| {method} | " + " | ".join(cells) + " |")
+        lines.append("")
     f4 = _load(results / "fig4.csv")
     for ds in ("adult", "german_credit"):
         for eps in ("0.05", "0.1", "0.2", "0.5"):
