@@ -322,7 +322,7 @@ def _rdp_privacy_spent(history: Sequence[Triple], delta: float, *, reference: bo
 
 @lru_cache(maxsize=4096)
 def _rdp_one_step_fast(sample_rate: float, noise_multiplier: float) -> Any:
-    """Opacus's one-step RDP vector on :data:`RDP_ORDERS`, with the integer orders vectorised.
+    """Opacus's one-step RDP vector on :data:`RDP_ORDERS`, every order's series vectorised.
 
     This is how dpsummary evaluates RDP (release, ledger budget checks); :func:`_rdp_one_step`
     (Opacus itself) confirms every calibrated noise multiplier and serves ``dpsummary audit``.
@@ -332,8 +332,10 @@ def _rdp_one_step_fast(sample_rate: float, noise_multiplier: float) -> Any:
     Python, which costs about 30 ms per (q, sigma) at orders up to 2048. Here the same terms are
     built in one array and summed with a single logsumexp; the binomial coefficient is the same
     ``scipy.special.binom``, so orders whose coefficient overflows (alpha >= 1030: 1536 and 2048
-    on our grid) come out +inf or NaN exactly as in Opacus (both are never the optimum). Fractional orders call Opacus's own series.
-    Agreement with Opacus is tested per order (absolute 1e-12 relative to max(1, value): the
+    on our grid) come out +inf or NaN exactly as in Opacus (both are never the optimum).
+    Fractional orders use :func:`_log_a_frac_vectorised`, falling back to Opacus's own loop for
+    any order whose series does not converge within its window. Agreement with Opacus is tested
+    per order (absolute 1e-12 relative to max(1, value): the
     near-zero orders are cancellations where both carry rounding) and on epsilon (1e-9 relative).
     """
     import numpy as np
@@ -351,7 +353,9 @@ def _rdp_one_step_fast(sample_rate: float, noise_multiplier: float) -> Any:
             warnings.simplefilter("ignore")
             frac = np.flatnonzero(~is_int)
             vec[frac] = _log_a_frac_vectorised(q, sigma, orders[frac]) / (orders[frac] - 1)
-            for j in frac[~np.isfinite(vec[frac])]:  # the window was too short: Opacus's own loop
+            # Where the vectorised series cannot answer (not converged within its window, or the
+            # alternating signed sum cancelled numerically), Opacus's own loop does.
+            for j in frac[~np.isfinite(vec[frac])]:
                 vec[j] = privacy_analysis._compute_rdp(q, sigma, float(orders[j]))
             alphas = orders[is_int].astype(np.int64)
             owner = np.repeat(np.arange(alphas.size), alphas + 1)
@@ -379,7 +383,8 @@ _FRAC_TERMS = 256
 
 def _log_a_frac_vectorised(q: float, sigma: float, alphas: Any) -> Any:
     """Opacus's ``_compute_log_a_for_frac_alpha`` for many fractional orders at once (NaN where
-    the series needs more than :data:`_FRAC_TERMS` terms).
+    the series needs more than :data:`_FRAC_TERMS` terms or its signed sum is not positive in
+    floating point; the caller then uses Opacus's loop for that order).
 
     The same two series (integrals below and above z0, Mironov et al. 2019, Section 3.3), term i
     with sign sign(C(alpha, i)), truncated after the first term whose two parts are both below
@@ -525,8 +530,9 @@ def calibrate_noise_multiplier(
 
     The returned sigma always satisfies the target under ``accountant`` as its library computes
     it (for RDP, Opacus's own loop, :func:`epsilon_rdp_opacus`): the bisection runs on the fast
-    evaluation and :func:`_confirm` checks its upper end with the exact one. Raises ``ValueError`` when the target is unreachable (the prior
-    events alone already reach it, or sigma would exceed :data:`MAX_SIGMA`).
+    evaluation and :func:`_confirm` checks its upper end with the exact one. Raises
+    ``ValueError`` when the target is unreachable (the prior events alone already reach it, or
+    sigma would exceed :data:`MAX_SIGMA`).
     """
     if not (target_epsilon > 0 and math.isfinite(target_epsilon)):
         raise ValueError(f"target epsilon must be positive and finite, got {target_epsilon!r}")
