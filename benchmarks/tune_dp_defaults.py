@@ -14,7 +14,7 @@ Records with such values are the ones clipping and noise hurt most.
 Each candidate (a ``[name] = {field: value}`` override of the release's DP-PSVI) is run at
 epsilon 0.2 and 1, M = 50 and 100, for logistic and Poisson tables, several seeds; the reported
 number is the median over seeds of KL(summary || full) divided by non-private PSVI's at the same
-M and seed. Run (about 10 minutes on 2 cores):
+M and seed. Run (about 6 minutes on one core for three candidates):
 
     python benchmarks/tune_dp_defaults.py
 """
