@@ -117,9 +117,10 @@ def base_method(method: str) -> str:
 def dp_psvi_variant(options: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """Split a ``[variants.LABEL]`` table into harness options (``expected_batch``, ``steps``,
     ``accountant``, ``noise_multiplier``: a fixed sigma, for noise-free diagnostics that are NOT
-    private) and :class:`~dpsummary.private.dppsvi.DPPSVI` field overrides (``learning_rate``
+    private; ``initialisation``: the budget share of the DP initialisation histograms, 0 for the
+    uniform public start) and :class:`~dpsummary.private.dppsvi.DPPSVI` field overrides (``learning_rate``
     sets both learning rates; ``adam_beta1`` passes ``torch.optim.Adam(betas=(b1, 0.999))``)."""
-    harness_keys = ("expected_batch", "steps", "accountant", "noise_multiplier")
+    harness_keys = ("expected_batch", "steps", "accountant", "noise_multiplier", "initialisation")
     harness = {k: v for k, v in options.items() if k in harness_keys}
     fields = {k: v for k, v in options.items() if k not in harness_keys}
     if "learning_rate" in fields:
@@ -138,10 +139,16 @@ def run_one(prep: PreparedData, method: str, size: int, seed: int, cfg: Config, 
         import dataclasses
 
         from dpsummary.data import Transform
+        from dpsummary.policy import default_policy
         from dpsummary.private import accounting as acc
         from dpsummary.private.mechanism import PrivateRecords
         from dpsummary.private.noise import quantize_sample_rate
-        from dpsummary.release import DEFAULT_EXPECTED_BATCH, DEFAULT_STEPS, dp_psvi_constructor
+        from dpsummary.release import (
+            DEFAULT_EXPECTED_BATCH,
+            DEFAULT_STEPS,
+            dp_psvi_constructor,
+            plan_initialisation,
+        )
 
         label = method.partition("@")[2]
         if label and label not in cfg.variants:
@@ -151,20 +158,34 @@ def run_one(prep: PreparedData, method: str, size: int, seed: int, cfg: Config, 
         steps = int(harness.get("steps", cfg.steps or DEFAULT_STEPS))
         q = quantize_sample_rate(min(1.0, float(harness.get("expected_batch", DEFAULT_EXPECTED_BATCH)) / n))
         assert epsilon is not None
+        tf = Transform.from_dict(prep.transform) if prep.transform else None
+        if tf is None:
+            raise ValueError("dp-psvi needs a public transform (real data sets only)")
+        accountant = harness.get("accountant", "rdp")
+        # As a release under the default policy with a public count and schema: the
+        # initialisation share of the budget split, rescaled without count and preprocessing.
+        share = float(harness.get("initialisation", default_policy().budget_split.normalised(
+            count=False, preprocessing=False)["initialisation"]))
+        init_sigma, layout, before = plan_initialisation(
+            tf, prep.model.name, prior_events=[], target_epsilon=share * epsilon, delta=cfg.delta,
+            accountant=accountant)
         if "noise_multiplier" in harness:
             sigma = float(harness["noise_multiplier"])
         else:
             sigma = acc.calibrate_noise_multiplier(target_epsilon=epsilon, delta=cfg.delta, sample_rate=q,
-                                                   steps=steps, accountant=harness.get("accountant", "rdp"))
-        tf = Transform.from_dict(prep.transform) if prep.transform else None
-        if tf is None:
-            raise ValueError("dp-psvi needs a public transform (real data sets only)")
+                                                   steps=steps, accountant=accountant, prior_events=before)
+        records = PrivateRecords(prep.train)
+        init_features = None
+        if init_sigma is not None:
+            init_features = records.noisy_marginals(layout, noise_multiplier=init_sigma).sampler(
+                tf.sample_public_features)
+            extra["init_noise_multiplier"] = init_sigma
         constructor = dp_psvi_constructor(transform=tf, model=prep.model, noise_multiplier=sigma, sample_rate=q,
-                                          record_count=n, steps=steps)
+                                          record_count=n, steps=steps, init_features=init_features)
         if fields:
             constructor = dataclasses.replace(constructor, **fields)
-        summary = fit(constructor, PrivateRecords(prep.train), prep.model, size, generator=gen)
-        extra = {"noise_multiplier": sigma, "sample_rate": q}
+        summary = fit(constructor, records, prep.model, size, generator=gen)
+        extra.update({"noise_multiplier": sigma, "sample_rate": q})
         post_points, post_weights = summary.points, summary.weights
     elif method == "dp-vi":
         from dpsummary import dpvi

@@ -11,12 +11,23 @@ skewed category frequencies (Zipf-like), and a zero-inflated, heavy-tailed numer
 records at its lower bound, a few spread up to the upper bound) that carries a large coefficient.
 Records with such values are the ones clipping and noise hurt most.
 
-Each candidate (a ``[name] = {field: value}`` override of the release's DP-PSVI) is run at
-epsilon 0.2 and 1, M = 50 and 100, for logistic and Poisson tables, several seeds; the reported
-number is the median over seeds of KL(summary || full) divided by non-private PSVI's at the same
-M and seed. Run (about 6 minutes on one core for three candidates):
+Each candidate (a ``[name] = {field: value}`` override of the release's DP-PSVI; the key
+``initialisation`` instead sets the budget share of the DP initialisation histograms, 0 for the
+uniform public start, otherwise the default policy's share is used) is run at epsilon 0.2 and 1,
+M = 50 and 100, for logistic and Poisson tables, several seeds; the reported number is the
+median over seeds of KL(summary || full) divided by non-private PSVI's at the same M and seed.
+The DP initialisation is evaluated for both kinds here (the release uses it for
+logistic regression only, :data:`dpsummary.release.DP_INITIALISATION_MODELS`, because of this
+table). Privacy noise comes from OS entropy, so a rerun differs (run-to-run spread is part of the
+result). Run (about 8 minutes per kind on one core for four candidates and 5 seeds; the two
+kinds can run side by side and be merged):
 
-    python benchmarks/tune_dp_defaults.py
+    python benchmarks/tune_dp_defaults.py --seeds 5 --kinds logistic --csv /tmp/l.csv &
+    python benchmarks/tune_dp_defaults.py --seeds 5 --kinds poisson --csv /tmp/p.csv
+    python benchmarks/tune_dp_defaults.py --report-only /tmp/l.csv /tmp/p.csv
+
+``--set levers`` compares other levers (learning rate, steps, batch, posterior draws) around
+the defaults, with the DP initialisation on (results ``tune_dp_defaults_levers.md``).
 """
 
 from __future__ import annotations
@@ -42,20 +53,46 @@ from dpsummary.constructors import fit  # noqa: E402
 from dpsummary.data import Transform  # noqa: E402
 from dpsummary.experiment import make_constructor, prepare_public_dataset  # noqa: E402
 from dpsummary.metrics import evaluate  # noqa: E402
+from dpsummary.policy import default_policy  # noqa: E402
 from dpsummary.private.accounting import calibrate_noise_multiplier  # noqa: E402
 from dpsummary.private.mechanism import PrivateRecords  # noqa: E402
 from dpsummary.private.noise import quantize_sample_rate  # noqa: E402
-from dpsummary.release import DEFAULT_EXPECTED_BATCH, DEFAULT_STEPS, dp_psvi_constructor  # noqa: E402
+from dpsummary.release import (  # noqa: E402
+    DEFAULT_EXPECTED_BATCH,
+    DEFAULT_STEPS,
+    dp_psvi_constructor,
+    plan_initialisation,
+)
 
-OUT = ROOT / "benchmarks" / "results" / "tune_dp_defaults.csv"
-OUT_MD = ROOT / "benchmarks" / "results" / "tune_dp_defaults.md"
+RESULTS = ROOT / "benchmarks" / "results"
 
-#: The candidates compared: field overrides of the release's DP-PSVI (empty = current default).
-CANDIDATES: dict[str, dict[str, Any]] = {
-    "reference targets from a 0.3-scaled prior draw (before)": {"reference_theta_scale": 0.3},
-    "reference targets at the prior mean (default)": {"reference_theta_scale": 0.0},
-    "init and reference at the prior mean": {"theta_scale": 0.0, "reference_theta_scale": 0.0},
+#: Candidate sets: field overrides of the release's DP-PSVI (empty = current default). Harness
+#: keys: ``initialisation`` (budget share of the DP initialisation histograms), ``steps`` and
+#: ``expected_batch`` (sigma recalibrated), ``learning_rate`` (both learning rates).
+CANDIDATE_SETS: dict[str, dict[str, dict[str, Any]]] = {
+    "init": {
+        "uniform public start (before)": {"initialisation": 0.0},
+        "DP histograms, share 1/16": {"initialisation": 0.0625},
+        "DP histograms, share 1/8": {"initialisation": 0.125},
+        "DP histograms, share 1/4 (default policy)": {},
+    },
+    "levers": {
+        "default": {},
+        "learning rate 0.025": {"learning_rate": 0.025},
+        "learning rate 0.1": {"learning_rate": 0.1},
+        "1000 steps": {"steps": 1000},
+        "expected batch 800": {"expected_batch": 800},
+        "S = 200 draws": {"num_samples": 200},
+        "clip x0.5": {"clip_multiplier": 0.5},
+        "clip x2": {"clip_multiplier": 2.0},
+    },
 }
+
+
+def outputs(candidate_set: str) -> tuple[Path, Path]:
+    stem = "tune_dp_defaults" if candidate_set == "init" else f"tune_dp_defaults_{candidate_set}"
+    return RESULTS / f"{stem}.csv", RESULTS / f"{stem}.md"
+
 
 
 def synthetic_table(kind: str, n: int, seed: int) -> tuple[list[str], np.ndarray]:
@@ -101,8 +138,25 @@ def main() -> None:
     ap.add_argument("--epsilons", type=float, nargs="+", default=[0.2, 1.0])
     ap.add_argument("--sizes", type=int, nargs="+", default=[50, 100])
     ap.add_argument("--kinds", nargs="+", default=["logistic", "poisson"])
+    ap.add_argument("--set", dest="candidate_set", choices=sorted(CANDIDATE_SETS), default="init",
+                    help="which candidates to compare (results: tune_dp_defaults[_SET].csv/.md)")
+    ap.add_argument("--csv", type=Path, default=None, help="where to write the rows (default: the results file)")
+    ap.add_argument("--report-only", type=Path, nargs="+", metavar="CSV",
+                    help="only write the table from these CSVs (merged into the default CSV)")
     args = ap.parse_args()
+    candidates = CANDIDATE_SETS[args.candidate_set]
+    out_csv, out_md = outputs(args.candidate_set)
+    if args.report_only:
+        merged: list[dict[str, Any]] = []
+        for path in args.report_only:
+            with path.open() as fh:
+                merged += [{**r, "epsilon": float(r["epsilon"]), "size": int(r["size"]),
+                            "ratio_to_psvi": float(r["ratio_to_psvi"])} for r in csv.DictReader(fh)]
+        write_rows(out_csv, merged)
+        report(merged, list(candidates), out_md, args.candidate_set)
+        return
     torch.set_num_threads(1)
+    default_share = default_policy().budget_split.normalised(count=False, preprocessing=False)["initialisation"]
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
         for kind in args.kinds:
@@ -112,46 +166,74 @@ def main() -> None:
                 prep = prepare_public_dataset(path, target="y", seed=seed, transform="schema")
                 tf = Transform.from_dict(prep.transform)
                 n = prep.train.shape[0]  # public here, as a policy's record_count would be
-                q = quantize_sample_rate(min(1.0, DEFAULT_EXPECTED_BATCH / n))
                 for size in args.sizes:
                     psvi = fit(make_constructor("psvi"), prep.train, prep.model, size,
                                generator=torch.Generator().manual_seed(seed))
                     base = evaluate(prep.model, psvi.points, psvi.weights, prep.full_posterior)["forward"]
                     for eps in args.epsilons:
-                        sigma = calibrate_noise_multiplier(target_epsilon=eps, delta=1e-7, sample_rate=q,
-                                                           steps=DEFAULT_STEPS)
-                        for name, fields in CANDIDATES.items():
+                        for name, options in candidates.items():
+                            fields = dict(options)
+                            share = float(fields.pop("initialisation", default_share))
+                            steps = int(fields.pop("steps", DEFAULT_STEPS))
+                            q = quantize_sample_rate(min(1.0, float(fields.pop("expected_batch",
+                                                                               DEFAULT_EXPECTED_BATCH)) / n))
+                            if "learning_rate" in fields:
+                                fields["points_lr"] = fields["weights_lr"] = fields.pop("learning_rate")
+                            # The release's own planning: histogram noise, then sigma composed with it.
+                            init_sigma, layout, before = plan_initialisation(
+                                tf, prep.model.name, prior_events=[], target_epsilon=share * eps, delta=1e-7,
+                                accountant="rdp", models=frozenset({"logistic", "poisson"}))
+                            sigma = calibrate_noise_multiplier(target_epsilon=eps, delta=1e-7, sample_rate=q,
+                                                               steps=steps, prior_events=before)
+                            t0 = time.perf_counter()
+                            records = PrivateRecords(prep.train)
+                            init = None if init_sigma is None else records.noisy_marginals(
+                                layout, noise_multiplier=init_sigma).sampler(tf.sample_public_features)
                             c = dataclasses.replace(
                                 dp_psvi_constructor(transform=tf, model=prep.model, noise_multiplier=sigma,
-                                                    sample_rate=q, record_count=n), **fields)
-                            t0 = time.perf_counter()
-                            s = fit(c, PrivateRecords(prep.train), prep.model, size,
-                                    generator=torch.Generator().manual_seed(seed))
+                                                    sample_rate=q, record_count=n, steps=steps,
+                                                    init_features=init), **fields)
+                            s = fit(c, records, prep.model, size, generator=torch.Generator().manual_seed(seed))
                             kl = evaluate(prep.model, s.points, s.weights, prep.full_posterior)["forward"]
                             row = {"kind": kind, "seed": seed, "size": size, "epsilon": eps, "candidate": name,
                                    "kl_fwd": kl, "psvi_kl_fwd": base, "ratio_to_psvi": kl / base,
+                                   "noise_multiplier": sigma, "init_noise_multiplier": init_sigma,
                                    "seconds": round(time.perf_counter() - t0, 2)}
                             rows.append(row)
                             print(row, flush=True)
-    OUT.parent.mkdir(parents=True, exist_ok=True)
-    with OUT.open("w", newline="") as fh:
+    write_rows(args.csv or out_csv, rows)
+    if args.csv is None:
+        report(rows, list(candidates), out_md, args.candidate_set)
+
+
+def write_rows(path: Path, rows: list[dict[str, Any]]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=list(rows[0]))
         w.writeheader()
         w.writerows(rows)
+
+
+def report(rows: list[dict[str, Any]], names: list[str], out_md: Path, candidate_set: str) -> None:
+    kinds = list(dict.fromkeys(r["kind"] for r in rows))
+    epsilons = sorted({r["epsilon"] for r in rows})
+    sizes = sorted({r["size"] for r in rows})
     groups: dict[tuple[str, float, int, str], list[float]] = defaultdict(list)
     for r in rows:
         groups[(r["kind"], r["epsilon"], r["size"], r["candidate"])].append(r["ratio_to_psvi"])
     lines = ["# DP-PSVI default candidates on synthetic tables", "",
-             "Reproduce: `python benchmarks/tune_dp_defaults.py` (synthetic data only; see its docstring). "
-             "Cell: median [max] over seeds of KL(summary || full) / non-private PSVI's at the same M and seed.", "",
-             "| kind | eps | M | " + " | ".join(CANDIDATES) + " |", "|---|---|---|" + "---|" * len(CANDIDATES)]
-    for kind in args.kinds:
-        for eps in args.epsilons:
-            for size in args.sizes:
-                cells = [groups[(kind, eps, size, c)] for c in CANDIDATES]
-                lines.append(f"| {kind} | {eps:g} | {size} | "
-                             + " | ".join(f"{statistics.median(v):.2f} [{max(v):.2f}]" for v in cells) + " |")
-    OUT_MD.write_text("\n".join(lines) + "\n")
+             f"Reproduce: `python benchmarks/tune_dp_defaults.py --set {candidate_set}` (synthetic data only; "
+             "see its docstring for the options used and for running the kinds in parallel). "
+             f"Cell: median [max] over {max(len(v) for v in groups.values())} seeds of KL(summary || full) / "
+             "non-private PSVI's at the same M and seed; synthetic tables of `--n` rows (default 20,000), delta 1e-7.", "",
+             "| kind | eps | M | " + " | ".join(names) + " |", "|---|---|---|" + "---|" * len(names)]
+    for kind in kinds:
+        for eps in epsilons:
+            for size in sizes:
+                cells = [groups.get((kind, eps, size, c)) for c in names]
+                lines.append(f"| {kind} | {eps:g} | {size} | " + " | ".join(
+                    f"{statistics.median(v):.2f} [{max(v):.2f}]" if v else "-" for v in cells) + " |")
+    out_md.write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 

@@ -52,21 +52,28 @@ class BudgetSplit(BaseModel):
 
     count: float = Field(0.05, ge=0, le=1)
     preprocessing: float = Field(0.15, ge=0, le=1)
+    #: DP per-column histograms for DP-PSVI's initial pseudopoints. Absent (0): the uniform
+    #: public start. When the release's model does not use it, its share goes to optimisation.
+    initialisation: float = Field(0.0, ge=0, lt=1)
     optimisation: float = Field(0.8, gt=0, le=1)
 
     @model_validator(mode="after")
     def _sums_to_one(self) -> BudgetSplit:
-        total = self.count + self.preprocessing + self.optimisation
+        total = self.count + self.preprocessing + self.initialisation + self.optimisation
         if not math.isclose(total, 1.0, rel_tol=0, abs_tol=1e-9):
             raise ValueError(f"budget_split fractions must sum to 1 (they sum to {total:g})")
         return self
 
-    def normalised(self, *, count: bool = True, preprocessing: bool = True) -> dict[str, float]:
+    def normalised(
+        self, *, count: bool = True, preprocessing: bool = True, initialisation: bool = True
+    ) -> dict[str, float]:
         """Fractions for the stages that actually run (a public count or schema needs no budget),
-        rescaled to sum to 1. Keys: ``count``, ``preprocessing``, ``optimisation``."""
+        rescaled to sum to 1. Keys: ``count``, ``preprocessing``, ``initialisation``,
+        ``optimisation``."""
         parts = {
             "count": self.count if count else 0.0,
             "preprocessing": self.preprocessing if preprocessing else 0.0,
+            "initialisation": self.initialisation if initialisation else 0.0,
             "optimisation": self.optimisation,
         }
         s = sum(parts.values())

@@ -11,12 +11,13 @@ Order of operations (each step touches private data only after the previous one 
    the count/preprocessing events *and holds the whole release budget* under its lock, then the
    DP count and DP schema estimation run; the stage is committed. Everything after this is
    charged even if it fails.
-4. **Planning from released values**: model, public transform, sample rate q = B / count and
-   the optimisation noise multiplier, calibrated so that the *composed* epsilon of every event of
+4. **Planning from released values**: model, public transform, sample rate q = B / count, the
+   noise multiplier of the DP initialisation histograms (when the model uses them) and the
+   optimisation noise multiplier, calibrated so that the *composed* epsilon of every event of
    this release is at or below the target under the accountant of record.
-5. **Stage 2**: the ledger reserves the DP-PSVI event (replacing the hold), DP-PSVI runs on a
-   :class:`PrivateRecords` handle, the artifact is signed and written atomically, and the ledger
-   commits with the artifact's digest. Any failure aborts the stage; the charge stays.
+5. **Stage 2**: the ledger reserves the initialisation and DP-PSVI events (replacing the hold),
+   the DP histograms and DP-PSVI run on a :class:`PrivateRecords` handle, the artifact is
+   signed and written atomically, and the ledger commits with the artifact's digest. Any failure aborts the stage; the charge stays.
 """
 
 from __future__ import annotations
@@ -46,6 +47,11 @@ DEFAULT_CLIP_QUANTILE = 0.5
 DEFAULT_NUM_REFERENCE = 1000
 DEFAULT_LEARNING_RATE = 0.05
 DEFAULT_THETA_SCALE = 0.3
+#: Models whose DP-PSVI starts from DP per-column histograms when the policy gives the
+#: ``initialisation`` share a budget (benchmarks/results/tune_dp_defaults.md: on synthetic
+#: logistic tables it lowers KL; on synthetic Poisson tables it did not, so Poisson and the
+#: untested models keep the uniform public start and their share goes to optimisation).
+DP_INITIALISATION_MODELS = frozenset({"logistic"})
 #: Share of a release's delta given to the partition selection of DP schema estimation.
 DELTA_SELECTION_SHARE = 0.1
 
@@ -193,6 +199,10 @@ def run_release(
     schema_public = pol.data_schema is not None
     count_public = pol.record_count_public
     split = pol.budget_split.normalised(count=not count_public, preprocessing=not schema_public)
+    if req.model is not None and req.model not in DP_INITIALISATION_MODELS:
+        # Known now to keep the uniform start: its share goes to optimisation, not to stage 1.
+        split = pol.budget_split.normalised(count=not count_public, preprocessing=not schema_public,
+                                            initialisation=False)
     # DP schema estimation selects categories by thresholding noisy counts, which spends a little
     # delta outside its Gaussian event (partition selection): a tenth of this release's delta.
     delta_selection = 0.0 if schema_public else DELTA_SELECTION_SHARE * delta_total
@@ -227,6 +237,7 @@ def run_release(
     nonpriv = torch.Generator().manual_seed(req.seed if req.seed is not None else secrets.randbits(63))
 
     # ---- 3. stage 1: DP count and DP schema --------------------------------------------------
+    from .private.marginals import NUM_INTERIOR_BINS
     from .private.mechanism import PrivateRecords
 
     noisy_count: float
@@ -269,23 +280,27 @@ def run_release(
     try:
         # Calibrate to the target minus the partition-selection slack so the claim stays <= target.
         slack = -math.log1p(-delta_selection)
-        plan = _plan_optimisation(req, pol, schema, noisy_count, stage1_events, delta, accountant,
-                                  target_epsilon=req.epsilon - slack)
+        plan = _plan_optimisation(
+            req, pol, schema, noisy_count, stage1_events, delta, accountant, target_epsilon=req.epsilon - slack,
+            init_target_epsilon=(split["count"] + split["preprocessing"] + split["initialisation"]) * req.epsilon
+            if split["initialisation"] > 0 else 0.0,
+        )
     except BaseException as exc:
         if stage1_events:
             _end_hold(ledger, source_id=source_id, release_id=release_id, delta=delta, policy=pol,
                       content_id=content_id, reason=type(exc).__name__)
         raise
-    model, transform, q, sigma = plan
+    model, transform, q, sigma = plan.model, plan.transform, plan.sample_rate, plan.noise_multiplier
     psvi_event = acc.subsampled_gaussian_event(sigma, q, req.steps)
-    all_events = [*stage1_events, psvi_event]
+    stage2_events = [*plan.init_events(), psvi_event]
+    all_events = [*stage1_events, *stage2_events]
 
     # ---- 5. stage 2: DP-PSVI ------------------------------------------------------------------
     from .constructors.base import Summary, fit
 
     out = req.out or req.data.with_name(req.data.stem + ".dpsummary.json")
     reservation = ledger.reserve(
-        source_id=source_id, events=[psvi_event], delta=delta, policy=pol, content_id=content_id,
+        source_id=source_id, events=stage2_events, delta=delta, policy=pol, content_id=content_id,
         release_id=release_id, stage="dp-psvi", hold_epsilon=0.0,
     )
     # The claim's epsilons depend only on the planned events (public), not on the run: compute
@@ -301,14 +316,19 @@ def run_release(
         points = transform.to_points(table)
         records = PrivateRecords(points)
         del points
+        init_features = None
+        if plan.init_noise_multiplier is not None:
+            marginals = records.noisy_marginals(plan.init_layout, noise_multiplier=plan.init_noise_multiplier)
+            init_features = marginals.sampler(transform.sample_public_features)
+            notes.append(marginals.describe())
         constructor = dp_psvi_constructor(
             transform=transform, model=model, noise_multiplier=sigma, sample_rate=q,
-            record_count=noisy_count, steps=req.steps, num_samples=req.num_samples,
+            record_count=noisy_count, steps=req.steps, num_samples=req.num_samples, init_features=init_features,
         )
         summary: Summary = fit(constructor, records, model, req.size, generator=nonpriv,
                                transform=transform.to_dict(), progress=progress)
         epsilons = claimed.result()
-        split_eps = _budget_split(stage1_events, count_sigma, pre_sigma, psvi_event, delta, accountant)
+        split_eps = _budget_split(count_sigma, pre_sigma, plan.init_noise_multiplier, psvi_event, delta, accountant)
         if delta_selection:
             epsilons = {k: v - math.log1p(-delta_selection) for k, v in epsilons.items()}
         claim = {
@@ -338,6 +358,14 @@ def run_release(
                 "noise": "OpenDP discrete Gaussian from OS entropy",
                 "count_noise_multiplier": count_sigma,
                 "preprocessing_noise_multiplier": pre_sigma,
+                "initialisation": None if plan.init_noise_multiplier is None else {
+                    "rule": ("initial pseudopoint features drawn from Gaussian-noised per-column histograms "
+                             f"over public bins (bounded numeric: at-lower, {NUM_INTERIOR_BINS} equal-width, at-upper; "
+                             "categorical: each category and none); L2 sensitivity 1 after dividing the "
+                             "counts by sqrt(number of columns)"),
+                    "noise_multiplier": plan.init_noise_multiplier,
+                    "columns": [c.name for c in plan.init_layout.columns],
+                },
             },
             "budget_split": split_eps,
             "public_inputs": pol.public_inputs(),
@@ -395,8 +423,9 @@ def _plan_optimisation(
     accountant: Accountant,
     *,
     target_epsilon: float,
-) -> tuple[Any, Any, float, float]:
-    """Model, public transform, sample rate and noise multiplier, from public or released values
+    init_target_epsilon: float,
+) -> OptimisationPlan:
+    """Model, public transform, sample rate and noise multipliers, from public or released values
     only (the schema and the count are public or DP outputs of stage 1)."""
     from . import data as dmod
     from .models import get_model_class
@@ -419,11 +448,64 @@ def _plan_optimisation(
     q = quantize_sample_rate(
         req.sample_rate if req.sample_rate is not None else min(1.0, DEFAULT_EXPECTED_BATCH / max(noisy_count, 1.0))
     )
+    init_sigma, layout, before = plan_initialisation(
+        transform, model_name, prior_events=stage1_events, target_epsilon=init_target_epsilon, delta=delta,
+        accountant=accountant,
+    )
     sigma = acc.calibrate_noise_multiplier(
         target_epsilon=target_epsilon, delta=delta, sample_rate=q, steps=req.steps,
-        prior_events=stage1_events, accountant=accountant,
+        prior_events=before, accountant=accountant,
     )
-    return model, transform, q, sigma
+    return OptimisationPlan(model, transform, q, sigma, init_sigma, layout)
+
+
+@dataclass(frozen=True)
+class OptimisationPlan:
+    """Everything stage 2 needs, fixed from public or released values before it runs.
+    ``init_noise_multiplier`` / ``init_layout`` are None for the uniform public start."""
+
+    model: Any
+    transform: Any
+    sample_rate: float
+    noise_multiplier: float
+    init_noise_multiplier: float | None
+    init_layout: Any
+
+    def init_events(self) -> list[Any]:
+        from .private.marginals import marginals_event
+
+        return [] if self.init_noise_multiplier is None else [marginals_event(self.init_noise_multiplier)]
+
+
+def plan_initialisation(
+    transform: Any,
+    model_name: str,
+    *,
+    prior_events: list[Any],
+    target_epsilon: float,
+    delta: float,
+    accountant: Accountant,
+    models: frozenset[str] = DP_INITIALISATION_MODELS,
+) -> tuple[float | None, Any, list[Any]]:
+    """Noise multiplier and public bins of DP-PSVI's DP initialisation histograms, or
+    ``(None, None, prior_events)`` when the model keeps the uniform public start (not in
+    ``models``, by default :data:`DP_INITIALISATION_MODELS`; no share; or no column with public
+    bins).
+
+    ``target_epsilon`` is cumulative: the composition of ``prior_events`` and the histograms is
+    calibrated to it (as the count and schema stages are). Returns the events to compose before
+    the optimisation. Used by the release and the benchmarks, so both measure the same thing."""
+    from .private import accounting as acc
+    from .private.marginals import layout_for, marginals_event
+
+    if model_name not in models or target_epsilon <= 0:
+        return None, None, list(prior_events)
+    layout = layout_for(transform)
+    if not layout.columns:
+        return None, None, list(prior_events)
+    sigma = acc.calibrate_gaussian(target_epsilon=target_epsilon, delta=delta, prior_events=prior_events,
+                                   accountant=accountant)
+    return sigma, layout, [*prior_events, marginals_event(sigma)]
 
 
 def _end_hold(ledger: Any, *, source_id: str, release_id: str, delta: float, policy: Any,
@@ -446,16 +528,23 @@ def dp_psvi_constructor(
     record_count: float,
     steps: int = DEFAULT_STEPS,
     num_samples: int = DEFAULT_NUM_SAMPLES,
+    init_features: Any = None,
 ) -> Any:
     """DP-PSVI with the release's public defaults, for a public ``transform`` (used by the
-    release and by the benchmarks, so both measure the same thing)."""
+    release and by the benchmarks, so both measure the same thing).
+
+    ``init_features``: a sampler for the initial pseudopoints' features (the DP histograms'
+    :meth:`~dpsummary.private.marginals.NoisyMarginals.sampler`); default the public uniform
+    one. The clip-norm reference records always use the public uniform sampler."""
     from .private.dppsvi import DPPSVI
 
     return DPPSVI(
         noise_multiplier=noise_multiplier, sample_rate=sample_rate, record_count=record_count,
         steps=steps, num_samples=num_samples, points_lr=DEFAULT_LEARNING_RATE,
         weights_lr=DEFAULT_LEARNING_RATE, clip_multiplier=DEFAULT_CLIP_MULTIPLIER,
-        theta_scale=DEFAULT_THETA_SCALE, feature_sampler=transform.sample_public_features,
+        theta_scale=DEFAULT_THETA_SCALE,
+        feature_sampler=init_features if init_features is not None else transform.sample_public_features,
+        reference_feature_sampler=transform.sample_public_features,
         clip_rule="synthetic", clip_quantile=DEFAULT_CLIP_QUANTILE, num_reference=DEFAULT_NUM_REFERENCE,
         point_scale=tuple(public_point_scale(transform, model)),
         point_bounds=public_point_bounds(transform, model),
@@ -517,16 +606,15 @@ def public_point_bounds(transform: Any, model: Any) -> tuple[tuple[float, ...], 
     return tuple(lower), tuple(upper)
 
 
-def _budget_split(stage1, count_sigma, pre_sigma, psvi_event, delta, accountant) -> dict[str, float]:
+def _budget_split(count_sigma, pre_sigma, init_sigma, psvi_event, delta, accountant) -> dict[str, float]:
     """Standalone epsilon of each part (their naive sum bounds the composed total from above)."""
     from dp_accounting import dp_event as dpe
 
     from .private import accounting as acc
 
-    out = {"count": 0.0, "preprocessing": 0.0}
-    if count_sigma is not None:
-        out["count"] = acc.epsilon([dpe.GaussianDpEvent(count_sigma)], delta, accountant)
-    if pre_sigma is not None:
-        out["preprocessing"] = acc.epsilon([dpe.GaussianDpEvent(pre_sigma)], delta, accountant)
+    out = {"count": 0.0, "preprocessing": 0.0, "initialisation": 0.0}
+    for part, sig in (("count", count_sigma), ("preprocessing", pre_sigma), ("initialisation", init_sigma)):
+        if sig is not None:
+            out[part] = acc.epsilon([dpe.GaussianDpEvent(sig)], delta, accountant)
     out["optimisation"] = acc.epsilon([psvi_event], delta, accountant)
     return out

@@ -2,7 +2,8 @@
 
     python examples/make_example_release.py          # ~1 minute; writes examples/release/
 
-Runs the curator's command end to end (DP count, DP-PSVI, signing, ledger) in a throw-away
+Runs the curator's command end to end (DP count, DP initialisation histograms, DP-PSVI, signing,
+ledger) in a throw-away
 DPSUMMARY_HOME, with a policy whose schema is PUBLIC: the bounds and category codes below come
 from the dataset's published codebook (UCI Statlog German credit), not from the data. It keeps
 a few columns so the posterior is small enough to plot (9 parameters). Outputs, committed so the
@@ -45,7 +46,8 @@ max_delta_times_n_max = 0.1
 [budget_split]
 count = 0.05
 preprocessing = 0.15
-optimisation = 0.80
+initialisation = 0.20
+optimisation = 0.60
 
 [schema]
 target = "credit_risk"

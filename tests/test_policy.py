@@ -51,6 +51,13 @@ def test_delta_rule_and_split(tmp_path):
         pol.resolve_delta(1e-5)
     n = pol.budget_split.normalised(count=False)
     assert n["count"] == 0 and sum(n.values()) == pytest.approx(1)
+    assert n["initialisation"] == 0  # absent from the file: the uniform public start
+    d = P.default_policy().budget_split
+    assert d.initialisation > 0
+    n = d.normalised(count=False, preprocessing=False)
+    assert n["initialisation"] == pytest.approx(d.initialisation / (d.initialisation + d.optimisation))
+    n = d.normalised(initialisation=False)
+    assert n["initialisation"] == 0 and sum(n.values()) == pytest.approx(1)
     pol.check_model("linear")
     assert pol.public_inputs()["n_max"] == 100000
 
@@ -64,6 +71,8 @@ def test_delta_rule_and_split(tmp_path):
         ("record_count_public = true\n", "record_count"),
         ("record_count = 10\n", "record_count_public"),
         ("[budget_split]\ncount = 0.5\npreprocessing = 0.5\noptimisation = 0.5\n", "sum to 1"),
+        ("[budget_split]\ncount = 0.05\npreprocessing = 0.15\ninitialisation = 0.2\noptimisation = 0.8\n",
+         "sum to 1"),
         ("[delta_rule]\nmax_delta = 0.1\n", "unknown key"),
         ("[schema]\ncolumns = []\n", "schema"),
     ],

@@ -127,6 +127,70 @@ def test_release_recorded_mechanism_reproduces_opacus(tmp_path: Path, home: Path
     assert opacus_eps <= 0.7
 
 
+SPLIT_WITH_INIT = "[budget_split]\ncount = 0.05\npreprocessing = 0.15\ninitialisation = 0.2\noptimisation = 0.6\n"
+
+
+def test_dp_initialisation_is_accounted_and_reproduces_opacus(tmp_path: Path, home: Path) -> None:
+    """With an initialisation share (logistic model), the release runs one extra Gaussian
+    mechanism (the DP histograms) before DP-PSVI: it is in the ledger, the claim and the budget
+    split, and Opacus composes the recorded mechanisms to the claimed epsilon, within target."""
+    from opacus.accountants import RDPAccountant
+
+    from dpsummary.artifact import read_artifact
+    from dpsummary.private.accounting import RDP_ORDERS, events_from_json
+
+    data = _write_csv(tmp_path / "d.csv", 3000)
+    pol = tmp_path / "p.toml"
+    # TOML tables must come after the top-level keys: put the split after the schema.
+    _policy(pol, n=3000)
+    pol.write_text(pol.read_text() + "\n" + SPLIT_WITH_INIT)
+    out = tmp_path / "r.json"
+    res = _release(str(data), "--epsilon", "0.5", "--policy", str(pol), "--out", str(out), "--steps", "25",
+                   "--size", "6", "--json")
+    assert res.exit_code == 0, res.output
+    _, claim, _ = read_artifact(out, allow_unsigned=True)
+    init = claim["mechanism"]["initialisation"]
+    assert init is not None and init["columns"] == ["x1", "x2"]
+    events = events_from_json(claim["events"])
+    assert len(events) == 2  # the histograms (Gaussian) and DP-PSVI (Poisson-subsampled Gaussian, T steps)
+    split = claim["budget_split"]
+    assert split["initialisation"] > 0 and split["count"] == split["preprocessing"] == 0
+    acc = RDPAccountant()
+    acc.step(noise_multiplier=init["noise_multiplier"], sample_rate=1.0)  # a plain Gaussian mechanism
+    for _ in range(claim["mechanism"]["steps"]):
+        acc.step(noise_multiplier=claim["mechanism"]["noise_multiplier"], sample_rate=claim["mechanism"]["sample_rate"])
+    opacus_eps = acc.get_epsilon(claim["delta_accounting"], alphas=RDP_ORDERS)
+    assert opacus_eps == pytest.approx(claim["epsilon"]["rdp"], abs=1e-9)
+    assert opacus_eps <= 0.5
+    # The histogram event is charged in the same reservation as DP-PSVI.
+    reserve = [e for e in _ledger_lines(home) if e["kind"] == "reserve"]
+    assert len(reserve) == 1 and len(reserve[0]["events"]) == 2
+    assert "DP per-column histograms" in res.output
+    assert "3000" not in res.stdout.replace(json.loads(res.stdout[res.stdout.index("{"):])["artifact_sha256"], "")
+
+
+def test_poisson_release_keeps_the_uniform_start_and_gives_the_share_to_optimisation(
+    tmp_path: Path, home: Path
+) -> None:
+    data = _write_csv(tmp_path / "c.csv", 3000, target="count")
+    pol = tmp_path / "p.toml"
+    _policy(pol, n=3000, target_kind="count")
+    pol.write_text(pol.read_text() + "\n" + SPLIT_WITH_INIT)
+    out = tmp_path / "r.json"
+    res = _release(str(data), "--epsilon", "0.5", "--policy", str(pol), "--out", str(out), "--steps", "10",
+                   "--size", "4")
+    assert res.exit_code == 0, res.output
+    from dpsummary.artifact import read_artifact
+    from dpsummary.private import accounting as A
+
+    _, claim, _ = read_artifact(out, allow_unsigned=True)
+    assert claim["mechanism"]["initialisation"] is None
+    assert claim["budget_split"]["initialisation"] == 0
+    assert len(claim["events"]) == 1
+    # All of the target went to the optimisation: its epsilon is the target (to calibration tolerance).
+    assert A.epsilon_rdp(A.events_from_json(claim["events"]), claim["delta_accounting"]) == pytest.approx(0.5, rel=1e-3)
+
+
 def test_zero_configuration_release_is_private_end_to_end(tmp_path: Path, home: Path) -> None:
     data = _write_csv(tmp_path / "big.csv", 30000, seed=3)
     out = tmp_path / "z.json"
@@ -140,6 +204,9 @@ def test_zero_configuration_release_is_private_end_to_end(tmp_path: Path, home: 
     assert entries[0]["extra_delta"] > 0  # partition selection of the DP schema
     assert "schema estimated privately" in res.output
     assert "30000" not in res.output
+    # The default policy gives the DP initialisation a share (binary target: logistic model).
+    assert len(entries[2]["events"]) == 2
+    assert "DP per-column histograms" in res.output
 
 
 @pytest.mark.parametrize(

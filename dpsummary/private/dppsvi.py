@@ -3,8 +3,11 @@
 Identical to :class:`dpsummary.constructors.PSVI` except in the two places where the data enter:
 
 * initialisation: pseudopoints are *simulated* from the model — a prior draw of theta, features
-  from a public distribution (the schema's), targets simulated — at no privacy cost, with
-  weights ``count / M`` where ``count`` is public or a DP estimate (never the exact N);
+  from ``feature_sampler``, targets simulated — with weights ``count / M`` where ``count`` is
+  public or a DP estimate (never the exact N). The sampler is public (the schema's box, no
+  privacy cost) or a post-processing of already released DP histograms
+  (:mod:`dpsummary.private.marginals`, accounted by the caller); the clip-norm reference records
+  use ``reference_feature_sampler`` (the public one in a release);
 * the data term of the gradient: the Poisson-subsampled, clipped, noised sum of centred
   record log-likelihood vectors from :meth:`PrivateRecords.noisy_clipped_sum`, scaled by 1/q.
 
@@ -76,6 +79,7 @@ class DPPSVI:
     optimizer: OptimizerFactory = adam
     schedule: ScheduleFactory | None = exponential_decay
     feature_sampler: FeatureSampler | None = None
+    reference_feature_sampler: FeatureSampler | None = None
     theta_scale: float = 1.0
     clip_multiplier: float = 1.0
     point_scale: tuple[float, ...] | None = None
@@ -103,7 +107,8 @@ class DPPSVI:
             # hence C, until most real records were clipped and the data signal vanished: a trap
             # DP-PSVI could not leave (benchmarks/results/dp_diagnostics.md).
             reference = simulate_initial_points(
-                model, self.num_reference, generator, self.feature_sampler, theta_scale=self.reference_theta_scale
+                model, self.num_reference, generator, self.reference_feature_sampler or self.feature_sampler,
+                theta_scale=self.reference_theta_scale,
             )
         state = init_state(
             points,

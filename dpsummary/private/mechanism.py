@@ -2,8 +2,9 @@
 
 :class:`PrivateRecords` holds the transformed private table and exposes only accounted
 mechanisms: the Poisson-subsampled, clipped, Gaussian-noised sum of centred log-likelihood
-vectors that DP-PSVI needs (DP-PSVI paper, Section 3.3 eq. (6)), and a Gaussian-noised record
-count. It has no ``__len__``, no accessor for the records, and never logs; the realised batch
+vectors that DP-PSVI needs (DP-PSVI paper, Section 3.3 eq. (6)), a Gaussian-noised record
+count, and Gaussian-noised per-column histograms over public bins (DP-PSVI's initialisation,
+:mod:`dpsummary.private.marginals`). It has no ``__len__``, no accessor for the records, and never logs; the realised batch
 size exists only inside :meth:`PrivateRecords.noisy_clipped_sum`.
 
 Privacy randomness (inclusion coins, noise) comes from a :class:`PrivacyRandomness`; the only
@@ -16,13 +17,16 @@ interface exists.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 import torch
 
 from ..models import DTYPE, Model
 from . import noise
+
+if TYPE_CHECKING:
+    from .marginals import HistogramLayout, NoisyMarginals
 
 
 class PrivacyRandomness(Protocol):
@@ -124,3 +128,27 @@ class PrivateRecords:
         """The record count plus N(0, noise_multiplier^2) (a Gaussian mechanism, sensitivity 1)."""
         count = np.array([float(self._points.shape[0])])
         return float(self._randomness.gaussian(count, noise_std=noise_multiplier, clip_norm=1.0)[0])
+
+    def noisy_marginals(self, layout: HistogramLayout, *, noise_multiplier: float) -> NoisyMarginals:
+        """Per-column histograms over the public bins of ``layout``, one Gaussian mechanism.
+
+        Every record adds exactly 1 to one bin of each of the ``layout.touches`` histograms, so
+        the count vector times ``layout.scale`` has L2 sensitivity at most 1 (add/remove one
+        record) and noise of standard deviation ``noise_multiplier`` is
+        ``GaussianDpEvent(noise_multiplier)``. Returns the noisy counts on the raw count scale.
+        """
+        from .marginals import NoisyMarginals
+
+        if not (noise_multiplier > 0 and np.isfinite(noise_multiplier)):
+            raise MechanismError("noise_multiplier must be positive and finite")
+        if layout.num_features > self._points.shape[1]:
+            raise MechanismError("the histogram layout does not match the records")
+        counts = layout.counts(self._points)
+        # Re-check the invariant the accountant relies on: one unit per column per record.
+        if counts.shape != (layout.num_bins,) or not np.allclose(
+            [part.sum() for part in layout.split(counts)], self._points.shape[0]
+        ):
+            raise MechanismError("a record did not fall in exactly one bin per column")
+        scale = layout.scale
+        noisy = self._randomness.gaussian(counts * scale, noise_std=noise_multiplier, clip_norm=1.0)
+        return NoisyMarginals(layout, np.asarray(noisy, dtype=np.float64) / scale, noise_multiplier)

@@ -1,0 +1,174 @@
+"""DP initialisation histograms (``dpsummary.private.marginals``): public bins, sensitivity,
+analytic noise scale, and the post-processing sampler.
+
+Statistical tolerances: each randomised check states its failure probability under a correct
+implementation (all below 1e-6).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+
+from dpsummary.data import ColumnSpec, RawTable, Schema, Transform
+from dpsummary.models import DTYPE
+from dpsummary.private.marginals import NUM_INTERIOR_BINS, NoisyMarginals, layout_for
+from dpsummary.private.mechanism import MechanismError, PrivateRecords
+from dpsummary.private.noise import rounding_slack
+
+
+class RecordingRandomness:
+    """Deterministic stand-in for OS entropy, to replay neighbouring data sets."""
+
+    def __init__(self, seed: int) -> None:
+        self.rng = np.random.default_rng(seed)
+        self.inputs: list[np.ndarray] = []
+
+    def coins(self, num_records: int, sample_rate: float) -> np.ndarray:
+        return self.rng.random(num_records) < sample_rate
+
+    def gaussian(self, values, *, noise_std, clip_norm):
+        self.inputs.append(np.array(values, copy=True))
+        return values + noise_std * self.rng.standard_normal(len(values))
+
+SCHEMA = Schema(
+    columns=[
+        ColumnSpec(name="age", kind="numeric", lower=18, upper=90, integer=True),
+        ColumnSpec(name="gain", kind="numeric", lower=0, upper=10_000),
+        ColumnSpec(name="colour", kind="categorical", categories=["blue", "green", "red"]),
+        ColumnSpec(name="y", kind="categorical", categories=["no", "yes"]),
+    ],
+    target="y",
+)
+
+
+def transform() -> Transform:
+    return Transform.from_schema(SCHEMA, invalid_numeric="missing")
+
+
+def points(n: int, seed: int = 0) -> torch.Tensor:
+    rng = np.random.default_rng(seed)
+    gain = np.where(rng.random(n) < 0.1, rng.uniform(0, 20_000, n), 0.0)  # zero-inflated, some clipped
+    cols = {
+        "age": [str(a) for a in rng.integers(18, 91, n)],
+        "gain": [f"{g:.0f}" for g in gain],
+        "colour": rng.choice(["blue", "green", "red", "", "purple"], n, p=[0.5, 0.3, 0.1, 0.05, 0.05]).tolist(),
+        "y": rng.choice(["no", "yes"], n).tolist(),
+    }
+    return transform().to_points(RawTable(header=list(cols), columns=cols))
+
+
+def test_layout_is_public_and_every_record_falls_in_one_bin_per_column():
+    lay = layout_for(transform())
+    assert [c.name for c in lay.columns] == ["age", "gain", "colour"]
+    assert lay.touches == 3
+    assert lay.num_bins == 2 * (NUM_INTERIOR_BINS + 2) + 4  # colour: 3 categories + "none"
+    pts = points(2000)
+    for col in lay.columns:
+        bins = col.record_bins(pts)
+        assert bins.shape == (2000,) and bins.min() >= 0 and bins.max() < col.num_bins
+    counts = lay.counts(pts)
+    assert all(part.sum() == 2000 for part in lay.split(counts))
+    gain = lay.columns[1]
+    # Zero gains sit exactly at the lower bound, clipped ones at the upper bound: point bins.
+    assert lay.split(counts)[1][0] == pytest.approx(2000 * 0.9, rel=0.1)
+    assert lay.split(counts)[1][-1] > 0
+    assert gain.lower == pytest.approx(-1.0) and gain.upper == pytest.approx(1.0)
+    # Missing and unseen colours land in the "none" bin.
+    assert lay.split(counts)[2][-1] == pytest.approx(2000 * 0.1, rel=0.3)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_adding_one_record_moves_the_scaled_counts_by_at_most_one(seed):
+    lay = layout_for(transform())
+    pts = points(500, seed)
+    smaller, larger = pts[:-1], pts
+    diff = (lay.counts(larger) - lay.counts(smaller)) * lay.scale
+    # Exactly one unit per column: L2 distance (1 - slack) <= 1.
+    assert np.count_nonzero(diff) == lay.touches
+    assert float(np.linalg.norm(diff)) == pytest.approx(1.0 - rounding_slack(1.0, lay.num_bins))
+    assert float(np.linalg.norm(diff)) <= 1.0
+
+
+def test_gray_box_replay_changes_the_noise_input_by_at_most_one():
+    lay = layout_for(transform())
+    pts = points(300, seed=3)
+    a, b = RecordingRandomness(11), RecordingRandomness(11)
+    PrivateRecords(pts[:-1], randomness=a).noisy_marginals(lay, noise_multiplier=2.0)
+    PrivateRecords(pts, randomness=b).noisy_marginals(lay, noise_multiplier=2.0)
+    assert len(a.inputs) == len(b.inputs) == 1
+    assert float(np.linalg.norm(a.inputs[0] - b.inputs[0])) <= 1.0
+
+
+def test_noise_has_the_analytic_scale():
+    # Pure noise around known counts: residuals / (sigma / scale) are N(0, 1). With K = 200 x 24
+    # values, the variance ratio is chi2(K)/K; accept within 6 sds (failure prob ~2e-9), and a
+    # KS test at p > 1e-6.
+    lay = layout_for(transform())
+    pts = points(400, seed=5)
+    raw = lay.counts(pts)
+    sigma = 3.0
+    std = sigma / lay.scale
+    assert std == pytest.approx(sigma * math.sqrt(3) / (1 - rounding_slack(1.0, lay.num_bins)))
+    res = np.stack([
+        PrivateRecords(pts).noisy_marginals(lay, noise_multiplier=sigma).noisy_counts - raw for _ in range(200)
+    ]) / std
+    k = res.size
+    assert abs(float((res**2).mean()) - 1) < 6 * math.sqrt(2 / k)
+    assert abs(float(res.mean())) < 6 / math.sqrt(k)
+    assert stats.kstest(res.ravel(), "norm").pvalue > 1e-6
+
+
+def test_mechanism_refuses_a_layout_that_does_not_match():
+    lay = layout_for(transform())
+    with pytest.raises(MechanismError, match="does not match"):
+        PrivateRecords(torch.zeros(10, 2, dtype=DTYPE)).noisy_marginals(lay, noise_multiplier=1.0)
+    with pytest.raises(MechanismError, match="positive"):
+        PrivateRecords(points(10)).noisy_marginals(lay, noise_multiplier=0.0)
+
+
+def _marginals(counts: np.ndarray, sigma: float) -> NoisyMarginals:
+    return NoisyMarginals(layout_for(transform()), counts, sigma)
+
+
+def test_sampler_follows_the_surviving_mass_and_keeps_the_public_rest():
+    tf = transform()
+    lay = layout_for(tf)
+    pts = points(20_000, seed=1)
+    m = _marginals(lay.counts(pts), 0.01)  # noise negligible: thresholds near zero
+    assert m.fallback_columns() == []
+    draw = m.sampler(tf.sample_public_features)(50_000, torch.Generator().manual_seed(0))
+    assert draw.shape == (50_000, tf.num_features)
+    gain = draw[:, 1]
+    # 90% of records have zero gain: about 90% of draws sit exactly at the lower bound
+    # (binomial sd 0.0013; 6 sds plus the data's own deviation from 0.9).
+    frac_zero = float((gain == -1.0).to(DTYPE).mean())
+    data_zero = float((pts[:, 1] == -1.0).to(DTYPE).mean())
+    assert abs(frac_zero - data_zero) < 6 * math.sqrt(0.09 / 50_000)
+    assert float(draw[:, 0].min()) >= -1 and float(draw[:, 0].max()) <= 1
+    colour = draw[:, 2:5]
+    assert set(colour.sum(1).tolist()) <= {0.0, 1.0}
+    assert float(colour[:, 0].mean()) == pytest.approx(float(pts[:, 2].mean()), abs=0.02)
+
+
+def test_sampler_drops_noise_only_bins_and_falls_back_when_nothing_survives():
+    tf = transform()
+    lay = layout_for(tf)
+    sigma = 50.0
+    m = _marginals(np.zeros(lay.num_bins), sigma)
+    # Threshold: z * s with z = Phi^-1(1 - 0.01 / num_bins).
+    assert m.threshold == pytest.approx(stats.norm.isf(0.01 / lay.num_bins) * sigma / lay.scale)
+    assert m.fallback_columns() == ["age", "gain", "colour"]
+    assert "from the public box instead" in m.describe()
+    counts = np.zeros(lay.num_bins)
+    counts[lay.num_bins - 4] = 10 * m.threshold  # only colour = "blue" is far above the noise
+    m2 = _marginals(counts, sigma)
+    assert m2.fallback_columns() == ["age", "gain"]
+    draw = m2.sampler(tf.sample_public_features)(1000, torch.Generator().manual_seed(0))
+    assert bool((draw[:, 2] == 1).all())
+    # The fallback columns come from the public sampler: uniform over the scaled bounds.
+    assert abs(float(draw[:, 0].mean())) < 6 * math.sqrt(1 / 3 / 1000)
