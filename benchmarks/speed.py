@@ -4,7 +4,8 @@ Measures, median of 3 wall-clock runs on this machine:
 * PSVI, M=100, S=100, T=500, B=200 on adult (non-private, public-bounds transform): total and per step;
 * GIGA and SparseVI on adult at M=100: seconds per step (one point added per step);
 * ``dpsummary release --epsilon 0.2 --size 100 --steps 500`` on adult, end to end in a fresh
-  process (start-up, CSV parsing, DP schema estimation, calibration, noise, signing, writing);
+  process (start-up, CSV parsing, DP count and schema estimation, DP initialisation histograms
+  (the default policy's budget split), calibration, noise, signing, writing);
 * ``dpsummary --help`` start-up.
 The load average at the start of each measurement is recorded: other processes on the 2 cores
 slow everything down, so read the numbers together with it.
@@ -64,8 +65,14 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as home:
         env = {**os.environ, "DPSUMMARY_HOME": home}
         policy = Path(home) / "speed.toml"
+        # The default policy's budget split (so the DP initialisation histograms run, as in a
+        # default release), with a budget large enough for the repeated runs.
+        from dpsummary.policy import default_policy
+
+        split = default_policy().budget_split
         policy.write_text("total_epsilon = 100.0\ntotal_delta = 1e-5\nmax_epsilon_per_release = 1.0\n"
-                          "min_records = 200\nn_max = 1000000\n")
+                          "min_records = 200\nn_max = 1000000\n[budget_split]\n"
+                          + "".join(f"{k} = {v!r}\n" for k, v in split.model_dump().items()))
         la = load()
         med, best = time_command([exe, "--help"], 3, env)
         rows.append(("dpsummary --help", med, best, "", la))

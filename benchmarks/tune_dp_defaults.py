@@ -76,6 +76,14 @@ CANDIDATE_SETS: dict[str, dict[str, dict[str, Any]]] = {
         "DP histograms, share 1/8": {"initialisation": 0.125},
         "DP histograms, share 1/4 (default policy)": {},
     },
+    # Second session: the clip-norm reference's targets (uniform start, as then).
+    "reference": {
+        "reference targets from a 0.3-scaled prior draw (before)": {"reference_theta_scale": 0.3,
+                                                                    "initialisation": 0.0},
+        "reference targets at the prior mean (default)": {"reference_theta_scale": 0.0, "initialisation": 0.0},
+        "init and reference at the prior mean": {"theta_scale": 0.0, "reference_theta_scale": 0.0,
+                                                 "initialisation": 0.0},
+    },
     "levers": {
         "default": {},
         "learning rate 0.025": {"learning_rate": 0.025},
