@@ -167,6 +167,10 @@ def test_dp_initialisation_is_accounted_and_reproduces_opacus(tmp_path: Path, ho
     assert len(reserve) == 1 and len(reserve[0]["events"]) == 2
     assert "DP per-column histograms" in res.output
     assert "3000" not in res.stdout.replace(json.loads(res.stdout[res.stdout.index("{"):])["artifact_sha256"], "")
+    # The auditor recomputes the two-event charge from the ledger alone.
+    pub = home / "keys" / "dpsummary.pub"
+    audit = runner.invoke(app, ["audit", str(home / "ledger.jsonl"), "--key", str(pub), "--policy", str(pol)])
+    assert audit.exit_code == 0, audit.output
 
 
 def test_poisson_release_keeps_the_uniform_start_and_gives_the_share_to_optimisation(
