@@ -69,6 +69,14 @@ def targets_markdown(results: Path) -> str:
         ratio = "n/a" if dp is None or ps is None else f"{dp / ps:.2f}x"
         lines.append(f"- adult eps=0.2 M={size}: DP-PSVI {_fmt(dp)} within 2x of PSVI {_fmt(ps)} ({ratio}) "
                      f"and below uniform {_fmt(un)}: {_verdict(ok)}")
+    rs = _load(results / "dp_release_seeds.csv")
+    for size in ("10", "50", "100"):
+        dp, ps = _med(rs, ("adult", "dp-psvi", "0.2", size)), _med(rs, ("adult", "psvi", "", size))
+        if dp is not None and ps is not None:
+            n = len(rs[("adult", "dp-psvi", "0.2", size)]["forward"])
+            lines.append(f"  - robustness check, not the issue's grid (`dp_release_seeds`, {n} further seeds): "
+                         f"adult eps=0.2 M={size}: DP-PSVI {_fmt(dp)} vs PSVI {_fmt(ps)} ({dp / ps:.2f}x): "
+                         f"{'within' if dp <= 2 * ps else 'NOT within'} 2x")
     lv = _load(results / "dp_levers.csv")
     if lv:
         sizes = sorted({int(k[3]) for k in lv if k[1] == "psvi"})
