@@ -4,8 +4,8 @@
 mechanisms: the Poisson-subsampled, clipped, Gaussian-noised sum of centred log-likelihood
 vectors that DP-PSVI needs (DP-PSVI paper, Section 3.3 eq. (6)), a Gaussian-noised record
 count, and Gaussian-noised per-column histograms over public bins (DP-PSVI's initialisation,
-:mod:`dpsummary.private.marginals`). It has no ``__len__``, no accessor for the records, and never logs; the realised batch
-size exists only inside :meth:`PrivateRecords.noisy_clipped_sum`.
+:mod:`dpsummary.private.marginals`). It has no ``__len__``, no accessor for the records, and
+never logs; the realised batch size exists only inside :meth:`PrivateRecords.noisy_clipped_sum`.
 
 Privacy randomness (inclusion coins, noise) comes from a :class:`PrivacyRandomness`; the only
 implementation reachable from the CLI is :class:`SystemRandomness` (OS entropy, see
