@@ -52,6 +52,8 @@ def _row(label: str, r: SelfTestResult, wall: float) -> dict[str, Any]:
         "alpha": r.config["alpha"],
         "lb_dirac": lbs.get("dirac"),
         "lb_swap": lbs.get("swap"),
+        "lb_histogram": lbs.get("histogram"),
+        "histogram_sigma": next((a.noise_multiplier for a in r.audits if a.scenario == "histogram"), None),
         "fp_fn": {a.scenario: [a.false_positives, a.false_negatives] for a in r.audits},
         "lb_one_run": r.one_run.epsilon_lower_bound if r.one_run else None,
         "one_run_claim": r.one_run.claimed_epsilon if r.one_run else None,
@@ -169,20 +171,24 @@ def _markdown(rows: list[dict[str, Any]], fa: dict[str, Any], env: dict[str, Any
         f"Mechanism under test: the product's `PrivateRecords.noisy_clipped_sum`, Poisson rate q = {q:g},",
         f"T = {base.steps} steps per run, clip norm C = {base.design.clip_norm:g}; sigma calibrated by the `{base.accountant}`",
         f"accountant to the inflated claim; audits at delta = {base.delta:g}; alpha = {base.alpha:g} overall, split",
-        "equally over the three audits (white-box dirac, white-box swap, one-run); pilot runs = runs / 4 per",
-        "side; canary raw norm 4C; 10 background records per data set.",
+        "equally over the four audits (white-box dirac, white-box swap, white-box histogram, one-run); pilot",
+        "runs = runs / 4 per side; canary raw norm 4C; 10 background records per data set.",
+        "The histogram audit attacks `PrivateRecords.noisy_marginals` (the DP initialisation histograms),",
+        "calibrated on its own to the same claim (one Gaussian mechanism; sigma in the LB histogram column);",
+        f"{base.histogram_columns} categorical columns, the canary in the other category of every column.",
         "",
         "## Lower bounds",
         "",
-        "| run | noise path | claimed eps | sigma | runs/side | LB dirac | LB swap | LB one-run (claim @ delta) | replay | violation | runs/s | s |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| run | noise path | claimed eps | sigma | runs/side | LB dirac | LB swap | LB histogram (sigma) | LB one-run (claim @ delta) | replay | violation | runs/s | s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         one = "-" if r["lb_one_run"] is None else f"{r['lb_one_run']:.3f} ({r['one_run_claim']:.2f} @ {r['one_run_delta']:g})"
+        hist = "-" if r.get("lb_histogram") is None else f"{r['lb_histogram']:.3f} ({r['histogram_sigma']:.3f})"
         replay = "-" if r["replay_ok"] is None else ("ok" if r["replay_ok"] else f"FAILED ({r['replay_lockstep_max_ratio']:.0f} C)")
         lines.append(
             f"| {r['label']} | {r['noise']} | {r['claimed_epsilon']:.3f} | {r['sigma']:.4f} | {r['runs_per_side']} | "
-            f"{_f(r['lb_dirac'])} | {_f(r['lb_swap'])} | {one} | {replay} | "
+            f"{_f(r['lb_dirac'])} | {_f(r['lb_swap'])} | {hist} | {one} | {replay} | "
             f"{'**YES**' if r['violation'] else 'no'} | {r['runs_per_second']:.0f} | {r['seconds']:.0f} |"
         )
     lines += [

@@ -27,7 +27,8 @@ kinds can run side by side and be merged):
     python benchmarks/tune_dp_defaults.py --report-only /tmp/l.csv /tmp/p.csv
 
 ``--set levers`` compares other levers (learning rate, steps, batch, posterior draws) around
-the defaults, with the DP initialisation on (results ``tune_dp_defaults_levers.md``).
+the defaults, with the DP initialisation on (results ``tune_dp_defaults_levers.md``); ``--set
+weights`` a slower weight learning rate and larger batches (``tune_dp_defaults_weights.md``).
 """
 
 from __future__ import annotations
@@ -93,6 +94,14 @@ CANDIDATE_SETS: dict[str, dict[str, dict[str, Any]]] = {
         "S = 200 draws": {"num_samples": 200},
         "clip x0.5": {"clip_multiplier": 0.5},
         "clip x2": {"clip_multiplier": 2.0},
+    },
+    # Fourth session: a slower weight learning rate under noise, and larger batches.
+    "weights": {
+        "default": {},
+        "weights lr 0.01": {"weights_lr": 0.01},
+        "weights lr 0.02": {"weights_lr": 0.02},
+        "expected batch 2000": {"expected_batch": 2000},
+        "expected batch 2000, 250 steps": {"expected_batch": 2000, "steps": 250},
     },
 }
 

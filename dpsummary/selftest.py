@@ -34,6 +34,12 @@ Audits
    highest and k lowest scores (k from a small grid, Bonferroni-corrected), and
    :func:`one_run_epsilon_lower_bound` turns v correct out of r guesses into a lower bound.
 
+   A third scenario, ``histogram``, audits the other mechanism a release runs on private
+   records, :meth:`PrivateRecords.noisy_marginals` (DP-PSVI's initialisation histograms), with
+   the same Clopper-Pearson machinery and its own calibration (one Gaussian mechanism at the
+   claimed epsilon): D has records in category 0 of every column, the canary sits in category 1
+   of every column, the worst case of add/remove (:func:`histogram_audit`).
+
 3. Gray-box replay (Cebere et al. 2026): the full DP-PSVI constructor on D and D + canary with
    identical (recorded, non-private) randomness: same control flow, same shapes, and the
    pre-noise sum moves by at most C (:func:`gray_box_replay`).
@@ -60,8 +66,9 @@ Bug injection
 ``inject`` replaces one piece of the product by a known bug, everything else unchanged:
 ``no-clip`` (:class:`NoClipRecords`), ``half-noise`` (:class:`HalfNoiseRandomness`),
 ``fixed-size`` (:class:`FixedSizeRandomness`: exactly round(qn) records per step, still
-accounted as Poisson) and ``fixed-seed`` (:class:`FixedSeedRandomness`: noise from a generator
-re-seeded with one constant seed at every call).
+accounted as Poisson), ``fixed-seed`` (:class:`FixedSeedRandomness`: noise from a generator
+re-seeded with one constant seed at every call) and ``no-scale`` (:class:`NoScaleLayout`: the
+initialisation histograms forget their 1/sqrt(columns) scaling).
 """
 
 from __future__ import annotations
@@ -82,17 +89,22 @@ from .models import DTYPE, GaussianMean, LogisticRegression, Model
 from .private import noise
 from .private.accounting import (
     Accountant,
+    calibrate_gaussian,
     calibrate_noise_multiplier,
     epsilon,
+    gaussian_event,
     subsampled_gaussian_event,
 )
+from .private.marginals import ColumnBins, HistogramLayout
 from .private.mechanism import PrivacyRandomness, PrivateRecords, SystemRandomness, clip_rows
 
-Injection = Literal["none", "no-clip", "half-noise", "fixed-size", "fixed-seed"]
-INJECTIONS: tuple[Injection, ...] = ("none", "no-clip", "half-noise", "fixed-size", "fixed-seed")
+Injection = Literal["none", "no-clip", "half-noise", "fixed-size", "fixed-seed", "no-scale"]
+INJECTIONS: tuple[Injection, ...] = ("none", "no-clip", "half-noise", "fixed-size", "fixed-seed", "no-scale")
 NoisePath = Literal["opendp", "numpy"]
 NOISE_PATHS: tuple[NoisePath, ...] = ("opendp", "numpy")
-Scenario = Literal["dirac", "swap"]
+Scenario = Literal["dirac", "swap", "histogram"]
+#: Scenarios that audit ``noisy_clipped_sum`` (batched runs); "histogram" audits ``noisy_marginals``.
+SUM_SCENARIOS: tuple[Scenario, ...] = ("dirac", "swap")
 
 #: ``progress(stage, done, total)``; stages: "pilot", "main", "one-run", "replay".
 Progress = Callable[[str, int, int], None]
@@ -321,6 +333,16 @@ class NoClipRecords(PrivateRecords):
         )
 
 
+@dataclass(frozen=True)
+class NoScaleLayout(HistogramLayout):
+    """Bug: the histogram counts are not divided by sqrt(number of columns) before the noise, so
+    one record moves the noised vector by sqrt(K) (K columns) while the accountant is told 1."""
+
+    @property
+    def scale(self) -> float:
+        return 1.0 - noise.rounding_slack(1.0, max(self.num_bins, 1))
+
+
 def base_randomness(noise_path: NoisePath) -> PrivacyRandomness:
     if noise_path == "opendp":
         return SystemRandomness()
@@ -490,7 +512,7 @@ class SelfTestConfig:
     alpha: float = 0.05
     inject: Injection = "none"
     noise: NoisePath = "opendp"
-    scenarios: tuple[Scenario, ...] = ("dirac", "swap")
+    scenarios: tuple[Scenario, ...] = ("dirac", "swap", "histogram")
     design: Design = field(default_factory=Design)
     #: Runs batched into one mechanism call (see the module docstring).
     runs_per_call: int = 128
@@ -498,6 +520,8 @@ class SelfTestConfig:
     one_run_canaries: int = 1000
     one_run_delta: float = 1e-6
     one_run_k_grid: tuple[int, ...] = (25, 50, 100, 200)
+    #: "histogram" scenario: categorical columns (two categories each) of the audited layout.
+    histogram_columns: int = 9
     replay: bool = True
     #: Torch threads during the audit (restored afterwards); 1 is fastest for these tiny calls.
     torch_threads: int | None = 1
@@ -517,8 +541,10 @@ class SelfTestConfig:
             raise ValueError(f"unknown injection {self.inject!r}; choose one of {', '.join(INJECTIONS)}")
         if self.noise not in NOISE_PATHS:
             raise ValueError(f"unknown noise path {self.noise!r}; choose one of {', '.join(NOISE_PATHS)}")
-        if not set(self.scenarios) <= {"dirac", "swap"}:
-            raise ValueError("scenarios must be 'dirac' and/or 'swap'")
+        if not self.scenarios or not set(self.scenarios) <= {"dirac", "swap", "histogram"}:
+            raise ValueError("scenarios must be some of 'dirac', 'swap', 'histogram'")
+        if self.histogram_columns < 1:
+            raise ValueError("histogram_columns must be positive")
         return self
 
     @property
@@ -544,6 +570,10 @@ class AuditResult:
     fn_upper: float
     epsilon_lower_bound: float
     violation: bool
+    #: The audited mechanism: "noisy_clipped_sum" (dirac, swap) or "noisy_marginals" (histogram).
+    mechanism: str = "noisy_clipped_sum"
+    #: Its noise multiplier (each mechanism is calibrated to the claim on its own).
+    noise_multiplier: float | None = None
 
 
 @dataclass(frozen=True)
@@ -689,10 +719,22 @@ def choose_threshold(
 def white_box_audits(
     cfg: SelfTestConfig, sigma: float, q: float, claimed: float, alpha: float, progress: Progress | None = None
 ) -> list[AuditResult]:
-    """The Clopper-Pearson audits of every scenario in ``cfg.scenarios`` (each at level ``alpha``)."""
+    """The Clopper-Pearson audits of every scenario in ``cfg.scenarios`` (each at level ``alpha``):
+    the noisy-sum scenarios at ``sigma``, ``q`` (claim ``claimed``), then the histogram one."""
+    sum_scenarios = tuple(s for s in cfg.scenarios if s in SUM_SCENARIOS)
+    results = _sum_audits(cfg, sum_scenarios, sigma, q, claimed, alpha, progress) if sum_scenarios else []
+    if "histogram" in cfg.scenarios:
+        results.append(histogram_audit(cfg, alpha, progress))
+    return results
+
+
+def _sum_audits(
+    cfg: SelfTestConfig, scenarios: tuple[Scenario, ...], sigma: float, q: float, claimed: float, alpha: float,
+    progress: Progress | None,
+) -> list[AuditResult]:
     results = []
-    pilot_runs = [(s, c) for s in cfg.scenarios for c in (False, True) for _ in range(cfg.pilot)]
-    main_runs = [(s, c) for s in cfg.scenarios for c in (False, True) for _ in range(cfg.runs)]
+    pilot_runs = [(s, c) for s in scenarios for c in (False, True) for _ in range(cfg.pilot)]
+    main_runs = [(s, c) for s in scenarios for c in (False, True) for _ in range(cfg.runs)]
     thresholds: dict[str, float] = {}
     for stage, runs in (("pilot", pilot_runs), ("main", main_runs)):
         done = [0]
@@ -704,7 +746,7 @@ def white_box_audits(
 
         scores = _run_scores(runs, cfg, sigma, q, on_call)
         n = cfg.pilot if stage == "pilot" else cfg.runs
-        for i, scenario in enumerate(cfg.scenarios):
+        for i, scenario in enumerate(scenarios):
             s0 = scores[(2 * i) * n: (2 * i + 1) * n]
             s1 = scores[(2 * i + 1) * n: (2 * i + 2) * n]
             if stage == "pilot":
@@ -717,9 +759,65 @@ def white_box_audits(
                 scenario=scenario, claimed_epsilon=claimed, delta=cfg.delta, alpha=alpha,
                 confidence=1 - alpha, runs_per_side=n, pilot_runs_per_side=cfg.pilot, threshold=t,
                 false_positives=fp, false_negatives=fn, fp_upper=p_fp, fn_upper=p_fn,
-                epsilon_lower_bound=lb, violation=lb > claimed,
+                epsilon_lower_bound=lb, violation=lb > claimed, mechanism="noisy_clipped_sum", noise_multiplier=sigma,
             ))
     return results
+
+
+def histogram_design(columns: int, background: int) -> tuple[HistogramLayout, torch.Tensor, torch.Tensor]:
+    """The "histogram" canary design: a layout of ``columns`` categorical columns with two
+    categories each (one-hot, model space); D = ``background`` records in category 0 of every
+    column; D' = D + a canary in category 1 of every column. The canary changes ``columns``
+    counts by 1, so after the layout's 1/sqrt(columns) scaling it moves the noised vector by
+    exactly the sensitivity (1, up to the noise grid's slack): the worst case of add/remove for
+    this Gaussian mechanism. Returns (layout, D, D')."""
+    layout = HistogramLayout(
+        tuple(ColumnBins(f"c{j}", "categorical", 2 * j, 2) for j in range(columns)), 2 * columns
+    )
+    without = torch.zeros(background, 2 * columns, dtype=DTYPE)
+    without[:, 0::2] = 1.0
+    canary = torch.zeros(1, 2 * columns, dtype=DTYPE)
+    canary[:, 1::2] = 1.0
+    return layout, without, torch.cat([without, canary])
+
+
+def histogram_audit(cfg: SelfTestConfig, alpha: float, progress: Progress | None = None) -> AuditResult:
+    """White-box Clopper-Pearson audit of ``PrivateRecords.noisy_marginals`` (the DP
+    initialisation histograms), calibrated on its own: one Gaussian mechanism whose accountant
+    reports ``cfg.epsilon`` at ``cfg.delta``. Each run is one call on D or D' (see
+    :func:`histogram_design`); its score, the noisy counts' excess over D's counts summed over the
+    canary's bins, is the Neyman-Pearson optimal statistic for a Gaussian mean shift."""
+    sigma = calibrate_gaussian(target_epsilon=cfg.epsilon, delta=cfg.delta, accountant=cfg.accountant)
+    claimed = epsilon([gaussian_event(sigma)], cfg.delta, cfg.accountant)
+    layout, without, with_canary = histogram_design(cfg.histogram_columns, cfg.design.background)
+    if cfg.inject == "no-scale":
+        layout = NoScaleLayout(layout.columns, layout.num_features)
+    expected = layout.counts(without)
+    direction = layout.counts(with_canary) - expected  # 1 on each of the canary's bins
+    done = [0]
+    total = 2 * (cfg.pilot + cfg.runs)
+
+    def scores(n: int, canary: bool) -> np.ndarray:
+        records = make_mechanism(with_canary if canary else without, inject=cfg.inject, noise_path=cfg.noise)
+        out = np.empty(n)
+        for i in range(n):
+            noisy = records.noisy_marginals(layout, noise_multiplier=sigma).noisy_counts
+            out[i] = float((noisy - expected) @ direction)
+            done[0] += 1
+            if progress is not None and (done[0] % 256 == 0 or done[0] == total):
+                progress("histogram", done[0], total)
+        return out
+
+    t = choose_threshold(scores(cfg.pilot, False), scores(cfg.pilot, True), delta=cfg.delta, alpha=alpha,
+                         main_runs=cfg.runs)
+    fp, fn = _counts(scores(cfg.runs, False), scores(cfg.runs, True), t)
+    lb, p_fp, p_fn = epsilon_lower_bound(fp, cfg.runs, fn, cfg.runs, delta=cfg.delta, alpha=alpha)
+    return AuditResult(
+        scenario="histogram", claimed_epsilon=claimed, delta=cfg.delta, alpha=alpha, confidence=1 - alpha,
+        runs_per_side=cfg.runs, pilot_runs_per_side=cfg.pilot, threshold=t, false_positives=fp,
+        false_negatives=fn, fp_upper=p_fp, fn_upper=p_fn, epsilon_lower_bound=lb, violation=lb > claimed,
+        mechanism="noisy_marginals", noise_multiplier=sigma,
+    )
 
 
 # =========================================================================== one-run audit
@@ -921,7 +1019,11 @@ def run_selftest(config: SelfTestConfig | None = None, progress: Progress | None
         replay = gray_box_replay(inject=cfg.inject, progress=progress) if cfg.replay else None
     wb_runs = 2 * len(cfg.scenarios) * (cfg.runs + cfg.pilot)
     violation = any(a.violation for a in audits) or bool(one and one.violation) or bool(replay and not replay.ok)
-    lbs = ", ".join(f"{a.scenario} {a.epsilon_lower_bound:.3f}" for a in audits)
+    lbs = ", ".join(
+        f"{a.scenario} {a.epsilon_lower_bound:.3f}"
+        + ("" if abs(a.claimed_epsilon - claimed) < 5e-4 else f" (claim {a.claimed_epsilon:.3f})")
+        for a in audits
+    )
     if one is not None:
         lbs += f", one-run {one.epsilon_lower_bound:.3f} (claim {one.claimed_epsilon:.3f} at delta {one.delta:g})"
     verdict = (

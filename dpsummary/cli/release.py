@@ -74,7 +74,7 @@ def _print_table(r: Any) -> None:
     t.add_row("steps T", str(r.steps))
     t.add_row("pseudopoints M", str(r.size))
     split = ", ".join(f"{k} {v:.4f}" for k, v in r.budget_split.items())
-    t.add_row("budget split (epsilon each)", split)
+    t.add_row("budget split (epsilon of each part alone; composed, they give the epsilon above)", split)
     t.add_row(f"source '{r.source_id}' spent (composed)", ", ".join(f"{k} {v:.4f}" for k, v in r.composed_total.items()))
     t.add_row(f"source '{r.source_id}' spent (naive sum)", f"{r.naive_total:.4f}")
     t.add_row("artifact", str(r.out))

@@ -22,13 +22,14 @@ def selftest(
     runs: Annotated[int, typer.Option(help="Main runs per side (without / with the canary) per canary scenario.")] = 10_000,
     pilot_runs: Annotated[int | None, typer.Option(help="Pilot runs per side for the threshold (default runs/4).")] = None,
     alpha: Annotated[float, typer.Option(help="1 - confidence; split equally over the audits (Bonferroni).")] = 0.05,
-    inject: Annotated[Literal["none", "no-clip", "half-noise", "fixed-size", "fixed-seed"], typer.Option(help="Inject a known bug to see the self-test catch it.")] = "none",
+    inject: Annotated[Literal["none", "no-clip", "half-noise", "fixed-size", "fixed-seed", "no-scale"], typer.Option(help="Inject a known bug to see the self-test catch it.")] = "none",
     noise: Annotated[Literal["opendp", "numpy"], typer.Option(help="opendp: the product's noise (audited path); numpy: fast vectorised Gaussian, product coins and clipping.")] = "opendp",
     sample_rate: Annotated[float, typer.Option(help="Poisson sampling rate q of the audited mechanism.")] = 0.1,
     steps: Annotated[int, typer.Option(help="Mechanism steps T per run.")] = 10,
     accountant: Annotated[Literal["rdp", "prv", "pld"], typer.Option(help="Accountant that makes the claim.")] = "rdp",
     one_run_canaries: Annotated[int, typer.Option(help="Canaries of the one-run audit (0: skip it).")] = 1000,
     replay: Annotated[bool, typer.Option(help="Run the gray-box replay of the full DP-PSVI constructor.")] = True,
+    histogram: Annotated[bool, typer.Option(help="Also audit the DP initialisation histograms (noisy_marginals).")] = True,
     json_output: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
 ) -> None:
     """Audit the release mechanism empirically: a statistically valid LOWER bound on epsilon.
@@ -46,11 +47,13 @@ def selftest(
             epsilon=epsilon, delta=delta, runs=runs, pilot_runs=pilot_runs, alpha=alpha, inject=inject,
             noise=noise, sample_rate=sample_rate, steps=steps, accountant=accountant,
             one_run_canaries=one_run_canaries, replay=replay,
+            scenarios=("dirac", "swap", "histogram") if histogram else ("dirac", "swap"),
         ).validated()
     except ValueError as exc:
         raise UserError(str(exc)) from None
     err = Console(stderr=True)
-    labels = {"pilot": "pilot runs", "main": "main runs", "one-run": "one-run audit", "replay": "gray-box replay"}
+    labels = {"pilot": "pilot runs", "main": "main runs", "histogram": "histogram audit", "one-run": "one-run audit",
+              "replay": "gray-box replay"}
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TimeElapsedColumn(), console=err, transient=True, disable=json_output) as bar:
         tasks: dict[str, Any] = {}
@@ -81,20 +84,21 @@ def _print(r: SelfTestResult) -> None:
     head.add_row("injected bug", cfg["inject"])
     head.add_row("noise path audited", r.noise_path_audited)
     head.add_row("claimed epsilon (inflated)", f"{r.claimed_epsilon:.4f} at delta {cfg['delta']:g} ({cfg['accountant']})")
-    head.add_row("mechanism", f"q {cfg['sample_rate_quantised']:.6g} (Poisson), T {cfg['steps']}, sigma {r.noise_multiplier:.4f}, C {cfg['design']['clip_norm']:g}")
+    head.add_row("noisy sum (dirac, swap, one-run)", f"q {cfg['sample_rate_quantised']:.6g} (Poisson), T {cfg['steps']}, sigma {r.noise_multiplier:.4f}, C {cfg['design']['clip_norm']:g}")
     head.add_row("confidence", f"{1 - cfg['alpha']:.4g} overall ({1 - r.alpha_per_audit:.4g} per audit, Bonferroni)")
     head.add_row("white-box runs", f"{r.white_box_runs} ({r.runs_per_second:.0f} runs/s), {r.elapsed_seconds:.1f} s total")
     con.print(head)
     t = Table(title="lower bounds (valid with the confidence above)")
-    for col in ("audit", "claim eps @ delta", "eps LB", "runs/side", "FP / FN", "violation"):
+    for col in ("audit", "sigma", "claim eps @ delta", "eps LB", "runs/side", "FP / FN", "violation"):
         t.add_column(col)
     for a in r.audits:
-        t.add_row(a.scenario, f"{a.claimed_epsilon:.3f} @ {a.delta:g}", f"{a.epsilon_lower_bound:.3f}",
+        sigma = "" if a.noise_multiplier is None else f"{a.noise_multiplier:.4f}"
+        t.add_row(a.scenario, sigma, f"{a.claimed_epsilon:.3f} @ {a.delta:g}", f"{a.epsilon_lower_bound:.3f}",
                   str(a.runs_per_side), f"{a.false_positives} / {a.false_negatives}",
                   "YES" if a.violation else "no")
     if r.one_run is not None:
         o = r.one_run
-        t.add_row(f"one-run (m={o.canaries})", f"{o.claimed_epsilon:.3f} @ {o.delta:g}",
+        t.add_row(f"one-run (m={o.canaries})", f"{r.noise_multiplier:.4f}", f"{o.claimed_epsilon:.3f} @ {o.delta:g}",
                   f"{o.epsilon_lower_bound:.3f}", "1 run", f"{o.correct}/{o.guesses} right",
                   "YES" if o.violation else "no")
     con.print(t)
