@@ -108,6 +108,7 @@ def main() -> None:
         reps.append({
             "violation": r.violation,
             "lbs": [a.epsilon_lower_bound for a in r.audits],
+            "claims": [a.claimed_epsilon for a in r.audits],
             "lb_one_run": r.one_run.epsilon_lower_bound if r.one_run else None,
             "one_run_violation": bool(r.one_run and r.one_run.violation),
             "claimed_epsilon": r.claimed_epsilon,
@@ -118,7 +119,7 @@ def main() -> None:
     alarms = sum(x["violation"] for x in reps)
     audits_total = sum(len(x["lbs"]) + (x["lb_one_run"] is not None) for x in reps)
     audit_alarms = sum(
-        sum(lb > x["claimed_epsilon"] for lb in x["lbs"]) for x in reps
+        sum(lb > claim for lb, claim in zip(x["lbs"], x["claims"], strict=True)) for x in reps
     ) + sum(x["one_run_violation"] for x in reps)
     max_lb = max(max(x["lbs"]) for x in reps) if reps else math.nan
     rate_upper = clopper_pearson_upper(alarms, len(reps), 0.05) if reps else math.nan

@@ -340,7 +340,7 @@ class NoScaleLayout(HistogramLayout):
 
     @property
     def scale(self) -> float:
-        return 1.0 - noise.rounding_slack(1.0, max(self.num_bins, 1))
+        return noise.count_vector_scale(1, self.num_bins)
 
 
 def base_randomness(noise_path: NoisePath) -> PrivacyRandomness:

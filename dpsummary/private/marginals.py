@@ -40,7 +40,6 @@ histograms themselves are not written anywhere; the pseudopoints are a function 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final, Literal
@@ -50,7 +49,7 @@ import torch
 from scipy.stats import norm
 
 from ..models import DTYPE
-from .noise import rounding_slack
+from .noise import count_vector_scale
 
 FeatureSampler = Callable[[int, torch.Generator], torch.Tensor]
 
@@ -128,7 +127,7 @@ class HistogramLayout:
     @property
     def scale(self) -> float:
         """Multiplier giving the count vector L2 sensitivity at most 1 (rounding slack included)."""
-        return (1.0 - rounding_slack(1.0, max(self.num_bins, 1))) / math.sqrt(max(self.touches, 1))
+        return count_vector_scale(self.touches, self.num_bins)
 
     def counts(self, points: torch.Tensor) -> np.ndarray:
         """Raw bin counts of ``points`` (model space). Each record adds 1 to one bin per column."""

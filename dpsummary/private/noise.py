@@ -72,6 +72,17 @@ def rounding_slack(clip_norm: float, dim: int) -> float:
     return 2.0 ** grid_exponent(clip_norm) * math.sqrt(dim)
 
 
+def count_vector_scale(touches: int, dim: int) -> float:
+    """Multiplier giving a count vector L2 sensitivity at most 1 under the OpenDP noise.
+
+    One record changes at most ``touches`` of the ``dim`` coordinates, each by exactly 1 (L2
+    distance sqrt(touches)); dividing by sqrt(touches) makes that 1, and the factor
+    ``1 - rounding_slack(1, dim)`` leaves room for OpenDP's input rounding, so that noise of
+    standard deviation ``noise_multiplier`` is exactly ``GaussianDpEvent(noise_multiplier)``.
+    """
+    return (1.0 - rounding_slack(1.0, max(dim, 1))) / math.sqrt(max(touches, 1))
+
+
 @lru_cache(maxsize=64)
 def _gaussian_measurement(dim: int, scale: float, k: int) -> Any:
     import opendp.prelude as dp

@@ -74,7 +74,7 @@ import numpy as np
 from scipy.stats import norm
 
 from ..data import NO_TARGET, ColumnSpec, DataError, RawTable, Schema, parse_floats, target_kind
-from .noise import add_gaussian_noise, rounding_slack
+from .noise import add_gaussian_noise, count_vector_scale
 
 __all__ = [
     "GRID_EDGES",
@@ -118,8 +118,7 @@ class CountVector:
     @property
     def scale(self) -> float:
         """Multiplier making the L2 sensitivity at most 1, OpenDP's rounding slack included."""
-        slack = rounding_slack(1.0, max(len(self.keys), 1))
-        return (1.0 - slack) / math.sqrt(self.touches)
+        return count_vector_scale(self.touches, len(self.keys))
 
     def scaled(self) -> np.ndarray:
         return self.counts * self.scale

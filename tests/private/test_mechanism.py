@@ -188,3 +188,11 @@ def test_noisy_count_scale():
     vals = np.array([records.noisy_count(noise_multiplier=4.0) for _ in range(400)])
     assert abs(vals.mean() - 123) < 6 * 4.0 / math.sqrt(400)
     assert abs(vals.var() / 16.0 - 1) < 6 * math.sqrt(2 / 400)
+
+
+def test_count_vector_scale_gives_sensitivity_one():
+    # One record changes `touches` coordinates by 1: after scaling the move is 1 minus exactly the
+    # OpenDP rounding slack (the one rule shared by the schema and initialisation histograms).
+    for touches, dim in ((1, 1), (4, 12), (30, 500)):
+        move = math.sqrt(touches) * noise.count_vector_scale(touches, dim)
+        assert move == pytest.approx(1.0 - noise.rounding_slack(1.0, dim), rel=1e-15) and move < 1.0
