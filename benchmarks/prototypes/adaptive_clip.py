@@ -62,7 +62,7 @@ class AdaptiveClipDPPSVI(DPPSVI):
 
 
 def variant(quantile: float) -> Any:
-    def build(c: DPPSVI, eps: float, q: float, before: list[Any], steps: int) -> DPPSVI:
+    def build(c: DPPSVI, eps: float, q: float, before: list[Any], steps: int, prep: Any = None) -> DPPSVI:
         fields = {f.name: getattr(c, f.name) for f in dataclasses.fields(c)}
         return AdaptiveClipDPPSVI(**fields, quantile=quantile, expected_batch=q * c.record_count)
 

@@ -2,8 +2,9 @@
 
 Exactly the setting of ``benchmarks/tune_dp_defaults.py`` (synthetic tables only, public bounds,
 the default policy's initialisation share, expected batch 200, 500 steps, delta 1e-7); a
-prototype supplies ``build(constructor, eps, q, before, steps) -> constructor`` that turns the
-release's constructor into its variant (recalibrating sigma itself when it changes the events).
+prototype supplies ``build(constructor, eps, q, before, steps, prep) -> constructor`` that turns
+the release's constructor into its variant (recalibrating sigma itself when it changes the
+events; ``prep`` is the prepared synthetic data set, for oracle experiments).
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from dpsummary.release import (  # noqa: E402
     plan_initialisation,
 )
 
-Build = Callable[[Any, float, float, list[Any], int], Any]
+Build = Callable[[Any, float, float, list[Any], int, Any], Any]
 
 
 def run(kind: str, seeds: int, variants: dict[str, Build | None], out: Path) -> list[dict[str, Any]]:
@@ -74,7 +75,7 @@ def run(kind: str, seeds: int, variants: dict[str, Build | None], out: Path) -> 
                                                 sample_rate=q, record_count=n, steps=DEFAULT_STEPS,
                                                 init_features=init)
                         if build is not None:
-                            c = build(c, eps, q, list(before), DEFAULT_STEPS)
+                            c = build(c, eps, q, list(before), DEFAULT_STEPS, prep)
                         s = fit(c, records, prep.model, size, generator=torch.Generator().manual_seed(seed))
                         kl = evaluate(prep.model, s.points, s.weights, prep.full_posterior)["forward"]
                         row = {"kind": kind, "seed": seed, "size": size, "eps": eps, "name": name,

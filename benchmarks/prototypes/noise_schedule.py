@@ -83,7 +83,7 @@ def phases_for(profile: tuple[tuple[float, float], ...], eps: float, q: float, s
 
 
 def variant(profile: tuple[tuple[float, float], ...]) -> Any:
-    def build(c: DPPSVI, eps: float, q: float, before: list[Any], steps: int) -> DPPSVI:
+    def build(c: DPPSVI, eps: float, q: float, before: list[Any], steps: int, prep: Any = None) -> DPPSVI:
         phases = phases_for(profile, eps, q, steps, before)
         fields = {f.name: getattr(c, f.name) for f in dataclasses.fields(c)}
         fields["noise_multiplier"] = phases[0][1]
