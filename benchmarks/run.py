@@ -147,6 +147,7 @@ def run_one(prep: PreparedData, method: str, size: int, seed: int, cfg: Config, 
             DEFAULT_EXPECTED_BATCH,
             DEFAULT_STEPS,
             dp_psvi_constructor,
+            initial_samplers,
             plan_initialisation,
         )
 
@@ -175,13 +176,12 @@ def run_one(prep: PreparedData, method: str, size: int, seed: int, cfg: Config, 
             sigma = acc.calibrate_noise_multiplier(target_epsilon=epsilon, delta=cfg.delta, sample_rate=q,
                                                    steps=steps, accountant=accountant, prior_events=before)
         records = PrivateRecords(prep.train)
-        init_features = None
+        start = initial_samplers(records, tf, layout, init_sigma)
         if init_sigma is not None:
-            init_features = records.noisy_marginals(layout, noise_multiplier=init_sigma).sampler(
-                tf.sample_public_features)
             extra["init_noise_multiplier"] = init_sigma
         constructor = dp_psvi_constructor(transform=tf, model=prep.model, noise_multiplier=sigma, sample_rate=q,
-                                          record_count=n, steps=steps, init_features=init_features)
+                                          record_count=n, steps=steps, init_features=start.features,
+                                          init_targets=start.targets)
         if fields:
             constructor = dataclasses.replace(constructor, **fields)
         summary = fit(constructor, records, prep.model, size, generator=gen)

@@ -316,14 +316,13 @@ def run_release(
         points = transform.to_points(table)
         records = PrivateRecords(points)
         del points
-        init_features = None
-        if plan.init_noise_multiplier is not None:
-            marginals = records.noisy_marginals(plan.init_layout, noise_multiplier=plan.init_noise_multiplier)
-            init_features = marginals.sampler(transform.sample_public_features)
-            notes.append(marginals.describe())
+        start = initial_samplers(records, transform, plan.init_layout, plan.init_noise_multiplier)
+        if start.description is not None:
+            notes.append(start.description)
         constructor = dp_psvi_constructor(
             transform=transform, model=model, noise_multiplier=sigma, sample_rate=q,
-            record_count=noisy_count, steps=req.steps, num_samples=req.num_samples, init_features=init_features,
+            record_count=noisy_count, steps=req.steps, num_samples=req.num_samples, init_features=start.features,
+            init_targets=start.targets,
         )
         summary: Summary = fit(constructor, records, model, req.size, generator=nonpriv,
                                transform=transform.to_dict(), progress=progress)
@@ -362,7 +361,10 @@ def run_release(
                     "rule": ("initial pseudopoint features drawn from Gaussian-noised per-column histograms "
                              f"over public bins (bounded numeric: at-lower, {NUM_INTERIOR_BINS} equal-width, at-upper; "
                              "categorical: each category and none); L2 sensitivity 1 after dividing the "
-                             "counts by sqrt(number of columns)"),
+                             "counts by sqrt(number of columns)"
+                             + ("; a count target is histogrammed the same way and initial targets (also the "
+                                "clip-norm reference records') are drawn from its marginal"
+                                if any(c.target for c in plan.init_layout.columns) else "")),
                     "noise_multiplier": plan.init_noise_multiplier,
                     "columns": [c.name for c in plan.init_layout.columns],
                 },
@@ -500,12 +502,33 @@ def plan_initialisation(
 
     if model_name not in models or target_epsilon <= 0:
         return None, None, list(prior_events)
-    layout = layout_for(transform)
+    layout = layout_for(transform, count_target=True)
     if not layout.columns:
         return None, None, list(prior_events)
     sigma = acc.calibrate_gaussian(target_epsilon=target_epsilon, delta=delta, prior_events=prior_events,
                                    accountant=accountant)
     return sigma, layout, [*prior_events, marginals_event(sigma)]
+
+
+@dataclass(frozen=True)
+class InitialStart:
+    """Samplers for DP-PSVI's initial pseudopoints drawn from the DP histograms (None: the
+    public default) and the release note describing them."""
+
+    features: Any = None
+    targets: Any = None
+    description: str | None = None
+
+
+def initial_samplers(records: Any, transform: Any, layout: Any, noise_multiplier: float | None) -> InitialStart:
+    """Run the planned initialisation mechanism (:meth:`PrivateRecords.noisy_marginals`) and turn
+    its output into samplers; ``noise_multiplier`` None (the uniform public start) touches no
+    data. Used by the release and the benchmarks, so both measure the same thing."""
+    if noise_multiplier is None:
+        return InitialStart()
+    marginals = records.noisy_marginals(layout, noise_multiplier=noise_multiplier)
+    return InitialStart(marginals.sampler(transform.sample_public_features), marginals.target_sampler(),
+                        marginals.describe())
 
 
 def _end_hold(ledger: Any, *, source_id: str, release_id: str, delta: float, policy: Any,
@@ -529,13 +552,16 @@ def dp_psvi_constructor(
     steps: int = DEFAULT_STEPS,
     num_samples: int = DEFAULT_NUM_SAMPLES,
     init_features: Any = None,
+    init_targets: Any = None,
 ) -> Any:
     """DP-PSVI with the release's public defaults, for a public ``transform`` (used by the
     release and by the benchmarks, so both measure the same thing).
 
     ``init_features``: a sampler for the initial pseudopoints' features (the DP histograms'
     :meth:`~dpsummary.private.marginals.NoisyMarginals.sampler`); default the public uniform
-    one. The clip-norm reference records always use the public uniform sampler."""
+    one. The clip-norm reference records always use the public uniform sampler for features.
+    ``init_targets``: a sampler for the initial targets of the pseudopoints and of the reference
+    records (the DP target marginal of a count target); default simulated from the model."""
     from .private.dppsvi import DPPSVI
 
     return DPPSVI(
@@ -545,6 +571,7 @@ def dp_psvi_constructor(
         theta_scale=DEFAULT_THETA_SCALE,
         feature_sampler=init_features if init_features is not None else transform.sample_public_features,
         reference_feature_sampler=transform.sample_public_features,
+        target_sampler=init_targets,
         clip_rule="synthetic", clip_quantile=DEFAULT_CLIP_QUANTILE, num_reference=DEFAULT_NUM_REFERENCE,
         point_scale=tuple(public_point_scale(transform, model)),
         point_bounds=public_point_bounds(transform, model),

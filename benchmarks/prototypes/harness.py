@@ -38,6 +38,7 @@ from dpsummary.release import (  # noqa: E402
     DEFAULT_EXPECTED_BATCH,
     DEFAULT_STEPS,
     dp_psvi_constructor,
+    initial_samplers,
     plan_initialisation,
 )
 
@@ -69,11 +70,10 @@ def run(kind: str, seeds: int, variants: dict[str, Build | None], out: Path) -> 
                                                        steps=DEFAULT_STEPS, prior_events=before)
                     for name, build in variants.items():
                         records = PrivateRecords(prep.train)
-                        init = None if init_sigma is None else records.noisy_marginals(
-                            layout, noise_multiplier=init_sigma).sampler(tf.sample_public_features)
+                        start = initial_samplers(records, tf, layout, init_sigma)
                         c = dp_psvi_constructor(transform=tf, model=prep.model, noise_multiplier=sigma,
                                                 sample_rate=q, record_count=n, steps=DEFAULT_STEPS,
-                                                init_features=init)
+                                                init_features=start.features, init_targets=start.targets)
                         if build is not None:
                             c = build(c, eps, q, list(before), DEFAULT_STEPS, prep)
                         s = fit(c, records, prep.model, size, generator=torch.Generator().manual_seed(seed))

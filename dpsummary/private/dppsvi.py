@@ -3,7 +3,8 @@
 Identical to :class:`dpsummary.constructors.PSVI` except in the two places where the data enter:
 
 * initialisation: pseudopoints are *simulated* from the model — a prior draw of theta, features
-  from ``feature_sampler``, targets simulated — with weights ``count / M`` where ``count`` is
+  from ``feature_sampler``, targets simulated (or, for count targets in a release, drawn from the
+  released target marginal, ``target_sampler``) — with weights ``count / M`` where ``count`` is
   public or a DP estimate (never the exact N). The sampler is public (the schema's box, no
   privacy cost) or a post-processing of already released DP histograms
   (:mod:`dpsummary.private.marginals`, accounted by the caller); the clip-norm reference records
@@ -40,6 +41,8 @@ from ..models import DTYPE, Model
 from .mechanism import PrivateRecords
 
 FeatureSampler = Callable[[int, torch.Generator], torch.Tensor]
+#: ``(n, generator) -> (n,)`` initial targets (a public or already released marginal).
+TargetSampler = Callable[[int, torch.Generator], torch.Tensor]
 
 #: A public floor for the clip norm so that a degenerate pseudocoreset (all vectors zero)
 #: never asks for a zero-sensitivity mechanism.
@@ -53,11 +56,17 @@ def simulate_initial_points(
     feature_sampler: FeatureSampler | None,
     *,
     theta_scale: float,
+    target_sampler: TargetSampler | None = None,
 ) -> torch.Tensor:
-    """Synthetic pseudopoints: theta0 ~ prior (scaled by ``theta_scale``), features public."""
+    """Synthetic pseudopoints: theta0 ~ prior (scaled by ``theta_scale``), features public;
+    targets simulated at theta0, or drawn from ``target_sampler`` (independently of the
+    features) when given."""
     theta0 = model.prior_mean + theta_scale * (model.sample_prior(1, generator)[0] - model.prior_mean)
     features = None if feature_sampler is None else feature_sampler(size, generator)
-    return model.simulate(theta0, size, generator, features=features)
+    points = model.simulate(theta0, size, generator, features=features)
+    if target_sampler is not None and model.has_target:
+        points[:, -1] = target_sampler(size, generator).to(points.dtype)
+    return points
 
 
 @dataclass(frozen=True)
@@ -80,6 +89,10 @@ class DPPSVI:
     schedule: ScheduleFactory | None = exponential_decay
     feature_sampler: FeatureSampler | None = None
     reference_feature_sampler: FeatureSampler | None = None
+    #: Initial targets of the pseudopoints AND of the clip-norm reference records from this
+    #: marginal (a post-processing of released histograms) instead of simulated; see
+    #: :mod:`dpsummary.private.marginals` for why count targets need it.
+    target_sampler: TargetSampler | None = None
     theta_scale: float = 1.0
     clip_multiplier: float = 1.0
     point_scale: tuple[float, ...] | None = None
@@ -93,7 +106,8 @@ class DPPSVI:
     name: str = "dp-psvi"
 
     def init(self, data: PrivateRecords, model: Model, size: int, generator: torch.Generator) -> PSVIState:
-        points = simulate_initial_points(model, size, generator, self.feature_sampler, theta_scale=self.theta_scale)
+        points = simulate_initial_points(model, size, generator, self.feature_sampler, theta_scale=self.theta_scale,
+                                         target_sampler=self.target_sampler)
         count = max(float(self.record_count), 1.0)
         weights = torch.full((size,), count / size, dtype=DTYPE)
         reference = None
@@ -108,7 +122,7 @@ class DPPSVI:
             # DP-PSVI could not leave (benchmarks/results/dp_diagnostics.md).
             reference = simulate_initial_points(
                 model, self.num_reference, generator, self.reference_feature_sampler or self.feature_sampler,
-                theta_scale=self.reference_theta_scale,
+                theta_scale=self.reference_theta_scale, target_sampler=self.target_sampler,
             )
         state = init_state(
             points,

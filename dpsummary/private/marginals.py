@@ -19,7 +19,11 @@ the column's model-space coordinate(s):
   ``(lo, hi)`` and a point bin "at the upper bound" (the transform clips to the bounds, so
   values pile up there; the point bins keep a zero-inflated column's zeros at zero);
 * categorical column (a one-hot block of k coordinates): one bin per category plus one bin for
-  the all-zero vector (missing or unseen category).
+  the all-zero vector (missing or unseen category);
+* for Poisson regression, the count target too (the clipped raw count in its public bounds), with
+  the numeric bins: simulated initial targets start at the prior's scale (counts of about 1-3)
+  when the data's are often ten times larger, and the clip-norm reference records inherit that
+  (a clip norm far below every real record's norm).
 
 Sensitivity (add/remove one record): a record falls in exactly one bin of every histogram, so it
 changes ``K = F`` coordinates of the concatenated count vector by exactly 1 and the L2 distance
@@ -34,8 +38,11 @@ Post-processing (no further privacy cost): bins whose noisy count is below ``z s
 noise standard deviation on the raw count scale, ``z`` such that an empty bin survives with
 probability below 1% over all bins) are zeroed; each column's initial values are drawn from its
 remaining mass (uniform inside an interval bin, exactly at the bound for a point bin). A column
-with no surviving bin falls back to the public sampler, and the release says so. The noisy
-histograms themselves are not written anywhere; the pseudopoints are a function of them.
+with no surviving bin falls back to the public sampler, and the release says so. Initial targets
+(and the clip-norm reference records' targets) are drawn from the target's marginal
+independently of the features, so they carry the data's scale but no feature-target relation.
+The noisy histograms themselves are not written anywhere; the pseudopoints are a function of
+them.
 """
 
 from __future__ import annotations
@@ -74,6 +81,8 @@ class ColumnBins:
     width: int
     lower: float = 0.0
     upper: float = 0.0
+    #: The model-space target (a count with public bounds), not a feature column.
+    target: bool = False
 
     @property
     def num_bins(self) -> int:
@@ -142,10 +151,13 @@ class HistogramLayout:
         return out
 
 
-def layout_for(transform: Any) -> HistogramLayout:
+def layout_for(transform: Any, *, count_target: bool = False) -> HistogramLayout:
     """Public bins for a schema-based transform (bounds and categories from the schema only).
 
-    Numeric columns without public bounds are left out (see the module docstring)."""
+    Numeric columns without public bounds are left out (see the module docstring). With
+    ``count_target`` and a count target with public bounds, the target (the last model-space
+    coordinate, the clipped raw count) gets numeric bins too, so initial targets can start at
+    the data's scale (:meth:`NoisyMarginals.target_sampler`)."""
     columns: list[ColumnBins] = []
     offset = 0
     for col in transform.schema.feature_columns:
@@ -158,6 +170,11 @@ def layout_for(transform: Any) -> HistogramLayout:
             k = len(col.categories or [])
             columns.append(ColumnBins(col.name, "categorical", offset, k))
             offset += k
+    if count_target and transform.target is not None and transform.target_kind == "count":
+        col = transform.schema.column(transform.target)
+        if col.lower is not None and col.upper is not None and col.upper > col.lower:
+            columns.append(ColumnBins(col.name, "numeric", offset, 1, float(col.lower), float(col.upper), target=True))
+            return HistogramLayout(tuple(columns), offset + 1)
     return HistogramLayout(tuple(columns), offset)
 
 
@@ -193,21 +210,35 @@ class NoisyMarginals:
     def sampler(self, public: FeatureSampler) -> FeatureSampler:
         """A feature sampler: each histogrammed column from its noisy marginal (independently),
         every other coordinate (and any column with no surviving bin) from ``public``."""
-        masses = self.masses()
-        columns = self.layout.columns
+        pairs = [(c, m) for c, m in zip(self.layout.columns, self.masses(), strict=True) if not c.target]
 
         def sample(n: int, generator: torch.Generator) -> torch.Tensor:
             out = public(n, generator)
-            for col, mass in zip(columns, masses, strict=True):
+            for col, mass in pairs:
                 if mass is not None:
                     out[:, col.start : col.start + col.width] = col.sample(mass, n, generator)
             return out
 
         return sample
 
+    def target_sampler(self) -> FeatureSampler | None:
+        """Initial targets, shape (n,), drawn from the target's noisy marginal (independently of
+        the features), or None when the layout has no target column or none of its bins
+        survived (then targets are simulated from the model as in the uniform start)."""
+        found = [(c, m) for c, m in zip(self.layout.columns, self.masses(), strict=True) if c.target and m is not None]
+        if not found:
+            return None
+        col, mass = found[0]
+
+        def sample(n: int, generator: torch.Generator) -> torch.Tensor:
+            return col.sample(mass, n, generator)[:, 0]
+
+        return sample
+
     def describe(self) -> str:
         fallback = self.fallback_columns()
-        text = (f"initial pseudopoint features drawn from DP per-column histograms ({self.layout.touches} columns, "
+        drawn = "features and targets" if any(c.target for c in self.layout.columns) else "features"
+        text = (f"initial pseudopoint {drawn} drawn from DP per-column histograms ({self.layout.touches} columns, "
                 f"{self.layout.num_bins} public bins, noise multiplier {self.noise_multiplier:.4g}, "
                 f"bins below {self.threshold:.0f} noisy records dropped)")
         if fallback:

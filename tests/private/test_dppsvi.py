@@ -57,3 +57,22 @@ def test_a_reference_the_posterior_can_explain_collapses_the_clip_norm() -> None
     state.info["clip_reference"] = explained
     explained_clip = c.clip_norm(model, state, draws)
     assert explained_clip < 0.25 * coin_flip_clip
+
+
+def test_target_sampler_sets_initial_and_reference_targets() -> None:
+    # Count targets drawn from a released marginal (here: always 30) replace the simulated ones,
+    # for the pseudopoints and for the clip-norm reference records alike; features are untouched.
+    from dpsummary.models import PoissonRegression
+
+    model = PoissonRegression(5)
+    records = PrivateRecords(torch.zeros(10, 6, dtype=DTYPE))
+
+    def thirty(n: int, g: torch.Generator) -> torch.Tensor:
+        return torch.full((n,), 30.0, dtype=DTYPE)
+
+    state = _constructor(target_sampler=thirty).init(records, model, 7, torch.Generator().manual_seed(0))
+    assert bool((state.points[:, -1] == 30.0).all())
+    assert bool((state.info["clip_reference"][:, -1] == 30.0).all())
+    plain = _constructor().init(records, model, 7, torch.Generator().manual_seed(0))
+    assert torch.equal(plain.points[:, :-1], state.points[:, :-1])
+    assert not bool((plain.points[:, -1] == 30.0).all())

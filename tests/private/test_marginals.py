@@ -172,3 +172,58 @@ def test_sampler_drops_noise_only_bins_and_falls_back_when_nothing_survives():
     assert bool((draw[:, 2] == 1).all())
     # The fallback columns come from the public sampler: uniform over the scaled bounds.
     assert abs(float(draw[:, 0].mean())) < 6 * math.sqrt(1 / 3 / 1000)
+
+
+COUNT_SCHEMA = Schema(
+    columns=[
+        ColumnSpec(name="age", kind="numeric", lower=18, upper=90, integer=True),
+        ColumnSpec(name="colour", kind="categorical", categories=["blue", "green", "red"]),
+        ColumnSpec(name="rentals", kind="numeric", lower=0, upper=400, integer=True),
+    ],
+    target="rentals",
+)
+
+
+def count_points(n: int, seed: int = 0) -> tuple[Transform, torch.Tensor]:
+    tf = Transform.from_schema(COUNT_SCHEMA, invalid_numeric="missing")
+    rng = np.random.default_rng(seed)
+    cols = {
+        "age": [str(a) for a in rng.integers(18, 91, n)],
+        "colour": rng.choice(["blue", "green", "red"], n).tolist(),
+        "rentals": [str(v) for v in rng.poisson(25, n)],
+    }
+    return tf, tf.to_points(RawTable(header=list(cols), columns=cols))
+
+
+def test_count_target_is_histogrammed_only_when_asked_and_keeps_sensitivity_one():
+    tf, pts = count_points(50)
+    plain = layout_for(tf)
+    assert [c.name for c in plain.columns] == ["age", "colour"] and not any(c.target for c in plain.columns)
+    lay = layout_for(tf, count_target=True)
+    target = lay.columns[-1]
+    assert target.target and target.name == "rentals" and target.kind == "numeric"
+    assert (target.start, target.lower, target.upper) == (tf.num_features, 0.0, 400.0)
+    assert lay.touches == 3 and lay.num_features == tf.point_dim
+    # One more record moves the scaled counts by at most 1 (the accountant's sensitivity).
+    diff = (lay.counts(pts) - lay.counts(pts[:-1])) * lay.scale
+    assert float(np.linalg.norm(diff)) == pytest.approx(1.0 - rounding_slack(1.0, lay.num_bins))
+    # Binary targets are never histogrammed (logistic regression keeps its simulated targets).
+    assert not any(c.target for c in layout_for(transform(), count_target=True).columns)
+
+
+def test_target_sampler_draws_the_targets_scale_and_features_ignore_it():
+    tf, pts = count_points(20_000, seed=2)
+    lay = layout_for(tf, count_target=True)
+    m = NoisyMarginals(lay, lay.counts(pts), 0.01)
+    draw = m.target_sampler()(50_000, torch.Generator().manual_seed(0))
+    assert draw.shape == (50_000,) and float(draw.min()) >= 0 and float(draw.max()) <= 400
+    # Poisson(25) counts fall in the interior bins [0, 50) and [50, 100): uniform within bins,
+    # so the mean of the draws is about 25 (bin [0, 50) holds > 99.99% of the mass; its mean is
+    # 25 +- 50 / sqrt(12 * 50_000), 6 sds = 0.39).
+    assert abs(float(draw.mean()) - 25.0) < 0.5
+    feats = m.sampler(tf.sample_public_features)(100, torch.Generator().manual_seed(0))
+    assert feats.shape == (100, tf.num_features)
+    # No surviving target bin: no target sampler (targets are then simulated).
+    empty = NoisyMarginals(lay, np.zeros(lay.num_bins), 50.0)
+    assert empty.target_sampler() is None and "rentals" in empty.fallback_columns()
+    assert "features and targets" in m.describe()
