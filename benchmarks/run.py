@@ -176,12 +176,12 @@ def run_one(prep: PreparedData, method: str, size: int, seed: int, cfg: Config, 
             sigma = acc.calibrate_noise_multiplier(target_epsilon=epsilon, delta=cfg.delta, sample_rate=q,
                                                    steps=steps, accountant=accountant, prior_events=before)
         records = PrivateRecords(prep.train)
-        start = initial_samplers(records, tf, layout, init_sigma)
+        init_start = initial_samplers(records, tf, layout, init_sigma)
         if init_sigma is not None:
             extra["init_noise_multiplier"] = init_sigma
         constructor = dp_psvi_constructor(transform=tf, model=prep.model, noise_multiplier=sigma, sample_rate=q,
-                                          record_count=n, steps=steps, init_features=start.features,
-                                          init_targets=start.targets)
+                                          record_count=n, steps=steps, init_features=init_start.features,
+                                          init_targets=init_start.targets)
         if fields:
             constructor = dataclasses.replace(constructor, **fields)
         summary = fit(constructor, records, prep.model, size, generator=gen)
