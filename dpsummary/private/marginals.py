@@ -236,13 +236,16 @@ class NoisyMarginals:
         return sample
 
     def describe(self) -> str:
-        fallback = self.fallback_columns()
-        drawn = "features and targets" if any(c.target for c in self.layout.columns) else "features"
+        targets = {c.name for c in self.layout.columns if c.target}
+        fallback = [name for name in self.fallback_columns() if name not in targets]
+        drawn = "features and targets" if targets else "features"
         text = (f"initial pseudopoint {drawn} drawn from DP per-column histograms ({self.layout.touches} columns, "
                 f"{self.layout.num_bins} public bins, noise multiplier {self.noise_multiplier:.4g}, "
                 f"bins below {self.threshold:.0f} noisy records dropped)")
         if fallback:
             text += "; from the public box instead (no bin above the noise): " + ", ".join(fallback)
+        if targets and self.target_sampler() is None:
+            text += "; targets simulated from the model instead (no target bin above the noise)"
         return text
 
 

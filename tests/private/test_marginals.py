@@ -226,4 +226,6 @@ def test_target_sampler_draws_the_targets_scale_and_features_ignore_it():
     # No surviving target bin: no target sampler (targets are then simulated).
     empty = NoisyMarginals(lay, np.zeros(lay.num_bins), 50.0)
     assert empty.target_sampler() is None and "rentals" in empty.fallback_columns()
+    assert "targets simulated from the model instead" in empty.describe()
+    assert "rentals" not in empty.describe().partition("public box instead")[2]
     assert "features and targets" in m.describe()
