@@ -28,12 +28,12 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from dpsummary import accounting as acc  # noqa: E402
 from dpsummary.constructors import fit  # noqa: E402
 from dpsummary.constructors.psvi import centred_loglik, posterior_draws  # noqa: E402
 from dpsummary.data import Transform  # noqa: E402
 from dpsummary.experiment import prepare_public_dataset  # noqa: E402
 from dpsummary.metrics import summary_posterior  # noqa: E402
-from dpsummary.private import accounting as acc  # noqa: E402
 from dpsummary.private.dppsvi import DPPSVI  # noqa: E402
 from dpsummary.private.mechanism import PrivateRecords  # noqa: E402
 from dpsummary.private.noise import quantize_sample_rate  # noqa: E402

@@ -138,9 +138,9 @@ def run_one(prep: PreparedData, method: str, size: int, seed: int, cfg: Config, 
     if base_method(method) == "dp-psvi":
         import dataclasses
 
+        from dpsummary import accounting as acc
         from dpsummary.data import Transform
         from dpsummary.policy import default_policy
-        from dpsummary.private import accounting as acc
         from dpsummary.private.mechanism import PrivateRecords
         from dpsummary.private.noise import quantize_sample_rate
         from dpsummary.release import (

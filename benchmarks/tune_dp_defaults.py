@@ -52,12 +52,12 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from dpsummary.accounting import calibrate_noise_multiplier  # noqa: E402
 from dpsummary.constructors import fit  # noqa: E402
 from dpsummary.data import Transform  # noqa: E402
 from dpsummary.experiment import make_constructor, prepare_public_dataset  # noqa: E402
 from dpsummary.metrics import evaluate  # noqa: E402
 from dpsummary.policy import default_policy  # noqa: E402
-from dpsummary.private.accounting import calibrate_noise_multiplier  # noqa: E402
 from dpsummary.private.mechanism import PrivateRecords  # noqa: E402
 from dpsummary.private.noise import quantize_sample_rate  # noqa: E402
 from dpsummary.release import (  # noqa: E402

@@ -20,16 +20,16 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from . import accounting as acc
 from . import keys as _keys
 from .ledger import Problem, read_ledger
-from .private import accounting as acc
 
 if TYPE_CHECKING:
     from .policy import Policy
 
 EPS_MISMATCH_TOL = 1e-6
 #: The ledger decides budgets with the vectorised RDP series; the audit recomputes with Opacus's
-#: own loop. The two agree to far below this relative tolerance (tests/private/test_accounting.py).
+#: own loop. The two agree to far below this relative tolerance (tests/test_accounting.py).
 RDP_AGREEMENT_TOL = 1e-9
 
 __all__ = ["AuditReport", "EntryRow", "SourceRow", "audit"]

@@ -36,9 +36,9 @@ adjacency (adding or removing one record changes the clipped sum by at most ``cl
 
 Accounting: ``steps`` compositions of that mechanism, i.e. the event
 ``subsampled_gaussian_event(noise_multiplier, q, steps)`` — the same event, accountant
-(Opacus RDP on :data:`dpsummary.private.accounting.RDP_ORDERS`) and adjacency as the release's
+(Opacus RDP on :data:`dpsummary.accounting.RDP_ORDERS`) and adjacency as the release's
 optimisation stage. Sigma is calibrated with
-:func:`dpsummary.private.accounting.calibrate_noise_multiplier`. An empty Poisson batch still adds
+:func:`dpsummary.accounting.calibrate_noise_multiplier`. An empty Poisson batch still adds
 the noise (the accountant assumes every step is released).
 
 Hyperparameters (the defaults below) were chosen on *synthetic* logistic-regression data only,
@@ -175,7 +175,7 @@ def fit_dpvi(
     from opacus import GradSampleModule
     from opacus.optimizers import DPOptimizer
 
-    from .private import accounting as acc
+    from . import accounting as acc
     from .private.noise import poisson_mask, quantize_sample_rate
 
     if train.ndim != 2 or train.shape[1] != model.point_dim:

@@ -69,9 +69,9 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from filelock import FileLock
 
+from . import accounting as acc
 from . import keys as _keys
 from .artifact import canonical_json
-from .private import accounting as acc
 
 if TYPE_CHECKING:
     from .policy import Policy

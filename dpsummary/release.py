@@ -165,12 +165,12 @@ def run_release(
     data had already been touched."""
     from dp_accounting import dp_event as dpe
 
+    from . import accounting as acc
     from . import data as dmod
     from . import keys
     from . import policy as pmod
     from .artifact import write_artifact
     from .ledger import Ledger
-    from .private import accounting as acc
 
     say = notice or (lambda _msg: None)
     _check_request(req)
@@ -429,9 +429,9 @@ def _plan_optimisation(
 ) -> OptimisationPlan:
     """Model, public transform, sample rate and noise multipliers, from public or released values
     only (the schema and the count are public or DP outputs of stage 1)."""
+    from . import accounting as acc
     from . import data as dmod
     from .models import get_model_class
-    from .private import accounting as acc
     from .private.noise import quantize_sample_rate
 
     kind = dmod.target_kind(schema)
@@ -497,7 +497,7 @@ def plan_initialisation(
     ``target_epsilon`` is cumulative: the composition of ``prior_events`` and the histograms is
     calibrated to it (as the count and schema stages are). Returns the events to compose before
     the optimisation. Used by the release and the benchmarks, so both measure the same thing."""
-    from .private import accounting as acc
+    from . import accounting as acc
     from .private.marginals import layout_for, marginals_event
 
     if model_name not in models or target_epsilon <= 0:
@@ -637,7 +637,7 @@ def _budget_split(count_sigma, pre_sigma, init_sigma, psvi_event, delta, account
     """Standalone epsilon of each part (their naive sum bounds the composed total from above)."""
     from dp_accounting import dp_event as dpe
 
-    from .private import accounting as acc
+    from . import accounting as acc
 
     out = {"count": 0.0, "preprocessing": 0.0, "initialisation": 0.0}
     for part, sig in (("count", count_sigma), ("preprocessing", pre_sigma), ("initialisation", init_sigma)):

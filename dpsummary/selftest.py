@@ -85,9 +85,7 @@ import numpy as np
 import torch
 from scipy import stats
 
-from .models import DTYPE, GaussianMean, LogisticRegression, Model
-from .private import noise
-from .private.accounting import (
+from .accounting import (
     Accountant,
     calibrate_gaussian,
     calibrate_noise_multiplier,
@@ -95,6 +93,8 @@ from .private.accounting import (
     gaussian_event,
     subsampled_gaussian_event,
 )
+from .models import DTYPE, GaussianMean, LogisticRegression, Model
+from .private import noise
 from .private.marginals import ColumnBins, HistogramLayout
 from .private.mechanism import PrivacyRandomness, PrivateRecords, SystemRandomness, clip_rows
 

@@ -7,12 +7,12 @@ import json
 
 import dp_accounting as dpa
 
+from dpsummary import accounting as A
 from dpsummary import audit as AU
 from dpsummary import keys
 from dpsummary import ledger as L
 from dpsummary import policy as P
 from dpsummary.artifact import canonical_json
-from dpsummary.private import accounting as A
 
 DELTA = 1e-6
 

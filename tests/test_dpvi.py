@@ -45,8 +45,8 @@ def test_large_epsilon_approaches_the_posterior() -> None:
 def test_recorded_mechanism_reproduces_the_accountant() -> None:
     from opacus.accountants import RDPAccountant
 
-    from dpsummary.private import accounting as acc
-    from dpsummary.private.accounting import RDP_ORDERS
+    from dpsummary import accounting as acc
+    from dpsummary.accounting import RDP_ORDERS
 
     model, train, _ = _problem(n=1000)
     res = dpvi.fit_dpvi(train, model, epsilon=0.5, delta=1e-7, generator=torch.Generator().manual_seed(1),

@@ -12,10 +12,10 @@ import time
 import dp_accounting as dpa
 import pytest
 
+from dpsummary import accounting as A
 from dpsummary import keys
 from dpsummary import ledger as L
 from dpsummary import policy as P
-from dpsummary.private import accounting as A
 
 SIGMA = 5.0
 DELTA = 1e-6

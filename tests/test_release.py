@@ -108,8 +108,8 @@ def test_release_with_public_schema_end_to_end(tmp_path: Path, home: Path) -> No
 def test_release_recorded_mechanism_reproduces_opacus(tmp_path: Path, home: Path) -> None:
     from opacus.accountants import RDPAccountant
 
+    from dpsummary.accounting import RDP_ORDERS
     from dpsummary.artifact import read_artifact
-    from dpsummary.private.accounting import RDP_ORDERS
 
     data = _write_csv(tmp_path / "d.csv", 600)
     pol = _policy(tmp_path / "p.toml", n=600)
@@ -136,8 +136,8 @@ def test_dp_initialisation_is_accounted_and_reproduces_opacus(tmp_path: Path, ho
     split, and Opacus composes the recorded mechanisms to the claimed epsilon, within target."""
     from opacus.accountants import RDPAccountant
 
+    from dpsummary.accounting import RDP_ORDERS, events_from_json
     from dpsummary.artifact import read_artifact
-    from dpsummary.private.accounting import RDP_ORDERS, events_from_json
 
     data = _write_csv(tmp_path / "d.csv", 3000)
     pol = tmp_path / "p.toml"
@@ -184,8 +184,8 @@ def test_poisson_release_keeps_the_uniform_start_and_gives_the_share_to_optimisa
     res = _release(str(data), "--epsilon", "0.5", "--policy", str(pol), "--out", str(out), "--steps", "10",
                    "--size", "4")
     assert res.exit_code == 0, res.output
+    from dpsummary import accounting as A
     from dpsummary.artifact import read_artifact
-    from dpsummary.private import accounting as A
 
     _, claim, _ = read_artifact(out, allow_unsigned=True)
     assert claim["mechanism"]["initialisation"] is None

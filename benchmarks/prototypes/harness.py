@@ -26,12 +26,12 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from tune_dp_defaults import synthetic_table, write_csv  # noqa: E402
 
+from dpsummary.accounting import calibrate_noise_multiplier  # noqa: E402
 from dpsummary.constructors import fit  # noqa: E402
 from dpsummary.data import Transform  # noqa: E402
 from dpsummary.experiment import make_constructor, prepare_public_dataset  # noqa: E402
 from dpsummary.metrics import evaluate  # noqa: E402
 from dpsummary.policy import default_policy  # noqa: E402
-from dpsummary.private.accounting import calibrate_noise_multiplier  # noqa: E402
 from dpsummary.private.mechanism import PrivateRecords  # noqa: E402
 from dpsummary.private.noise import quantize_sample_rate  # noqa: E402
 from dpsummary.release import (  # noqa: E402

@@ -21,8 +21,8 @@ from typing import Any
 import torch
 from harness import run, summary
 
+from dpsummary import accounting as acc
 from dpsummary.constructors.psvi import PSVIState, apply_gradient, posterior_draws
-from dpsummary.private import accounting as acc
 from dpsummary.private.dppsvi import DPPSVI
 
 PROFILE_SETS: dict[str, dict[str, tuple[tuple[float, float], ...]]] = {

@@ -21,9 +21,9 @@ from typing import Any
 import torch
 from harness import run, summary
 
+from dpsummary.accounting import calibrate_noise_multiplier
 from dpsummary.constructors.psvi import PSVIState
 from dpsummary.inference import coreset_posterior
-from dpsummary.private.accounting import calibrate_noise_multiplier
 from dpsummary.private.dppsvi import DPPSVI
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -24,8 +24,34 @@ import torch
 from ..constructors.base import write_atomic
 from ..models import DTYPE, GLM, GaussianMean, LinearRegression
 
-if TYPE_CHECKING:
-    from ..analyst import Release
+
+class Release(Protocol):
+    """What an exporter reads of a loaded release (:class:`dpsummary.analyst.Release` provides
+    it). A protocol, so the exporters do not import the analyst module that calls them."""
+
+    @property
+    def model(self) -> Any: ...
+    @property
+    def dim(self) -> int: ...
+    @property
+    def prior(self) -> dict[str, Any]: ...
+    @property
+    def summary(self) -> Any: ...
+    @property
+    def claim(self) -> dict[str, Any]: ...
+    @property
+    def feature_names(self) -> list[str]: ...
+    @property
+    def param_names(self) -> list[str]: ...
+    @property
+    def transform(self) -> Any: ...
+    @property
+    def envelope(self) -> dict[str, Any]: ...
+    @property
+    def body(self) -> dict[str, Any]: ...
+
+    def nonzero(self) -> tuple[torch.Tensor, torch.Tensor]: ...
+    def log_density(self, theta: Any) -> Any: ...
 
 NEUTRAL_FORMAT = "dpsummary.neutral/v1"
 #: Relative tolerance (against max(1, |reference|)) every adapter must meet at the checks.

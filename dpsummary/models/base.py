@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 
 import torch
 
-DTYPE = torch.float64
+from ..gaussian import DTYPE
 
 
 class Model(ABC):

@@ -43,7 +43,7 @@ class GaussianMean(Model):
         return theta.reshape(1, -1) + self.noise_scale * eps
 
     def exact_posterior(self, points: torch.Tensor, weights: torch.Tensor):
-        from ..inference import GaussianPosterior
+        from ..gaussian import GaussianPosterior
 
         total = weights.sum()
         precision = 1.0 / self.prior_scale**2 + total / self.noise_scale**2

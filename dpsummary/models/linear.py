@@ -62,7 +62,7 @@ class LinearRegression(Model):
         return torch.cat([features, y[:, None]], 1)
 
     def exact_posterior(self, points, weights):
-        from ..inference import GaussianPosterior
+        from ..gaussian import GaussianPosterior
 
         x = self.design(points)
         y = points[:, -1]

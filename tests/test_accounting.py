@@ -1,4 +1,4 @@
-"""Tests for dpsummary.private.accounting."""
+"""Tests for dpsummary.accounting."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import dp_accounting as dpa
 import numpy as np
 import pytest
 
-from dpsummary.private import accounting as A
+from dpsummary import accounting as A
 
 
 def test_event_json_round_trip_and_stability():
