@@ -505,6 +505,42 @@ def epsilon(events: Sequence[dpa.DpEvent], delta: float, accountant: Accountant 
     raise ValueError(f"unknown accountant {accountant!r}; choose one of {', '.join(ACCOUNTANTS)}")
 
 
+def selection_slack(extra_deltas: Iterable[float]) -> float:
+    """The epsilon added by delta spent outside the Gaussian events: ``-log(1 - x)`` summed over
+    every such delta ``x`` (DP schema estimation's partition selection is a
+    ``(-log(1 - x), x)``-DP step under add/remove adjacency). Pure arithmetic on public
+    parameters; summed in the given order so every caller gets the same float."""
+    slack = 0.0
+    for x in extra_deltas:
+        x = float(x)
+        if not (0.0 <= x < 1.0):
+            raise ValueError(f"extra delta {x!r} outside [0, 1)")
+        if x > 0:
+            slack += -math.log1p(-x)
+    return slack
+
+
+def composed_epsilon(
+    events: Sequence[dpa.DpEvent],
+    *,
+    delta: float,
+    extra_delta: float = 0.0,
+    extra_deltas: Iterable[float] = (),
+    accountant: Accountant = "rdp",
+) -> float:
+    """THE composed epsilon of a source or of one release: ``epsilon(events, delta,
+    accountant) - log1p(-extra_delta)`` (:func:`selection_slack` of ``extra_deltas`` then
+    ``extra_delta``). The ledger's budget check and ``spent``, the audit's accountant of record
+    and the artifact's claim all call it, so they agree to the bit.
+
+    ``delta`` is the delta at which the events are composed: the caller passes its total delta
+    MINUS the extra deltas (those are spent by the partition selection, not by the events).
+    A release passes its one ``extra_delta``; a source passes the list of every charged
+    reserve's ``extra_delta`` as ``extra_deltas``. Raises ``ValueError`` for an extra delta
+    outside [0, 1) or an unknown accountant."""
+    return epsilon(events, delta, accountant) + selection_slack([*extra_deltas, extra_delta])
+
+
 def epsilons(
     events: Sequence[dpa.DpEvent], delta: float, accountants: Iterable[Accountant] = ACCOUNTANTS
 ) -> dict[str, float]:

@@ -134,12 +134,23 @@ class Release:
         claim: Mapping[str, Any] | None = None,
         envelope: Mapping[str, Any] | None = None,
         path: Path | None = None,
+        *,
+        posterior: str = "default",
     ) -> Release:
-        """Build from a release body (``format: dpsummary.release/v1``) and its claim."""
+        """Build from a release body (``format: dpsummary.release/v1``) and its claim.
+
+        ``posterior``: ``"default"`` (the release's own summary: noise-aware when its mechanism
+        is) or ``"raw"`` (the summary of the same noisy statistics without accounting for the
+        noise: narrower, not calibrated; for releases without a raw variant, the summary)."""
         if body.get("format") != RELEASE_FORMAT:
             raise ReleaseFormatError(f"not a {RELEASE_FORMAT} release body")
+        if posterior not in ("default", "noise_aware", "raw"):
+            raise ReleaseFormatError("posterior must be 'default', 'noise_aware' or 'raw'")
+        key = "raw_summary" if posterior == "raw" and "raw_summary" in body else "summary"
+        if posterior == "noise_aware" and (body.get("posterior") or {}).get("default") != "noise_aware":
+            raise ReleaseFormatError("this release has no noise-aware posterior (its mechanism is not noise-aware)")
         try:
-            summary = Summary.from_dict(body["summary"])
+            summary = Summary.from_dict(body[key])
         except (KeyError, TypeError, ValueError, RuntimeError) as exc:
             raise ReleaseFormatError(f"malformed summary in the release: {exc}") from None
         rel = cls.from_summary(
@@ -155,6 +166,12 @@ class Release:
     @property
     def model(self) -> Model:
         return self.summary.model
+
+    @property
+    def noise_aware(self) -> bool:
+        """True when the loaded summary accounts for the privacy noise (the default of releases
+        made by the noise-aware mechanism)."""
+        return self.summary.info.get("posterior") == "noise_aware"
 
     @property
     def points(self) -> torch.Tensor:
@@ -412,8 +429,12 @@ def load(
     key: str | Path | Any | None = None,
     *,
     allow_unsigned: bool = False,
+    posterior: str = "default",
 ) -> Release:
     """Load a released artifact and verify its signature.
+
+    ``posterior="default"`` gives the release's summary (noise-aware for the default mechanism);
+    ``posterior="raw"`` the summary that ignores the privacy noise (for comparison only).
 
     ``key``: the curator's public key (a PEM file path, or an Ed25519 public key object); when
     omitted, the default key of this machine's dpsummary home is used if there is one. An
@@ -438,4 +459,4 @@ def load(
         raise TypeError("key must be a path to a PEM public key or an Ed25519PublicKey")
     p = Path(path)
     body, claim, info = read_artifact(p, public_key, allow_unsigned=allow_unsigned)
-    return Release.from_body(body, claim, info, p)
+    return Release.from_body(body, claim, info, p, posterior=posterior)

@@ -5,7 +5,11 @@ signatures (:func:`dpsummary.ledger.read_ledger`), recomputes each reserve entry
 from its dp_accounting events with Opacus RDP and with dp_accounting PLD (an independent
 implementation), flags stored epsilons that differ from the recomputation by more than
 :data:`EPS_MISMATCH_TOL`, composes all charged events per source (one accountant over all
-events, at the policy's ``total_delta``) and compares with the policy's ``total_epsilon``.
+events, at the policy's ``total_delta`` minus the delta the source's reserves spent outside
+their events, plus that delta's epsilon slack: :func:`dpsummary.accounting.composed_epsilon`,
+the ledger's and the artifact claim's own computation) and compares with the policy's
+``total_epsilon``. Open holds (a release in progress, or a crashed one not yet recovered) are
+listed per source as warnings; they do not make the audit fail.
 
 Entries with verification problems (foreign key, bad signature, broken chain, ...) are
 reported with their flags and their events are still recomputed per entry (an auditor should
@@ -22,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import accounting as acc
 from . import keys as _keys
-from .ledger import Problem, read_ledger
+from .ledger import Problem, open_holds, read_ledger
 
 if TYPE_CHECKING:
     from .policy import Policy
@@ -74,6 +78,9 @@ class AuditReport:
     entries: list[EntryRow]
     sources: list[SourceRow]
     mismatches: list[str]
+    #: Holds still open (``{source_id, release_id, hold_epsilon, since_seq}``): a warning (a
+    #: release running now, or one whose process died and was not yet recovered), not a failure.
+    open_holds: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -84,6 +91,7 @@ class AuditReport:
             "entries": [asdict(e) for e in self.entries],
             "sources": [asdict(s) for s in self.sources],
             "mismatches": list(self.mismatches),
+            "open_holds": list(self.open_holds),
         }
 
     def to_json(self) -> str:
@@ -125,6 +133,12 @@ class AuditReport:
         for p in self.problems:
             out.append(f"{p.severity}: {p.kind}: {p.message}")
         out.extend(f"mismatch: {m}" for m in self.mismatches)
+        out.extend(
+            f"warning: open hold of release {h['release_id']} on source {h['source_id']!r}: epsilon "
+            f"{h['hold_epsilon']:.6g} since seq {h['since_seq']} (a release in progress, or a crashed one: "
+            "the next reserve settles it if its owner is gone)"
+            for h in self.open_holds
+        )
         return "\n".join(out)
 
 
@@ -162,6 +176,7 @@ def audit(
     naive: dict[str, float] = {}
     deltas: dict[str, float] = {}
     extra_deltas: dict[str, float] = {}
+    extra_list: dict[str, list[float]] = {}
     for i, line in enumerate(_raw_lines(path)):
         lineno = i + 1
         try:
@@ -211,6 +226,8 @@ def audit(
             deltas[source] = max(deltas.get(source, 0.0), float(delta or 0.0))
             extra = e.get("extra_delta")
             extra_deltas[source] = extra_deltas.get(source, 0.0) + (float(extra) if isinstance(extra, float | int) else 0.0)
+            if isinstance(extra, float | int) and extra > 0:
+                extra_list.setdefault(source, []).append(float(extra))
         rows.append(
             EntryRow(
                 lineno, seq, kind, str(e.get("release_id", "")), source,
@@ -226,15 +243,19 @@ def audit(
         wanted.append(policy.source_id)
     for s in wanted:
         ev = verified_events.get(s, [])
-        # Delta spent outside the events (partition selection) comes off the source's total.
+        # Delta spent outside the events (partition selection) comes off the source's total and
+        # adds its epsilon slack: the same computation as the ledger's and the claim's.
         d = policy.total_delta - extra_deltas.get(s, 0.0)
         if d <= 0:
             d = 1e-300
-        rdp = acc.epsilon_rdp_opacus(ev, d)
-        pld = acc.epsilon_pld(ev, d)
-        of_record = {"rdp": rdp, "pld": pld}.get(policy.accountant)
-        if of_record is None:
-            of_record = acc.epsilon(ev, d, policy.accountant)
+        # The accountant of record goes through acc.composed_epsilon (the ledger's and the
+        # claim's computation); the two independent columns (Opacus RDP, dp-accounting PLD) add
+        # the same slack to their own recomputation.
+        slack = acc.selection_slack(extra_list.get(s, []))
+        rdp = acc.epsilon_rdp_opacus(ev, d) + slack
+        pld = acc.epsilon_pld(ev, d) + slack
+        of_record = acc.composed_epsilon(ev, delta=d, extra_deltas=extra_list.get(s, []),
+                                         accountant=policy.accountant)
         sources.append(
             SourceRow(
                 source_id=s, reservations=counts.get(s, 0), delta=d, composed_rdp=rdp,
@@ -247,5 +268,5 @@ def audit(
     ok = not st.errors and not mismatches and all(s.within_budget for s in sources)
     return AuditReport(
         ledger=str(path), keyid=_keys.key_id(public_key), ok=ok, problems=st.problems,
-        entries=rows, sources=sources, mismatches=mismatches,
+        entries=rows, sources=sources, mismatches=mismatches, open_holds=open_holds(st.entries),
     )

@@ -8,8 +8,11 @@ one-hot categories, with the encoded target, if any, as the last column.
 
 Documented handling choices
 ---------------------------
-* Whitespace around every field and header name is stripped; an empty field is *missing*.
-  Blank lines are skipped. A UTF-8 byte order mark is removed.
+* Reading is total (:func:`read_table`): every field and header name is normalised by one
+  public rule (Unicode NFKC, then leading/trailing Unicode whitespace removed, non-breaking
+  spaces included); an empty field is *missing*; blank lines are skipped; a UTF-8 byte order
+  mark is removed; ragged rows are dropped; undecodable bytes become U+FFFD. Only
+  :func:`read_header`'s public checks refuse.
 * Numeric features: public transform (:meth:`Transform.from_schema`) uses centre
   ``(lower+upper)/2`` and scale ``(upper-lower)/2``, and values outside ``[lower, upper]`` are
   **clipped** to the bounds first, so every numeric feature lies in ``[-1, 1]``. Clipping is a
@@ -32,6 +35,15 @@ Documented handling choices
   are 0/1 with the *positive class* recorded: ``ColumnSpec.positive`` if given, else the second of
   the two categories in sorted order (for a numeric binary target, 1).
 * Columns of the table not named in the schema are ignored.
+* The release path uses :meth:`Transform.encode_total`, which never raises on record content:
+  a numeric value that is missing, unparsable or not finite (``nan``/``inf``/``infinity`` in any
+  case) is missing and is imputed at the centre (default) or drops its record; a missing or
+  unseen category is the all-zero "other" vector (default) or drops its record; a missing or
+  invalid target drops its record. It returns per-record :class:`QualityIndicators` (PRIVATE:
+  only for an accounted noisy-count mechanism, L2 sensitivity ``sqrt(k)`` for ``k`` rules). The
+  ``"error"`` options above remain for non-private baselines only.
+* If pyarrow cannot parse a CSV at all (for example a quote never closed makes one field longer
+  than its block), the same rules are applied by the stdlib ``csv`` reader instead of refusing.
 
 Error messages never contain a data value, a row number or a row count when the table was read
 with ``private=True``: only the column name and the kind of problem.
@@ -42,7 +54,8 @@ from __future__ import annotations
 import csv
 import io
 import math
-import operator
+import re
+import unicodedata
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -55,9 +68,12 @@ from pydantic import BaseModel, ConfigDict, model_validator
 
 __all__ = [
     "NO_TARGET",
+    "QUALITY_RULES",
     "ColumnSpec",
     "DataError",
+    "QualityIndicators",
     "RawTable",
+    "ReadReport",
     "Schema",
     "TargetKind",
     "Transform",
@@ -65,7 +81,10 @@ __all__ = [
     "infer_schema",
     "factorize",
     "parse_floats",
+    "normalise_text",
     "read_csv",
+    "read_header",
+    "read_table",
     "target_kind",
 ]
 
@@ -268,7 +287,7 @@ class RawTable:
         cls, rows: Sequence[Mapping[str, str]], header: Sequence[str], *, private: bool = False
     ) -> RawTable:
         """Build a table from dict rows; absent keys are missing values."""
-        cols = {h: [str(r.get(h, "") or "").strip() for r in rows] for h in header}
+        cols = {h: [normalise_text(str(r.get(h, "") or "")) for r in rows] for h in header}
         return cls(header=list(header), columns=cols, private=private)
 
 
@@ -279,96 +298,209 @@ def _err(private: bool, message: str, detail: str = "") -> DataError:
     return DataError(message)
 
 
-_RAGGED = "a data row does not have the same number of fields as the header"
+#: Bytes of the first line read by the public header check (a header longer than this is refused).
+MAX_HEADER_BYTES = 1 << 20
+_BOM = b"\xef\xbb\xbf"
 
 
-def _edge_whitespace(text: str) -> bool:
-    """Whether any field may start or end with whitespace (substring scans, no regex)."""
-    if text[:1].isspace() or text[-1:] in (" ", "\t"):
-        return True
-    return any(p in text for p in (" ,", ", ", "\t,", ",\t", " \n", "\n ", "\t\n", "\n\t"))
+def normalise_text(value: str) -> str:
+    """THE public normalisation of every field, header name and schema category: Unicode NFKC,
+    then leading/trailing Unicode whitespace (non-breaking and other spaces included) removed."""
+    return unicodedata.normalize("NFKC", value).strip()
 
 
-def _parse_plain(text: str, private: bool) -> tuple[list[str], list[list[str]]]:
-    """Header and columns of an unquoted CSV: one record per line, every comma a separator.
-
-    Exactly what the csv module returns for such text, several times faster: one flat list of
-    fields (strings are not tracked by the garbage collector, lists of rows are).
-    """
-    if "\r" in text:
-        text = text.replace("\r\n", "\n").replace("\r", "\n")
-    lines = [line for line in text.split("\n") if line]
-    if not lines:
-        return [], []
-    header = lines[0].split(",")
-    width = len(header)
-    data = lines[1:]
-    counts = np.fromiter(map(operator.methodcaller("count", ","), data), np.int64, len(data))
-    if np.any(counts != width - 1):
-        bad = _first_index(counts != width - 1)
-        raise _err(
-            private, _RAGGED, f"data row {bad + 1}: {counts[bad] + 1} fields, header has {width}"
-        )
-    flat = ",".join(data).split(",") if data else []
-    return header, [flat[j::width] for j in range(width)]
+def _is_parquet(path: Path) -> bool:
+    return path.suffix.lower() in (".parquet", ".pq")
 
 
-def _parse_quoted(text: str, path: Path, private: bool) -> tuple[list[str], list[list[str]]]:
+def read_header(path: str | Path) -> list[str]:
+    """The header of a CSV (first line) or Parquet file (schema names), normalised.
+
+    The only check of a data file that runs before a privacy reservation, so it refuses
+    (:class:`DataError`, one line with the fix) only on public facts: the file is missing, not a
+    file, unreadable, empty, or its header is not a CSV line of distinct non-empty names. No data
+    row is read: a header without rows passes (the release decides on noisy counts)."""
+    p = Path(path)
+    if not p.exists():
+        raise DataError(f"data file not found: {p}")
+    if not p.is_file():
+        raise DataError(f"not a file: {p}")
+    if _is_parquet(p):
+        try:
+            import pyarrow.parquet as pq
+
+            names = list(pq.read_schema(p).names)
+        except (OSError, ValueError) as exc:  # pyarrow raises ArrowInvalid (a ValueError)
+            raise DataError(f"cannot read the Parquet file {p}: {type(exc).__name__}; is it Parquet?") from None
+    else:
+        try:
+            with open(p, "rb") as fh:
+                first = fh.readline(MAX_HEADER_BYTES + 1)
+        except OSError as exc:
+            raise DataError(f"cannot read data file {p}: {exc.strerror}") from None
+        if first.startswith(_BOM):
+            first = first[len(_BOM):]
+        if not first.strip():
+            raise DataError(f"data file is empty or its first line is blank: {p}; put the header on the first line")
+        if len(first) > MAX_HEADER_BYTES:
+            raise DataError(f"the header line of {p} is longer than {MAX_HEADER_BYTES} bytes; is it a CSV?")
+        try:
+            text = first.decode("utf-8")
+        except UnicodeDecodeError:
+            raise DataError(f"the header line of {p} is not UTF-8 text; save the file as UTF-8 CSV") from None
+        try:
+            rows = list(csv.reader(io.StringIO(text, newline="")))
+        except csv.Error:
+            raise DataError(f"the header line of {p} is not a CSV line; check its quoting") from None
+        if len(rows) != 1:
+            raise DataError(f"the header line of {p} is not a CSV line; check its quoting")
+        names = rows[0]
+    header = [normalise_text(str(h)) for h in names]
+    if any(not h for h in header):
+        raise DataError(f"the header of {p} has an empty column name; name every column")
+    if len(set(header)) != len(header):
+        dup = next(h for h in header if header.count(h) > 1)
+        raise DataError(f"duplicate column name in the header of {p}: {dup!r}; rename one")
+    return header
+
+
+@dataclass(frozen=True)
+class ReadReport:
+    """What the reader's total rules did. PRIVATE: ``undecodable`` (one bool per row kept: the
+    row held bytes that are not UTF-8) and ``ragged_rows`` (rows dropped for a wrong field
+    count) go only into an accounted noisy-count mechanism, never into a message or a log."""
+
+    undecodable: np.ndarray
+    ragged_rows: int
+
+
+def _decode_column(col: Any) -> tuple[list[str], np.ndarray]:
+    """A binary Arrow column as normalised strings, and which rows held undecodable bytes."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    col = col.combine_chunks() if hasattr(col, "combine_chunks") else col
+    n = len(col)
+    bad = np.zeros(n, dtype=bool)
     try:
-        rows = [r for r in csv.reader(io.StringIO(text, newline="")) if r]
-    except csv.Error as exc:
-        raise _err(private, f"malformed CSV in {path}", str(exc)) from None
-    if not rows:
-        return [], []
-    header, data = rows[0], rows[1:]
+        text = pc.cast(col, pa.string())
+    except (pa.ArrowInvalid, pa.ArrowTypeError):
+        raw = col.to_pylist()
+        values = []
+        for i, b in enumerate(raw):
+            b = b or b""
+            try:
+                values.append(b.decode("utf-8"))
+            except UnicodeDecodeError:
+                bad[i] = True
+                values.append(b.decode("utf-8", errors="replace"))
+        text = pa.array(values, type=pa.string())
+    text = pc.fill_null(text, "")
+    text = pc.utf8_trim_whitespace(pc.utf8_normalize(text, "NFKC"))
+    return text.to_pylist(), bad
+
+
+def read_table(path: str | Path, *, private: bool = False) -> tuple[RawTable, ReadReport]:
+    """Read a CSV (or Parquet) file by public, total per-record rules (never refuses on record
+    content; only the public facts of :func:`read_header` raise):
+
+    * every field and header name is normalised by :func:`normalise_text`; an empty field is
+      missing; blank lines are skipped; a UTF-8 byte order mark is removed;
+    * a row whose field count differs from the header's (ragged) is dropped;
+    * bytes that are not UTF-8 become U+FFFD (a numeric field holding one is then non-numeric).
+
+    Returns the table and a private :class:`ReadReport` (see its caveat). Parsing is pyarrow's
+    multithreaded CSV reader with every column read as bytes."""
+    import pyarrow as pa
+    import pyarrow.csv as pcsv
+
+    p = Path(path)
+    header = read_header(p)
+    if _is_parquet(p):
+        import pyarrow.parquet as pq
+
+        tbl = pq.read_table(p)
+        cols, bad = {}, np.zeros(tbl.num_rows, dtype=bool)
+        for name, col in zip(header, tbl.columns, strict=True):
+            if pa.types.is_binary(col.type) or pa.types.is_large_binary(col.type):
+                values, b = _decode_column(col)
+            else:  # typed Parquet columns: their text form (numbers as Arrow prints them)
+                values, b = _decode_column(pa.compute.cast(pa.compute.cast(col, pa.string()), pa.binary()))
+            cols[name], bad = values, bad | b
+        return RawTable(header=header, columns=cols, private=private), ReadReport(bad, 0)
+    ragged = 0
+
+    def skip(_row: Any) -> str:
+        nonlocal ragged
+        ragged += 1
+        return "skip"
+
+    names = [f"c{i}" for i in range(len(header))]
+    try:
+        tbl = pcsv.read_csv(
+            p,
+            read_options=pcsv.ReadOptions(column_names=names, skip_rows=1, use_threads=True),
+            parse_options=pcsv.ParseOptions(newlines_in_values=True, invalid_row_handler=skip),
+            convert_options=pcsv.ConvertOptions(column_types={c: pa.binary() for c in names}, null_values=[],
+                                                strings_can_be_null=False, quoted_strings_can_be_null=False),
+        )
+    except pa.ArrowInvalid:
+        # One record can trigger this (a quote never closed makes a field longer than pyarrow's
+        # block), so refusing would let a record decide whether a release happens: fall back to
+        # the stdlib reader under the same public rules instead.
+        return _read_csv_fallback(p, header, private)
+    except OSError as exc:
+        raise DataError(f"cannot read data file {p}: {type(exc).__name__}") from None
+    cols = {}
+    bad = np.zeros(tbl.num_rows, dtype=bool)
+    for name, c in zip(header, names, strict=True):
+        values, b = _decode_column(tbl.column(c))
+        cols[name] = values
+        bad |= b
+    return RawTable(header=header, columns=cols, private=private), ReadReport(bad, ragged)
+
+
+def _read_csv_fallback(p: Path, header: list[str], private: bool) -> tuple[RawTable, ReadReport]:
+    """The same total rules as :func:`read_table` with the stdlib ``csv`` module (slow path for
+    files pyarrow will not parse, e.g. an unclosed quote). Never raises on record content:
+    undecodable bytes are carried as surrogates, flagged, then replaced by U+FFFD."""
+    import sys
+
+    with open(p, "rb") as fh:
+        fh.readline(MAX_HEADER_BYTES + 1)  # the header line, already checked by read_header
+        text = fh.read().decode("utf-8", errors="surrogateescape")
     width = len(header)
-    for i, r in enumerate(data):
-        if len(r) != width:
-            raise _err(private, _RAGGED, f"data row {i + 1}: {len(r)} fields, header has {width}")
-    if not data:
-        return header, [[] for _ in header]
-    return header, [list(c) for c in zip(*data, strict=True)]
+    cols: list[list[str]] = [[] for _ in header]
+    bad: list[bool] = []
+    ragged = 0
+    old_limit = csv.field_size_limit()
+    csv.field_size_limit(sys.maxsize)  # a field is never refused for its length
+    try:
+        for row in csv.reader(io.StringIO(text, newline=""), strict=False):
+            if not row:
+                continue  # an empty line, as pyarrow's ignore_empty_lines
+            if len(row) != width:
+                ragged += 1
+                continue
+            flag = False
+            for j, v in enumerate(row):
+                if _SURROGATE.search(v):
+                    flag = True
+                    v = _SURROGATE.sub("\ufffd", v)
+                cols[j].append(normalise_text(v))
+            bad.append(flag)
+    finally:
+        csv.field_size_limit(old_limit)
+    table = RawTable(header=header, columns=dict(zip(header, cols, strict=True)), private=private)
+    return table, ReadReport(np.array(bad, dtype=bool), ragged)
+
+
+_SURROGATE = re.compile("[\udc80-\udcff]")
 
 
 def read_csv(path: str | Path, *, private: bool = False) -> RawTable:
-    """Read a CSV with a header row into raw string columns (UTF-8, byte order mark removed).
-
-    Quoted files go through the stdlib ``csv`` module; files without any quote character take
-    an equivalent fast path. Whitespace around fields is stripped; blank lines are skipped.
-    Raises DataError for a missing or unreadable file, an empty file, a header without data
-    rows, empty or duplicate header names, and rows whose field count differs from the header's.
-    With ``private=True`` messages name at most a column and never a row number or value.
-    """
-    p = Path(path)
-    if not p.is_file():
-        raise DataError(f"data file not found: {p}")
-    try:
-        text = p.read_text(encoding="utf-8-sig")
-    except UnicodeDecodeError:
-        raise DataError(f"data file is not valid UTF-8 text: {p}") from None
-    except OSError as exc:
-        raise DataError(f"cannot read data file {p}: {exc.strerror}") from None
-    if '"' in text:
-        raw_header, cols = _parse_quoted(text, p, private)
-    else:
-        raw_header, cols = _parse_plain(text, private)
-    if not raw_header:
-        raise DataError(f"data file is empty: {p}")
-    header = [h.strip() for h in raw_header]
-    for i, h in enumerate(header):
-        if not h:
-            raise _err(private, "the header has an empty column name", f"column {i + 1}")
-    seen: set[str] = set()
-    for h in header:
-        if h in seen:
-            raise DataError(f"duplicate column name in the header: {h!r}")
-        seen.add(h)
-    if not cols[0]:
-        raise DataError(f"data file has a header but no data rows: {p}")
-    if _edge_whitespace(text):
-        cols = [list(map(str.strip, c)) for c in cols]
-    columns = dict(zip(header, cols, strict=True))
-    return RawTable(header=header, columns=columns, private=private)
+    """The table of :func:`read_table` (for non-private callers and tools that need no report)."""
+    return read_table(path, private=private)[0]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -701,6 +833,68 @@ class Transform:
                 out = out[valid]
         return out
 
+    def encode_total(
+        self,
+        table: RawTable,
+        *,
+        missing_numeric: Literal["impute", "drop"] = "impute",
+        unseen_category: Literal["other", "drop"] = "other",
+    ) -> tuple[torch.Tensor, QualityIndicators]:
+        """Model-space points of every record by public, total per-record rules (never raises on
+        record content; the release's path):
+
+        * a numeric feature that is missing, unparsable or not finite (``nan``, ``inf``, any case)
+          is missing: imputed at the column centre (``"impute"``) or its record dropped;
+        * a missing or unseen category (compared after :func:`normalise_text`) is the all-zero
+          "other" vector (``"other"``) or its record dropped;
+        * a missing or invalid target drops the record (binary: not one of the two classes;
+          count: not a non-negative integer; real: not finite).
+
+        Returns the kept points and, for every record READ (before drops), one boolean per rule
+        (:class:`QualityIndicators`): private, for an accounted noisy-count mechanism only."""
+        n = table.num_rows
+        f = self.num_features
+        with_target = self.target is not None
+        out = np.zeros((n, f + (1 if with_target else 0)), dtype=np.float64)
+        imputed = np.zeros(n, dtype=bool)
+        other = np.zeros(n, dtype=bool)
+        drop_num = np.zeros(n, dtype=bool)
+        drop_cat = np.zeros(n, dtype=bool)
+        drop_target = np.zeros(n, dtype=bool)
+        offset = 0
+        for col in self.schema.feature_columns:
+            arr = _normalised_column(table, col.name, n)
+            if col.kind == "numeric":
+                values, ok = parse_floats(arr)
+                c, sc = self.centres[col.name], self.scales[col.name]
+                if col.lower is not None and col.upper is not None:
+                    values = np.clip(values, col.lower, col.upper)
+                out[:, offset] = (np.where(ok, values, c) - c) / sc
+                if missing_numeric == "impute":
+                    imputed |= ~ok
+                else:
+                    drop_num |= ~ok
+                offset += 1
+            else:
+                cats = [normalise_text(x) for x in (col.categories or [])]
+                idx = _category_index(arr, cats)
+                rows = np.flatnonzero(idx >= 0)
+                out[rows, offset + idx[rows]] = 1.0
+                if unseen_category == "other":
+                    other |= idx < 0
+                else:
+                    drop_cat |= idx < 0
+                offset += len(cats)
+        if with_target:
+            assert self.target is not None
+            arr = _normalised_column(table, self.target, n)
+            y, valid = _replace(self, invalid_target="drop")._target(_normalised_target(self, arr), table.private)
+            out[:, f] = y
+            drop_target = ~valid
+        keep = ~(drop_num | drop_cat | drop_target)
+        indicators = np.stack([imputed, other, drop_target, drop_num, drop_cat], axis=1)
+        return torch.from_numpy(np.ascontiguousarray(out[keep])), QualityIndicators(QUALITY_RULES, indicators)
+
     def transform_rows(
         self, rows: Iterable[Mapping[str, str]]
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -805,6 +999,46 @@ class Transform:
                 private, f"target {col.name!r} has {problem}", f"data row {i + 1}: {arr[i]!r}"
             )
         return y.astype(np.float64), valid
+
+
+#: Per-record rules of :meth:`Transform.encode_total`, in the column order of its indicators.
+QUALITY_RULES: Final = ("imputed_numeric", "other_category", "dropped_target", "dropped_numeric", "dropped_category")
+
+
+@dataclass(frozen=True)
+class QualityIndicators:
+    """PRIVATE per-record flags (rows = records read, columns = :data:`QUALITY_RULES`)."""
+
+    names: tuple[str, ...]
+    indicators: np.ndarray
+
+
+def _normalised_column(table: RawTable, name: str, n: int) -> np.ndarray:
+    """A column with :func:`normalise_text` applied per distinct value (idempotent, so cheap
+    insurance for tables not built by the reader); an absent column is all missing."""
+    if name not in table.columns:
+        return np.full(n, "", dtype=object)
+    uniq, codes = factorize(table.columns[name])
+    norm = np.empty(len(uniq), dtype=object)
+    norm[:] = [normalise_text(u) for u in uniq]
+    return norm[codes] if n else np.empty(0, dtype=object)
+
+
+def _replace(tf: Transform, **changes: Any) -> Transform:
+    import dataclasses
+
+    return dataclasses.replace(tf, **changes)
+
+
+def _normalised_target(tf: Transform, arr: np.ndarray) -> np.ndarray:
+    """Map a categorical target's values that equal a category after normalisation onto it."""
+    col = tf.schema.target_column
+    if col is None or col.kind != "categorical":
+        return arr
+    lookup = {normalise_text(c): c for c in col.categories or []}
+    out = np.empty(arr.shape[0], dtype=object)
+    out[:] = [lookup.get(v, v) for v in arr.tolist()]
+    return out
 
 
 def _positive_class(schema: Schema, kind: TargetKind) -> str | None:

@@ -5,9 +5,11 @@
   atomically), public keys PEM SubjectPublicKeyInfo.
 * Key id: the first 16 bytes (32 hex characters) of SHA-256 over the 32 raw public-key bytes.
 * The curator secret (``curator.secret``, 32 random bytes, mode 0600, next to the keys) keys an
-  HMAC-SHA256 used for content ids: a content id lets the curator recognise the same input again
-  but, without the secret, reveals nothing about the data. A plain hash of a dataset must never be
-  published: it distinguishes neighbouring datasets.
+  HMAC-SHA256 used for content ids. A release's content id is keyed per release (over the
+  release id and the file's bytes): the curator, with the secret, can prove which file a release
+  read; without the secret it reveals nothing about the data, and two releases' ids do not tell
+  whether the data changed. A plain hash of a dataset must never be published: it
+  distinguishes neighbouring datasets.
 * Default directory: ``$DPSUMMARY_HOME/keys`` if set, else ``$XDG_CONFIG_HOME/dpsummary/keys``,
   else ``~/.config/dpsummary/keys``.
 """
@@ -254,10 +256,10 @@ def load_curator_secret(path: str | Path) -> bytes:
 def keyed_content_id(secret: bytes, data: bytes) -> str:
     """``hmac-sha256:<hex>`` of ``data`` under ``secret``.
 
-    Provenance only: with the secret the curator can tell whether two releases used the same
-    bytes; without it the id is indistinguishable from random. It is still a deterministic
-    function of the data, so it must stay with the curator's records (ledger) and is not a
-    privacy-protected output: never publish it alongside a release if the secret might leak.
+    The raw primitive: deterministic in ``data``, so equal inputs give equal ids. Releases use
+    :func:`keyed_content_id_for_file`, which mixes in the release id so that ids of different
+    releases cannot be linked. Provenance only, not a privacy-protected output: with the secret
+    anyone can test a guessed input, so the id must not be published if the secret might leak.
     """
     if len(secret) < 16:
         raise ValueError("curator secret must be at least 16 bytes")
@@ -290,11 +292,23 @@ def resolve_signing_key(path: str | Path | None = None) -> tuple[KeyInfo, bool]:
 
 
 def keyed_content_id_for_file(
-    path: str | Path, secret_dir: str | Path | None = None, *, chunk: int = 1 << 20
+    path: str | Path, secret_dir: str | Path | None = None, *, release_id: str, chunk: int = 1 << 20
 ) -> str:
-    """:func:`keyed_content_id` of a file's bytes under the curator secret (streamed)."""
+    """``hmac-sha256:<hex>``: HMAC-SHA256 under the curator secret of ``release_id``
+    (UTF-8, length-prefixed with 8 big-endian bytes) followed by the file's bytes (streamed).
+
+    Keyed per release: the curator, who holds the secret and reads the release id in the
+    ledger, proves which file a release came from by recomputing this with that release id;
+    auditors (no secret) cannot tell whether two releases of a source read the same bytes.
+    ``release_id`` is required and non-empty (``ValueError`` otherwise), so no caller can fall
+    back to an id that links releases. The id is still a deterministic function of the file
+    given the release id: keep the secret with the curator."""
+    if not release_id:
+        raise ValueError("a content id needs the release id (keyed per release)")
     secret = ensure_curator_secret(secret_dir)
     mac = hmac.new(secret, digestmod=hashlib.sha256)
+    rid = release_id.encode("utf-8")
+    mac.update(len(rid).to_bytes(8, "big") + rid)
     with open(path, "rb") as fh:
         while block := fh.read(chunk):
             mac.update(block)

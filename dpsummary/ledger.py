@@ -4,18 +4,22 @@ Entries
 -------
 Each line is ``canonical_json(entry) + "\\n"`` (see :func:`dpsummary.artifact.canonical_json`)::
 
-    {seq, prev_hash, time, kind: "reserve" | "commit" | "abort", ref, release_id, stage,
-     source_id, content_id, adjacency, events, delta, accountant, epsilon, hold_epsilon,
+    {seq, prev_hash, time, kind: "reserve" | "commit" | "abort" | "settle", ref, release_id, stage,
+     source_id, content_id, adjacency, events, delta, extra_delta, accountant, epsilon, hold_epsilon,
      artifact_digest, reason, software, keyid, sig}
 
 * ``seq`` counts lines from 0; ``prev_hash`` is ``sha256:`` of the previous line's bytes
   (its canonical JSON including ``sig``), 64 zeros for the first line.
 * ``sig`` is base64 Ed25519 over ``canonical_json(entry without "sig")``.
 * ``events`` (reserve only) are dp_accounting events as JSON (:func:`accounting.event_to_json`);
-  commit/abort entries carry ``[]`` and point at their reserve entry with ``ref``.
+  commit/abort/settle entries carry ``[]`` and point at their reserve entry with ``ref``.
+* ``extra_delta`` (reserve) is delta spent outside the events (partition selection of DP schema
+  estimation), in [0, 1); see the charging rule.
 * ``epsilon`` stores, for information only, the reserve's standalone epsilon under its
   accountant at its delta; the audit recomputes it and never trusts it.
-* ``content_id`` is a keyed HMAC of the input file (provenance only, see :mod:`dpsummary.keys`).
+* ``content_id`` is an HMAC of the release id and the input file under the curator secret,
+  keyed per release so auditors cannot link releases by it (provenance only, see
+  :func:`dpsummary.keys.keyed_content_id_for_file`).
 
 Charging rule
 -------------
@@ -23,14 +27,35 @@ A reserve entry is written (and fsynced) BEFORE the caller touches private data,
 events list in a reserve entry is charged to its source for ever: committed, aborted and
 never-finished (crashed) reservations all count. The budget of a source is the composition of
 all its charged events under ONE accountant (the policy's accountant of record), evaluated at
-the policy's ``total_delta``; never the sum of per-release epsilons.
+the policy's ``total_delta`` minus the source's ``extra_delta``s, plus ``-log(1 - x)`` for each
+such ``x``: :func:`dpsummary.accounting.composed_epsilon`, the one computation shared with the
+audit and the artifact's claim; never the sum of per-release epsilons.
 
 A reserve may also carry ``hold_epsilon`` > 0: an advance claim on the rest of that release's
 budget (the release reserves its DP count first, then its optimisation once the count is
-known). A hold is active until a later reserve entry of the same ``release_id`` replaces it or
-the holding reservation is aborted; an active hold counts as ``hold_epsilon`` added on top of the
-composed epsilon (a conservative, basic-composition bound). A hold of a crashed release stays
-active (over-counts; never under-counts).
+known). A hold is active until a later reserve entry of the same ``release_id`` replaces it,
+the holding reservation is aborted, or a ``settle`` entry (``ref`` = the holding reserve's
+seq, no events, a short reason) ends it; an active hold counts as ``hold_epsilon`` added on top
+of the composed epsilon (a conservative, basic-composition bound). Settling never checks a
+budget, so it cannot be refused.
+
+Sessions, holds and crashes
+---------------------------
+A release runs inside :meth:`Ledger.session`: on every exit (normal or by exception) the
+session aborts each of its reservations not yet finished and settles the release's active
+hold, each step attempted even if an earlier one failed. While a session is open its process
+holds an exclusive OS lock on ``<ledger>.live/<release_id>.lock`` (released by the OS when the
+process dies). :meth:`Ledger.recover`, run under the ledger lock by every reserve, settles each
+active hold whose liveness lock can be taken at once (its owner is gone): reason "owner gone".
+The charged events of a crashed release stay charged; only its advance hold ends.
+
+Times
+-----
+Ledger entries are published to auditors, so no entry carries a data-dependent time: every
+entry of a session carries the session's ``started`` time (captured by the release before any
+record is read, second granularity), commit, abort and settle included; entries written outside
+a session carry the current time floored to :data:`TIME_GRANULARITY_S` (an hour). The torn-tail
+quarantine file ``<ledger>.torn`` is curator-local and keeps a fine time for forensics.
 
 Concurrency and crash safety
 ----------------------------
@@ -61,13 +86,14 @@ import datetime as _dt
 import hashlib
 import json
 import os
+import re
 import secrets
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from filelock import FileLock
+from filelock import FileLock, Timeout
 
 from . import accounting as acc
 from . import keys as _keys
@@ -78,8 +104,12 @@ if TYPE_CHECKING:
 
 ADJACENCY = "add/remove one record"
 GENESIS_HASH = "sha256:" + "0" * 64
-KINDS = ("reserve", "commit", "abort")
+KINDS = ("reserve", "commit", "abort", "settle")
+#: Public granularity of times written outside a release session (seconds).
+TIME_GRANULARITY_S = 3600
 LOCK_TIMEOUT_S = 600.0
+# Release ids that may name a liveness lock file (no path separators, no dots).
+_SAFE_RELEASE_ID = re.compile(r"[A-Za-z0-9_-]{1,128}")
 ENTRY_FIELDS = frozenset(
     {
         "seq", "prev_hash", "time", "kind", "ref", "release_id", "stage", "source_id",
@@ -95,8 +125,13 @@ __all__ = [
     "LedgerError",
     "LedgerState",
     "Problem",
+    "ReleaseSession",
     "Reservation",
     "Spent",
+    "TIME_GRANULARITY_S",
+    "check_session_time",
+    "coarse_now",
+    "open_holds",
     "read_ledger",
     "verify_ledger",
 ]
@@ -158,7 +193,26 @@ class Spent:
 
 
 def _now() -> str:
+    """Fine current time: curator-local files only (the torn-tail quarantine)."""
     return _dt.datetime.now(_dt.UTC).isoformat(timespec="microseconds")
+
+
+def coarse_now() -> str:
+    """The current time floored to :data:`TIME_GRANULARITY_S` (for published entries)."""
+    now = int(_dt.datetime.now(_dt.UTC).timestamp())
+    floored = now - now % TIME_GRANULARITY_S
+    return _dt.datetime.fromtimestamp(floored, _dt.UTC).isoformat(timespec="seconds")
+
+
+def check_session_time(started: str) -> str:
+    """Validate a session start time: ISO-8601 UTC at whole seconds (no finer part)."""
+    try:
+        t = _dt.datetime.fromisoformat(started)
+    except (TypeError, ValueError):
+        raise LedgerError(f"session start time {started!r} is not ISO-8601") from None
+    if t.tzinfo is None or t.utcoffset() != _dt.timedelta(0) or t.microsecond:
+        raise LedgerError("session start time must be UTC at whole seconds")
+    return started
 
 
 def _line_hash(line: bytes) -> str:
@@ -189,15 +243,16 @@ def _check_entry_shape(e: Any) -> str | None:
         return "unknown kind"
     if not isinstance(e["delta"], float | int) or isinstance(e["delta"], bool):
         return "field 'delta' has the wrong type"
-    if not isinstance(e["extra_delta"], float | int) or isinstance(e["extra_delta"], bool) or e["extra_delta"] < 0:
-        return "field 'extra_delta' has the wrong type"
+    if (not isinstance(e["extra_delta"], float | int) or isinstance(e["extra_delta"], bool)
+            or not (0 <= e["extra_delta"] < 1)):
+        return "field 'extra_delta' has the wrong type or lies outside [0, 1)"
     if e["kind"] == "reserve":
         if e["ref"] is not None:
             return "reserve entry with a ref"
     elif not isinstance(e["ref"], int) or isinstance(e["ref"], bool):
-        return "commit/abort entry without ref"
+        return "commit/abort/settle entry without ref"
     if e["kind"] != "reserve" and e["events"]:
-        return "commit/abort entry with events"
+        return "commit/abort/settle entry with events"
     return None
 
 
@@ -227,6 +282,7 @@ def read_ledger(path: str | Path, public_key: _keys.Ed25519PublicKey) -> LedgerS
     prev = GENESIS_HASH
     reserves: dict[int, dict[str, Any]] = {}
     finished: set[int] = set()
+    settled: set[int] = set()
     for i, line in enumerate(lines):
         lineno = i + 1
         try:
@@ -272,6 +328,10 @@ def read_ledger(path: str | Path, public_key: _keys.Ed25519PublicKey) -> LedgerS
             if r is None or r["release_id"] != e["release_id"] or r["source_id"] != e["source_id"]:
                 problems.append(Problem(lineno, seq, "bad-ref", f"line {lineno}: refers to no matching reserve"))
                 ok = False
+            elif e["kind"] == "settle":
+                if not (isinstance(r["hold_epsilon"], float | int) and r["hold_epsilon"] > 0) or e["ref"] in settled:
+                    problems.append(Problem(lineno, seq, "bad-ref", f"line {lineno}: settles no open hold"))
+                    ok = False
             elif e["ref"] in finished:
                 problems.append(Problem(lineno, seq, "bad-ref", f"line {lineno}: reservation {e['ref']} finished twice"))
                 ok = False
@@ -280,6 +340,8 @@ def read_ledger(path: str | Path, public_key: _keys.Ed25519PublicKey) -> LedgerS
             entries.append(e)
             if e["kind"] == "reserve":
                 reserves[seq] = e
+            elif e["kind"] == "settle":
+                settled.add(e["ref"])
             else:
                 finished.add(e["ref"])
     if tail:
@@ -305,6 +367,11 @@ def charged_extra_delta(entries: Sequence[dict[str, Any]], source_id: str) -> fl
     return float(sum(e["extra_delta"] for e in entries if e["kind"] == "reserve" and e["source_id"] == source_id))
 
 
+def _charged_extra_deltas(entries: Sequence[dict[str, Any]], source_id: str) -> list[float]:
+    return [float(e["extra_delta"]) for e in entries
+            if e["kind"] == "reserve" and e["source_id"] == source_id and e["extra_delta"] > 0]
+
+
 def _charged_events(entries: Sequence[dict[str, Any]], source_id: str) -> list[Any]:
     out: list[Any] = []
     for e in entries:
@@ -327,17 +394,40 @@ def _active_holds(entries: Sequence[dict[str, Any]], source_id: str) -> dict[str
             if isinstance(h, float | int) and h > 0:
                 holds[rid] = float(h)
                 hold_seq[rid] = e["seq"]
-        elif e["kind"] == "abort" and rid in holds and e["ref"] == hold_seq.get(rid):
+        elif e["kind"] in ("abort", "settle") and rid in holds and e["ref"] == hold_seq.get(rid):
             holds.pop(rid)
     return holds
+
+
+def open_holds(entries: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every active hold of every source: ``{source_id, release_id, hold_epsilon, since_seq}``."""
+    out = []
+    for sid in sorted({e["source_id"] for e in entries}):
+        seqs = {e["release_id"]: e["seq"] for e in entries
+                if e["kind"] == "reserve" and e["source_id"] == sid and e["hold_epsilon"]}
+        for rid, h in _active_holds(entries, sid).items():
+            out.append({"source_id": sid, "release_id": rid, "hold_epsilon": h, "since_seq": seqs.get(rid)})
+    return out
+
+
+def _hold_reserves(entries: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The reserve entries whose holds are still active (any source)."""
+    by_seq = {e["seq"]: e for e in entries if e["kind"] == "reserve"}
+    out = []
+    for h in open_holds(entries):
+        seq = h["since_seq"]
+        if seq is not None and seq in by_seq:
+            out.append(by_seq[seq])
+    return out
 
 
 class Reservation:
     """A charged reservation; finish it with :meth:`commit` or :meth:`abort` (either way, and
     also if neither is ever called, its events stay charged)."""
 
-    def __init__(self, ledger: Ledger, entry: dict[str, Any]):
+    def __init__(self, ledger: Ledger, entry: dict[str, Any], *, time: str | None = None):
         self.ledger = ledger
+        self.time = time
         self.seq: int = entry["seq"]
         self.release_id: str = entry["release_id"]
         self.source_id: str = entry["source_id"]
@@ -355,7 +445,7 @@ class Reservation:
     def _finish(self, kind: str, **kw: Any) -> dict[str, Any]:
         if self.finished:
             raise LedgerError(f"reservation {self.seq} is already finished")
-        e = self.ledger._append(kind=kind, base=self.entry, **kw)
+        e = self.ledger._append(kind=kind, base=self.entry, time=self.time, **kw)
         self.finished = True
         return e
 
@@ -397,8 +487,12 @@ class Ledger:
         accountants: Sequence[acc.Accountant] = acc.ACCOUNTANTS,
     ) -> Spent:
         """Composed epsilon under each of ``accountants`` over every charged event of
-        ``source_id`` at ``delta`` (default: the largest delta recorded for the source), plus the
-        naive sum of the per-reservation epsilons (each under its own accountant and delta)."""
+        ``source_id`` at ``delta`` (default: the largest delta recorded for the source) minus
+        the source's ``extra_delta``s, with their slack added
+        (:func:`dpsummary.accounting.composed_epsilon`, the budget check's computation); the
+        naive sum of the per-reservation epsilons (each under its own accountant and delta);
+        and ``active_holds``, the sum of the source's active holds (not included in
+        ``composed``). ``Spent.delta`` is the delta the events were composed at."""
         st = self._read_verified()
         return _spent(st.entries, source_id, delta, accountants)
 
@@ -482,11 +576,11 @@ class Ledger:
         entry["sig"] = base64.b64encode(sig).decode("ascii")
         return entry
 
-    def _new_entry(self, st: LedgerState, **fields: Any) -> dict[str, Any]:
+    def _new_entry(self, st: LedgerState, *, time: str | None = None, **fields: Any) -> dict[str, Any]:
         entry: dict[str, Any] = {
             "seq": len(st.entries),
             "prev_hash": st.last_hash,
-            "time": _now(),
+            "time": time if time is not None else coarse_now(),
             "kind": "reserve",
             "ref": None,
             "release_id": "",
@@ -508,13 +602,14 @@ class Ledger:
         entry.update(fields)
         return self._sign_entry(entry)
 
-    def _append(self, *, kind: str, base: dict[str, Any], **kw: Any) -> dict[str, Any]:
+    def _append(self, *, kind: str, base: dict[str, Any], time: str | None = None, **kw: Any) -> dict[str, Any]:
         with self.lock:
             st = self._repair_locked(self._read_verified())
-            if any(e["kind"] != "reserve" and e["ref"] == base["seq"] for e in st.entries):
+            if any(e["kind"] in ("commit", "abort") and e["ref"] == base["seq"] for e in st.entries):
                 raise LedgerError(f"reservation {base['seq']} is already finished")
             entry = self._new_entry(
                 st,
+                time=time,
                 kind=kind,
                 ref=base["seq"],
                 release_id=base["release_id"],
@@ -530,6 +625,83 @@ class Ledger:
             self._write_line(entry)
             return entry
 
+    # ------------------------------------------------------------------ holds and sessions
+
+    def live_lock_path(self, release_id: str) -> Path:
+        """The liveness lock a release session holds while it runs:
+        ``<ledger>.live/<release_id>.lock``. Only for ids of letters, digits, ``_`` and ``-``
+        (others raise :class:`LedgerError`: they could name a path outside the directory)."""
+        if not _SAFE_RELEASE_ID.fullmatch(release_id):
+            raise LedgerError("a release session needs a release id of letters, digits, '_' or '-'")
+        return self.path.with_name(self.path.name + ".live") / f"{release_id}.lock"
+
+    def _settle_locked(self, st: LedgerState, hold: dict[str, Any], reason: str, time: str | None) -> LedgerState:
+        entry = self._new_entry(
+            st, time=time, kind="settle", ref=hold["seq"], release_id=hold["release_id"], stage=hold["stage"],
+            source_id=hold["source_id"], content_id=hold["content_id"], delta=hold["delta"],
+            accountant=hold["accountant"], reason=reason[:200],
+        )
+        self._write_line(entry)
+        return self.state()
+
+    def settle(self, *, source_id: str, release_id: str, reason: str, time: str | None = None) -> bool:
+        """End the release's active hold, if any (never checks budgets, so never refused).
+        Returns True if a hold was settled."""
+        with self.lock:
+            st = self._repair_locked(self._read_verified())
+            for hold in _hold_reserves(st.entries):
+                if hold["source_id"] == source_id and hold["release_id"] == release_id:
+                    self._settle_locked(st, hold, reason, time)
+                    return True
+        return False
+
+    def _recover_locked(self, st: LedgerState) -> LedgerState:
+        for hold in _hold_reserves(st.entries):
+            if not _SAFE_RELEASE_ID.fullmatch(hold["release_id"]):
+                # No session can run under such an id, so no live process owns this hold.
+                st = self._settle_locked(st, hold, "owner gone", None)
+                continue
+            lock = FileLock(str(self.live_lock_path(hold["release_id"])), timeout=0)
+            try:
+                lock.acquire(timeout=0)
+            except Timeout:
+                continue  # its session is alive
+            try:
+                st = self._settle_locked(st, hold, "owner gone", None)
+                # Unlinked while still held, so no stray lock files pile up in <ledger>.live.
+                with contextlib.suppress(OSError):
+                    self.live_lock_path(hold["release_id"]).unlink()
+            finally:
+                lock.release()
+        return st
+
+    def recover(self) -> int:
+        """Settle every active hold whose session is gone (crash recovery); returns how many.
+
+        Under the ledger lock, for each active hold: try the release's liveness lock without
+        waiting; if it can be taken, no live process owns the hold (its session ended without
+        settling, or its process died), so a ``settle`` entry with reason "owner gone" and the
+        current time floored to :data:`TIME_GRANULARITY_S` is appended. The crashed release's
+        charged events stay charged. :meth:`reserve` runs this first, so callers rarely need to.
+        """
+        with self.lock:
+            st = self._repair_locked(self._read_verified())
+            before = len(st.entries)
+            return len(self._recover_locked(st).entries) - before
+
+    def session(
+        self, *, source_id: str, policy: Policy, release_id: str, started: str, content_id: str | None = None
+    ) -> ReleaseSession:
+        """A release's session (context manager, :class:`ReleaseSession`); see the module
+        docstring. ``started`` is the release's start, ISO-8601 UTC at whole seconds (e.g.
+        ``"2026-11-23T10:00:00Z"``), captured before any record is read; it stamps every entry
+        of the session. Raises :class:`LedgerError` for a malformed ``started`` or release id."""
+        self.live_lock_path(release_id)  # validates the id before anything is written
+        if not source_id:
+            raise LedgerError("source_id must be non-empty")
+        return ReleaseSession(self, source_id=source_id, policy=policy, release_id=release_id,
+                              started=check_session_time(started), content_id=content_id)
+
     def reserve(
         self,
         *,
@@ -542,6 +714,7 @@ class Ledger:
         stage: str | None = None,
         hold_epsilon: float = 0.0,
         extra_delta: float = 0.0,
+        time: str | None = None,
     ) -> Reservation:
         """Charge ``events`` to ``source_id`` if the policy's budget allows; else
         :class:`BudgetExceeded`. Under the lock: verify the ledger (refuse to extend a ledger
@@ -550,6 +723,14 @@ class Ledger:
         active holds of other releases, check ``total_epsilon`` and the per-release cap
         (composed over all reservations with this ``release_id``), then append and fsync the
         reserve entry. Returns only after the entry is durable.
+
+        Before checking, the reserve settles every hold whose owner is gone (:meth:`recover`).
+        A hold only lasts while a live :class:`ReleaseSession` of its release holds the
+        liveness lock: a ``hold_epsilon`` reserved by a direct call (no session) is settled by
+        the next reserve. ``time`` (for sessions: their ``started``) defaults to the current
+        time floored to :data:`TIME_GRANULARITY_S`. ``extra_delta`` is delta the caller spends
+        outside ``events`` (partition selection); it comes off ``total_delta`` and adds its
+        slack via :func:`dpsummary.accounting.composed_epsilon`.
         """
         if not source_id:
             raise LedgerError("source_id must be non-empty")
@@ -566,18 +747,21 @@ class Ledger:
         accountant = policy.accountant
         rid = release_id or secrets.token_hex(8)
         with self.lock:
-            st = self._repair_locked(self._read_verified())
+            st = self._recover_locked(self._repair_locked(self._read_verified()))
             charged = _charged_events(st.entries, source_id)
-            total_delta = policy.total_delta - charged_extra_delta(st.entries, source_id) - extra_delta
+            extras = [*_charged_extra_deltas(st.entries, source_id), float(extra_delta)]
+            total_delta = policy.total_delta - sum(extras)
             if total_delta <= 0:
                 raise BudgetExceeded(f"delta budget of source {source_id!r} exhausted (total_delta {policy.total_delta:.3g})")
-            composed = acc.epsilon([*charged, *events], total_delta, accountant)
+            composed = acc.composed_epsilon([*charged, *events], delta=total_delta, extra_deltas=extras,
+                                            accountant=accountant)
             holds = _active_holds(st.entries, source_id)
             holds.pop(rid, None)
             other_holds = sum(holds.values())
             need = composed
             if hold_epsilon > 0:
-                need = max(need, acc.epsilon(charged, total_delta, accountant) + hold_epsilon)
+                need = max(need, acc.composed_epsilon(charged, delta=total_delta, extra_deltas=extras,
+                                                      accountant=accountant) + hold_epsilon)
             need += other_holds
             if need > policy.total_epsilon:
                 raise BudgetExceeded(
@@ -601,6 +785,7 @@ class Ledger:
                 )
             entry = self._new_entry(
                 st,
+                time=time,
                 kind="reserve",
                 release_id=rid,
                 stage=stage,
@@ -614,7 +799,74 @@ class Ledger:
                 extra_delta=float(extra_delta),
             )
             self._write_line(entry)
-        return Reservation(self, entry)
+        return Reservation(self, entry, time=time)
+
+
+class ReleaseSession:
+    """One release's use of the ledger; see :meth:`Ledger.session` and the module docstring.
+
+    Contract: ``with ledger.session(...) as s:`` takes the release's liveness lock (a second
+    live session of the same ``release_id`` is refused with :class:`LedgerError`); inside,
+    :meth:`reserve` charges stages. Every entry the session writes (reserve, commit, abort,
+    settle) carries ``started``, never the current time, so the ledger shows no duration of a
+    stage that read records. On exit, normal or by exception: every reservation not yet
+    finished is aborted (reason: the exception's type name, or "not finished"), then the
+    release's active hold, if any, is settled; each step is attempted even if an earlier one
+    raised, errors of these steps are swallowed (a hold left by a failed settle is recovered as
+    "owner gone" once the liveness lock is released) and the original exception propagates.
+    Exit never raises of its own."""
+
+    def __init__(self, ledger: Ledger, *, source_id: str, policy: Policy, release_id: str, started: str,
+                 content_id: str | None) -> None:
+        self.ledger = ledger
+        self.source_id = source_id
+        self.policy = policy
+        self.release_id = release_id
+        self.started = started
+        self.content_id = content_id
+        self.reservations: list[Reservation] = []
+        self._live: FileLock | None = None
+
+    def __enter__(self) -> ReleaseSession:
+        path = self.ledger.live_lock_path(self.release_id)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._live = FileLock(str(path), timeout=0)
+        try:
+            self._live.acquire(timeout=0)
+        except Timeout:
+            raise LedgerError(f"release {self.release_id} already has a live session") from None
+        return self
+
+    def reserve(self, *, events: Sequence[Any], delta: float, stage: str, hold_epsilon: float = 0.0,
+                extra_delta: float = 0.0) -> Reservation:
+        """:meth:`Ledger.reserve` for this release (same checks, same exceptions), stamped with
+        the session's ``started`` time and tracked so that exit aborts it if unfinished. Only
+        inside ``with``: the liveness lock is what keeps a hold from being recovered."""
+        if self._live is None or not self._live.is_locked:
+            raise LedgerError("reserve on a release session outside its with block")
+        r = self.ledger.reserve(source_id=self.source_id, events=events, delta=delta, policy=self.policy,
+                                content_id=self.content_id, release_id=self.release_id, stage=stage,
+                                hold_epsilon=hold_epsilon, extra_delta=extra_delta, time=self.started)
+        self.reservations.append(r)
+        return r
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        reason = exc_type.__name__ if exc_type is not None else "not finished"
+        try:
+            for r in self.reservations:
+                if not r.finished:
+                    with contextlib.suppress(Exception):
+                        r.abort(reason=reason)
+            with contextlib.suppress(Exception):
+                self.ledger.settle(source_id=self.source_id, release_id=self.release_id,
+                                   reason="release ended" if exc_type is None else f"release ended: {reason}",
+                                   time=self.started)
+        finally:
+            if self._live is not None:
+                with contextlib.suppress(Exception):
+                    self._live.release()
+                with contextlib.suppress(OSError):
+                    self.ledger.live_lock_path(self.release_id).unlink()
 
 
 def _spent(
@@ -626,9 +878,12 @@ def _spent(
     mine = [e for e in entries if e["kind"] == "reserve" and e["source_id"] == source_id]
     if delta is None:
         delta = max((float(e["delta"]) for e in mine), default=1e-6)
-    delta = max(delta - charged_extra_delta(entries, source_id), 1e-300)
+    extras = _charged_extra_deltas(entries, source_id)
+    delta = max(delta - sum(extras), 1e-300)
     charged = _charged_events(entries, source_id)
-    composed: dict[str, float] = {a: acc.epsilon(charged, delta, a) for a in accountants}
+    composed: dict[str, float] = {
+        a: acc.composed_epsilon(charged, delta=delta, extra_deltas=extras, accountant=a) for a in accountants
+    }
     naive = sum(
         acc.epsilon(acc.events_from_json(e["events"]), float(e["delta"]), _accountant(e))
         for e in mine

@@ -111,3 +111,70 @@ def evaluate(
         gen = generator if generator is not None else torch.Generator().manual_seed(0)
         out.update(predictive_scores(model, post, test, generator=gen))
     return out
+
+
+# ---- trust: what an analyst checks (issue 14) --------------------------------------------------
+#: Two-sided 95% normal quantile for the central credible interval of a Gaussian summary.
+Z95 = 1.959963984540054
+
+
+@dataclass(frozen=True)
+class TrustReport:
+    """A summary's posterior judged as an analyst would, coordinate by coordinate.
+
+    ``kl_*`` raw KL in both directions (and divided by the prior's, as the papers plot it);
+    ``mean_error_sd_*`` |m_summary - m_full| / sd_full per coordinate (median, max);
+    ``coverage`` share of coordinates whose central 95% interval contains the full-data mean;
+    ``width_ratio`` median sd_summary / sd_full; ``true_coverage`` share containing the true
+    parameter (simulated data only); ``headroom`` median sd_summary / sd_ideal where sd_ideal is
+    the width an idealised one-shot Gaussian mechanism on the full-data score would need."""
+
+    kl_summary_full: float
+    kl_full_summary: float
+    kl_summary_full_over_prior: float
+    kl_full_summary_over_prior: float
+    mean_error_sd_median: float
+    mean_error_sd_max: float
+    coverage: float
+    width_ratio: float
+    true_coverage: float | None = None
+    headroom: float | None = None
+
+    def as_dict(self) -> dict[str, float | None]:
+        return asdict(self)
+
+
+def ideal_one_shot_sd(full_post: GaussianPosterior, *, noise_std: float) -> torch.Tensor:
+    """Per-coordinate sd of ``N(m_full, Sigma_full + Sigma_full (noise_std^2 I) Sigma_full)``:
+    the posterior widened by one Gaussian mechanism on the full-data score with per-coordinate
+    noise ``noise_std`` (= single-Gaussian noise multiplier times the score bound), mapped to
+    parameters through the full-data curvature (Sigma_full^-1 ~ Hessian + prior precision)."""
+    cov = full_post.cov
+    return torch.sqrt(torch.diagonal(cov + noise_std**2 * cov @ cov))
+
+
+def trust_report(
+    summary_post: GaussianPosterior,
+    full_post: GaussianPosterior,
+    prior: GaussianPosterior,
+    *,
+    truth: torch.Tensor | None = None,
+    ideal_sd: torch.Tensor | None = None,
+) -> TrustReport:
+    """The analyst's checks of ``summary_post`` against ``full_post`` (see :class:`TrustReport`)."""
+    kl = kl_report(summary_post, full_post, prior)
+    sd_s = torch.sqrt(torch.diagonal(summary_post.cov))
+    sd_f = torch.sqrt(torch.diagonal(full_post.cov))
+    gap = (summary_post.mean - full_post.mean).abs()
+    err = gap / sd_f
+    true_cov = None
+    if truth is not None:
+        true_cov = float(((summary_post.mean - truth).abs() <= Z95 * sd_s).to(DTYPE).mean())
+    headroom = None if ideal_sd is None else float((sd_s / ideal_sd).median())
+    return TrustReport(
+        kl_summary_full=kl.forward, kl_full_summary=kl.reverse,
+        kl_summary_full_over_prior=kl.forward_normalised, kl_full_summary_over_prior=kl.reverse_normalised,
+        mean_error_sd_median=float(err.median()), mean_error_sd_max=float(err.max()),
+        coverage=float((gap <= Z95 * sd_s).to(DTYPE).mean()), width_ratio=float((sd_s / sd_f).median()),
+        true_coverage=true_cov, headroom=headroom,
+    )

@@ -2,9 +2,10 @@
 
 ``load_policy(path)`` parses and validates a policy; every problem raises :class:`PolicyError`
 with a one-line message (malformed TOML, unknown keys, out-of-range values, unknown model
-names, a schema that does not validate). ``default_policy()`` loads ``policies/default.toml``
-(current directory, then the source checkout) or, failing that, the packaged copy
-``dpsummary/data/default_policy.toml``.
+names, a schema that does not validate). ``default_policy()`` loads the packaged default
+``dpsummary/data/default_policy.toml`` (``policies/default.toml`` in the checkout is the same file,
+kept for reading); it never depends on the current directory, so the budget a command applies
+cannot change with where it is run. Any other policy must be named with ``--policy``.
 
 Everything in a policy is treated as PUBLIC information: it may appear in artifacts and
 ledgers. In particular ``n_max``, ``record_count`` (when ``record_count_public``) and the
@@ -22,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
 
 __all__ = [
     "BudgetSplit",
+    "DataQuality",
     "DeltaRule",
     "Policy",
     "PolicyError",
@@ -46,12 +48,17 @@ class DeltaRule(BaseModel):
 
 
 class BudgetSplit(BaseModel):
-    """Fractions of a release's epsilon for the DP count, DP preprocessing and optimisation."""
+    """Fractions of a release's epsilon for the DP count, DP preprocessing, the data-quality
+    counts, the DP initialisation and optimisation."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     count: float = Field(0.05, ge=0, le=1)
     preprocessing: float = Field(0.15, ge=0, le=1)
+    #: Noisy counts of the records each public data-quality rule touched (imputed, sent to the
+    #: "other" category, dropped). Absent (0): no counts are released, and the release never
+    #: refuses on data quality (the per-record rules still apply).
+    quality: float = Field(0.0, ge=0, lt=1)
     #: DP per-column histograms for DP-PSVI's initial pseudopoints. Absent (0): the uniform
     #: public start. When the release's model does not use it, its share goes to optimisation.
     initialisation: float = Field(0.0, ge=0, lt=1)
@@ -59,25 +66,44 @@ class BudgetSplit(BaseModel):
 
     @model_validator(mode="after")
     def _sums_to_one(self) -> BudgetSplit:
-        total = self.count + self.preprocessing + self.initialisation + self.optimisation
+        total = self.count + self.preprocessing + self.quality + self.initialisation + self.optimisation
         if not math.isclose(total, 1.0, rel_tol=0, abs_tol=1e-9):
             raise ValueError(f"budget_split fractions must sum to 1 (they sum to {total:g})")
         return self
 
     def normalised(
-        self, *, count: bool = True, preprocessing: bool = True, initialisation: bool = True
+        self, *, count: bool = True, preprocessing: bool = True, initialisation: bool = True,
+        quality: bool = True,
     ) -> dict[str, float]:
         """Fractions for the stages that actually run (a public count or schema needs no budget),
-        rescaled to sum to 1. Keys: ``count``, ``preprocessing``, ``initialisation``,
+        rescaled to sum to 1. Keys: ``count``, ``preprocessing``, ``quality``, ``initialisation``,
         ``optimisation``."""
         parts = {
             "count": self.count if count else 0.0,
             "preprocessing": self.preprocessing if preprocessing else 0.0,
+            "quality": self.quality if quality else 0.0,
             "initialisation": self.initialisation if initialisation else 0.0,
             "optimisation": self.optimisation,
         }
         s = sum(parts.values())
         return {k: v / s for k, v in parts.items()}
+
+
+class DataQuality(BaseModel):
+    """Public per-record rules for values a record cannot use (see dpsummary.data). Every rule is
+    total: a bad value never stops a release; it is imputed, bucketed or its record dropped."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    #: A numeric feature that is missing or not a finite number: "impute" at the column's public
+    #: centre, or "drop" the record.
+    missing_numeric: Literal["impute", "drop"] = "impute"
+    #: A categorical feature value outside the schema's categories (or missing): "other" (the
+    #: all-zero one-hot vector), or "drop" the record.
+    unseen_category: Literal["other", "drop"] = "other"
+    #: Refuse (after the reservation, charged) when the noisy count of dropped records exceeds
+    #: this fraction of the noisy count of records read. Needs ``budget_split.quality`` > 0.
+    max_dropped_fraction: float = Field(default=0.5, gt=0, le=1)
 
 
 class Policy(BaseModel):
@@ -99,6 +125,7 @@ class Policy(BaseModel):
         default_factory=lambda: ["gaussian_mean", "linear", "logistic", "poisson"]
     )
     budget_split: BudgetSplit = Field(default_factory=lambda: BudgetSplit.model_validate({}))
+    data_quality: DataQuality = Field(default_factory=lambda: DataQuality.model_validate({}))
     schema_spec: dict[str, Any] | None = Field(None, alias="schema")
     ledger: str | None = None
 
@@ -234,17 +261,12 @@ def load_policy(path: str | Path) -> Policy:
 
 
 def default_policy_path() -> Path:
-    """``./policies/default.toml``, else the checkout's ``policies/default.toml``, else the
-    packaged ``dpsummary/data/default_policy.toml``."""
-    candidates = [
-        Path.cwd() / "policies" / "default.toml",
-        Path(__file__).resolve().parent.parent / "policies" / "default.toml",
-        Path(__file__).resolve().parent / "data" / "default_policy.toml",
-    ]
-    for c in candidates:
-        if c.is_file():
-            return c
-    raise PolicyError("no default policy found (policies/default.toml or the packaged copy)")
+    """The packaged ``dpsummary/data/default_policy.toml``: one file, whatever the current
+    directory (a ``policies/default.toml`` lying around never changes the budget silently)."""
+    path = Path(__file__).resolve().parent / "data" / "default_policy.toml"
+    if not path.is_file():
+        raise PolicyError(f"the packaged default policy is missing ({path}); reinstall dpsummary")
+    return path
 
 
 def default_policy() -> Policy:

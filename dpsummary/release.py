@@ -1,23 +1,34 @@
 """The private release: ``dpsummary release --epsilon 0.2 data.csv``, end to end.
 
-Order of operations (each step touches private data only after the previous one allowed it):
+:func:`run_release` is a pipeline of named stages; each takes explicit inputs and returns explicit
+outputs, and only the stages marked *reads records* touch the private file, always after the
+ledger has reserved the budget of every mechanism they run:
 
-1. **Public planning** (no data): options and policy validated, delta fixed from the policy's
-   public rule, the budget split fixed, the noise multipliers of the DP count and of the DP
-   schema estimation calibrated, the signing key found or created.
-2. **Parsing**: the CSV is parsed with private error messages (column and problem only). A
-   failure here releases nothing, so it is not charged.
-3. **Stage 1** (only when the record count or the schema is not public): the ledger reserves
-   the count/preprocessing events *and holds the whole release budget* under its lock, then the
-   DP count and DP schema estimation run; the stage is committed. Everything after this is
-   charged even if it fails.
-4. **Planning from released values**: model, public transform, sample rate q = B / count, the
-   noise multiplier of the DP initialisation histograms (when the model uses them) and the
-   optimisation noise multiplier, calibrated so that the *composed* epsilon of every event of
-   this release is at or below the target under the accountant of record.
-5. **Stage 2**: the ledger reserves the initialisation and DP-PSVI events (replacing the hold),
-   the DP histograms and DP-PSVI run on a :class:`PrivateRecords` handle, the artifact is
-   signed and written atomically, and the ledger commits with the artifact's digest. Any failure aborts the stage; the charge stays.
+====  =========================  =====================================================  ==========
+ #    stage                      what                                                   charged
+====  =========================  =====================================================  ==========
+ 0    :func:`plan_public`        options, policy, delta, budget split, stage-1 noise,   nothing
+                                 key, ledger, the file's header (public facts only)
+ 1    reserve stage 1            count/schema events + a hold on the rest of epsilon    yes
+ 1a   :func:`read_source`        *reads records* through the total per-record rules     -
+ 1b   :func:`run_stage1`         *reads records*: DP record count, DP schema            stage 1
+ 2    :func:`plan_stage2`        model, transform, q, noise multipliers from public or  -
+                                 released values; refusals here are DP-decided
+ 3    reserve stage 2            quality counts, DP initialisation, DP-PSVI events      yes
+ 3a   :func:`run_stage2`         *reads records*: total encoding, noisy quality counts  stage 2
+                                 (data-quality refusal), initialisation, DP-PSVI
+ 4    :func:`write_release`      claim, signed artifact (atomic), ledger commit         -
+====  =========================  =====================================================  ==========
+
+With a public record count and schema, stage 1 is empty and one reservation covers everything.
+The ledger session (:meth:`dpsummary.ledger.Ledger.session`) settles every reservation and hold
+on every exit path: a refusal or crash after a reservation leaves its events charged and its
+hold released. Every time the release publishes (ledger entries, the artifact's ``created``) is
+the session's start, taken before any record is read.
+
+Refusals (docs/REFUSALS.md): before stage 1 only public facts refuse
+(:class:`ReleaseError`, :class:`~dpsummary.policy.PolicyError`, the ledger's budget); after it,
+only DP outputs do (:class:`ChargedRefusal`), and the reservation stays charged.
 """
 
 from __future__ import annotations
@@ -34,6 +45,7 @@ from typing import Any, Literal
 import torch
 
 from . import __version__
+from .errors import ChargedRefusal, PolicyRefusal, Refusal
 
 Accountant = Literal["rdp", "prv", "pld"]
 
@@ -52,14 +64,23 @@ DEFAULT_THETA_SCALE = 0.3
 #: logistic tables it lowers KL; on synthetic Poisson tables it did not, so Poisson and the
 #: untested models keep the uniform public start and their share goes to optimisation).
 DP_INITIALISATION_MODELS = frozenset({"logistic"})
+#: Stage-2 mechanisms: the default first.
+MECHANISMS = ("noise-aware-newton", "dp-psvi")
 #: Share of a release's delta given to the partition selection of DP schema estimation.
 DELTA_SELECTION_SHARE = 0.1
 
 
-class ReleaseError(Exception):
-    """A release refused or failed; the message is one line and reveals nothing about the data."""
+class ReleaseError(Refusal):
+    """A release refused on public facts (options, file, header); one line, reveals no data."""
 
-    code = 1
+
+ProgressFn = Callable[[int, int], None]
+NoticeFn = Callable[[str], None]
+#: Called with a stage boundary's name (see :data:`CHECKPOINTS`); tests raise from it to check
+#: that every exit path settles the ledger.
+CheckpointFn = Callable[[str], None]
+CHECKPOINTS = ("planned-public", "reserved-stage1", "read", "stage1", "planned-stage2", "reserved-stage2",
+               "encoded", "quality", "initialised", "optimised", "written")
 
 
 @dataclass(frozen=True)
@@ -79,6 +100,9 @@ class ReleaseRequest:
     ledger: Path | None = None
     key: Path | None = None
     calibrate_to: Accountant | None = None
+    #: ``noise-aware-newton`` (default: noisy score statistics, noise-aware posterior, see
+    #: :mod:`dpsummary.noise_aware`) or ``dp-psvi`` (the paper's mechanism, for reproduction).
+    mechanism: str = "noise-aware-newton"
 
 
 @dataclass
@@ -98,6 +122,8 @@ class ReleaseResult:
     notes: list[str] = field(default_factory=list)
     key_created: Path | None = None
     ledger: Path | None = None
+    policy: str = ""
+    mechanism: str = "dp-psvi"
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -116,6 +142,8 @@ class ReleaseResult:
             "notes": self.notes,
             "key_created": str(self.key_created) if self.key_created else None,
             "ledger": str(self.ledger) if self.ledger else None,
+            "policy": self.policy,
+            "mechanism": self.mechanism,
         }
 
 
@@ -132,6 +160,7 @@ def software_versions() -> dict[str, str]:
 
 
 def _check_request(req: ReleaseRequest) -> None:
+    """Public checks of the options and of the file's existence (no record is read)."""
     if not (isinstance(req.epsilon, float | int) and math.isfinite(req.epsilon) and req.epsilon > 0):
         raise ReleaseError("--epsilon must be a positive, finite number")
     if req.delta is not None and not (0 < req.delta < 1):
@@ -144,44 +173,146 @@ def _check_request(req: ReleaseRequest) -> None:
         raise ReleaseError("--num-samples must be at least 2")
     if req.sample_rate is not None and not (0 < req.sample_rate <= 1):
         raise ReleaseError("--sample-rate must lie in (0, 1]")
+    if req.mechanism not in MECHANISMS:
+        raise ReleaseError(f"--mechanism must be one of {', '.join(MECHANISMS)}")
     if not req.data.exists():
         raise ReleaseError(f"data file not found: {req.data}")
     if not req.data.is_file():
         raise ReleaseError(f"not a file: {req.data}")
 
 
-ProgressFn = Callable[[int, int], None]
-NoticeFn = Callable[[str], None]
-
-
+# =============================================================================================
+# The pipeline
+# =============================================================================================
 def run_release(
     req: ReleaseRequest,
     *,
     progress: ProgressFn | None = None,
     notice: NoticeFn | None = None,
+    checkpoint: CheckpointFn | None = None,
 ) -> ReleaseResult:
-    """Run a private release. Raises :class:`ReleaseError` (or a data/policy/ledger error with a
-    one-line message) on refusal; writes nothing in that case except the ledger's charge when
-    data had already been touched."""
+    """Run a private release; see the module docstring for the stages.
+
+    Raises a :class:`~dpsummary.errors.Refusal` (or a policy/ledger/data error with a one-line
+    message) on refusal and writes no artifact; the ledger keeps the charge of every mechanism
+    whose budget was reserved, and no hold outlives the call."""
+    say = notice or (lambda _msg: None)
+    mark = checkpoint or (lambda _name: None)
+    public = plan_public(req, say)
+    mark("planned-public")
+    with public.ledger.session(source_id=public.source_id, policy=public.policy, release_id=public.release_id,
+                               started=public.started, content_id=public.content_id) as session:
+        source = None
+        if public.stage1.events:
+            stage1 = session.reserve(events=public.stage1.events, delta=public.delta, stage="count-and-schema",
+                                     hold_epsilon=req.epsilon, extra_delta=public.delta_selection)
+            mark("reserved-stage1")
+            source = read_source(req.data)
+            mark("read")
+            released = run_stage1(public, source)
+            stage1.commit(artifact_digest=None)
+            mark("stage1")
+        else:
+            released = public_stage1(public)
+        plan = plan_stage2(public, released)
+        mark("planned-stage2")
+        stage2 = session.reserve(events=plan.events, delta=public.delta, stage=plan.mechanism)
+        mark("reserved-stage2")
+        if source is None:
+            source = read_source(req.data)
+            mark("read")
+        output = run_stage2(public, released, plan, source, progress=progress, checkpoint=mark)
+        del source
+        digest = write_release(public, released, plan, output)
+        try:
+            mark("written")
+            stage2.commit(artifact_digest=digest)
+        except BaseException:
+            # No artifact without a committed ledger entry: a failure here withdraws the file
+            # (the reservation is aborted by the session and stays charged).
+            public.out.unlink(missing_ok=True)
+            raise
+    # The source's running total is shown under the accountant of record and the tight PLD one;
+    # PRV (about 0.5 s more per call) is in the claim already and in `dpsummary audit`.
+    shown: tuple[Accountant, ...] = ("rdp", "prv", "pld") if public.accountant == "prv" else ("rdp", "pld")
+    spent = public.ledger.spent(public.source_id, delta=public.policy.total_delta, accountants=shown)
+    return ReleaseResult(
+        out=public.out, artifact_digest=digest, source_id=public.source_id, epsilons=output.epsilons,
+        delta=public.delta_total, noise_multiplier=plan.noise_multiplier, sample_rate=plan.sample_rate,
+        steps=plan.steps, size=output.summary.size, budget_split=output.budget_split,
+        composed_total=spent.composed, naive_total=spent.naive_sum, notes=[*released.notes, *output.notes],
+        key_created=public.key_created, ledger=public.ledger_path, policy=public.policy_name,
+        mechanism=plan.mechanism,
+    )
+
+
+# ---- stage 0: public planning ----------------------------------------------------------------
+@dataclass(frozen=True)
+class Stage1Plan:
+    """Stage 1's events and noise multipliers (empty when the count and schema are public)."""
+
+    events: list[Any]
+    count_sigma: float | None
+    schema_sigma: float | None
+
+
+@dataclass(frozen=True)
+class PublicPlan:
+    """Everything fixed from public inputs before any record is read."""
+
+    req: ReleaseRequest
+    policy: Any
+    policy_name: str
+    accountant: Accountant
+    delta_total: float
+    delta: float
+    delta_selection: float
+    split: dict[str, float]
+    stage1: Stage1Plan
+    source_id: str
+    release_id: str
+    started: str
+    content_id: str | None
+    ledger: Any
+    ledger_path: Path
+    key_info: Any
+    key_created: Path | None
+    out: Path
+    header: list[str]
+
+
+def plan_public(req: ReleaseRequest, say: NoticeFn) -> PublicPlan:
+    """Stage 0. Validate the request and the policy, fix delta, the budget split and stage 1's
+    noise, find the key and the ledger, and read the file's HEADER only (column names are public:
+    a missing file, no header or a schema column absent from the header refuse here)."""
     from dp_accounting import dp_event as dpe
 
     from . import accounting as acc
     from . import data as dmod
     from . import keys
     from . import policy as pmod
-    from .artifact import write_artifact
     from .ledger import Ledger
 
-    say = notice or (lambda _msg: None)
+    # Captured before anything else: the only time the release publishes.
+    started = _dt.datetime.now(_dt.UTC).replace(microsecond=0).isoformat()
     _check_request(req)
-
-    # ---- 1. public planning ----------------------------------------------------------------
-    pol = pmod.load_policy(req.policy) if req.policy is not None else pmod.default_policy()
-    accountant: Accountant = req.calibrate_to or pol.accountant
+    policy_path = req.policy if req.policy is not None else pmod.default_policy_path()
+    pol = pmod.load_policy(policy_path)
+    policy_name = str(policy_path) if req.policy is not None else f"packaged default ({policy_path.name})"
+    say(f"policy: {policy_name}")
+    if req.calibrate_to is not None and req.calibrate_to != pol.accountant:
+        # One rule: the accountant that calibrates the noise is the one the ledger charges and the
+        # per-release cap is checked under (the policy's accountant of record).
+        raise PolicyRefusal(
+            f"--calibrate-to {req.calibrate_to} differs from the policy's accountant of record "
+            f"{pol.accountant}; set accountant = \"{req.calibrate_to}\" in the policy instead"
+        )
+    accountant: Accountant = pol.accountant
     delta_total = pol.resolve_delta(req.delta)
     if req.epsilon > pol.max_epsilon_per_release:
-        raise ReleaseError(
-            f"epsilon {req.epsilon:g} exceeds the policy's per-release cap {pol.max_epsilon_per_release:g}"
+        raise PolicyRefusal(
+            f"epsilon {req.epsilon:g} exceeds the policy's per-release cap {pol.max_epsilon_per_release:g}; "
+            "lower --epsilon or raise max_epsilon_per_release in the policy"
         )
     source_id = pol.source_id or pmod.source_id_from_path(req.data)
     if pol.source_id is None:
@@ -189,6 +320,16 @@ def run_release(
             "set source_id in the policy to name it)")
     if req.model is not None:
         pol.check_model(req.model)
+    header = dmod.read_header(req.data)
+    schema_public = pol.data_schema is not None
+    if schema_public:
+        missing = [c.name for c in pol.data_schema.columns if c.name not in header]
+        if missing:
+            raise ReleaseError(f"the data has no column {missing[0]!r} named in the policy's schema; "
+                               "fix the header or the policy's schema")
+        _check_model_for_schema(req.model, pol.data_schema)
+    elif req.target is not None and req.target not in header:
+        raise ReleaseError(f"target column {req.target!r} is not in the data's header")
 
     key_info, key_created = keys.resolve_signing_key(req.key)
     if key_created:
@@ -196,275 +337,118 @@ def run_release(
     ledger_path = req.ledger or pol.ledger_path() or keys.default_home() / "ledger.jsonl"
     ledger = Ledger(ledger_path, keys.load_private_key(key_info.private_path), key_info.keyid)
 
-    schema_public = pol.data_schema is not None
     count_public = pol.record_count_public
-    split = pol.budget_split.normalised(count=not count_public, preprocessing=not schema_public)
-    if req.model is not None and req.model not in DP_INITIALISATION_MODELS:
-        # Known now to keep the uniform start: its share goes to optimisation, not to stage 1.
-        split = pol.budget_split.normalised(count=not count_public, preprocessing=not schema_public,
-                                            initialisation=False)
+    dp_init = req.model is None or req.model in DP_INITIALISATION_MODELS
+    split = pol.budget_split.normalised(count=not count_public, preprocessing=not schema_public,
+                                        initialisation=dp_init)
     # DP schema estimation selects categories by thresholding noisy counts, which spends a little
     # delta outside its Gaussian event (partition selection): a tenth of this release's delta.
     delta_selection = 0.0 if schema_public else DELTA_SELECTION_SHARE * delta_total
     delta = delta_total - delta_selection
-    stage1_events: list[Any] = []
-    count_sigma = pre_sigma = None
+    events: list[Any] = []
+    count_sigma = schema_sigma = None
     if not count_public:
         count_sigma = acc.calibrate_gaussian(target_epsilon=split["count"] * req.epsilon, delta=delta,
                                              accountant=accountant)
-        stage1_events.append(dpe.GaussianDpEvent(count_sigma))
+        events.append(dpe.GaussianDpEvent(count_sigma))
     if not schema_public:
-        pre_sigma = acc.calibrate_gaussian(
+        schema_sigma = acc.calibrate_gaussian(
             target_epsilon=(split["count"] + split["preprocessing"]) * req.epsilon,
-            delta=delta, prior_events=stage1_events, accountant=accountant,
+            delta=delta, prior_events=events, accountant=accountant,
         )
-        stage1_events.append(dpe.GaussianDpEvent(pre_sigma))
-
-    # ---- 2. parsing (nothing released on failure) ------------------------------------------
-    table = dmod.read_csv(req.data, private=True)
-    _reject_non_finite(table)
-    if schema_public:
-        missing = [c.name for c in pol.data_schema.columns if c.name not in table.header]
-        if missing:
-            raise ReleaseError(f"the data has no column {missing[0]!r} named in the policy's schema")
-        # Validate every record against the public schema now, before anything is reserved:
-        # a bad value is the curator's input error and nothing is released.
-        dmod.Transform.from_schema(pol.data_schema).apply(table)
-
-    content_id = keys.keyed_content_id_for_file(req.data)
+        events.append(dpe.GaussianDpEvent(schema_sigma))
     release_id = secrets.token_hex(8)
-    notes: list[str] = []
-    nonpriv = torch.Generator().manual_seed(req.seed if req.seed is not None else secrets.randbits(63))
-
-    # ---- 3. stage 1: DP count and DP schema --------------------------------------------------
-    from .private.marginals import NUM_INTERIOR_BINS
-    from .private.mechanism import PrivateRecords
-
-    noisy_count: float
-    if stage1_events:
-        reservation = ledger.reserve(
-            source_id=source_id, events=stage1_events, delta=delta, policy=pol, content_id=content_id,
-            release_id=release_id, stage="count-and-schema", hold_epsilon=req.epsilon,
-            extra_delta=delta_selection,
-        )
-        try:
-            if schema_public:
-                schema = pol.data_schema
-            else:
-                from .private.preprocess import estimate_schema
-
-                target = req.target
-                assert pre_sigma is not None
-                est = estimate_schema(table, noise_multiplier=pre_sigma, target=target, delta=delta_selection)
-                schema = est.schema
-                notes.extend(est.notes)
-            if count_public:
-                assert pol.record_count is not None
-                noisy_count = float(pol.record_count)
-            else:
-                assert count_sigma is not None
-                noisy_count = PrivateRecords(torch.zeros(table.num_rows, 1)).noisy_count(
-                    noise_multiplier=count_sigma
-                )
-                notes.append("record count estimated with the Gaussian mechanism (not public)")
-            reservation.commit(artifact_digest=None)
-        except BaseException as exc:
-            reservation.abort(reason=type(exc).__name__)
-            raise
-    else:
-        assert pol.record_count is not None
-        schema = pol.data_schema
-        noisy_count = float(pol.record_count)
-
-    # ---- 4. planning from released values ------------------------------------------------------
-    try:
-        # Calibrate to the target minus the partition-selection slack so the claim stays <= target.
-        slack = -math.log1p(-delta_selection)
-        plan = _plan_optimisation(
-            req, pol, schema, noisy_count, stage1_events, delta, accountant, target_epsilon=req.epsilon - slack,
-            init_target_epsilon=(split["count"] + split["preprocessing"] + split["initialisation"]) * req.epsilon
-            if split["initialisation"] > 0 else 0.0,
-        )
-    except BaseException as exc:
-        if stage1_events:
-            _end_hold(ledger, source_id=source_id, release_id=release_id, delta=delta, policy=pol,
-                      content_id=content_id, reason=type(exc).__name__)
-        raise
-    model, transform, q, sigma = plan.model, plan.transform, plan.sample_rate, plan.noise_multiplier
-    psvi_event = acc.subsampled_gaussian_event(sigma, q, req.steps)
-    stage2_events = [*plan.init_events(), psvi_event]
-    all_events = [*stage1_events, *stage2_events]
-
-    # ---- 5. stage 2: DP-PSVI ------------------------------------------------------------------
-    from .constructors.base import Summary, fit
-
-    out = req.out or req.data.with_name(req.data.stem + ".dpsummary.json")
-    reservation = ledger.reserve(
-        source_id=source_id, events=stage2_events, delta=delta, policy=pol, content_id=content_id,
-        release_id=release_id, stage="dp-psvi", hold_epsilon=0.0,
-    )
-    # The claim's epsilons depend only on the planned events (public), not on the run: compute
-    # them on the second core while DP-PSVI runs (PRV alone takes about 0.7 s). Nothing else
-    # calls the accountants until the result is collected, so their warning filters (not
-    # thread-safe) are not raced.
-    from concurrent.futures import ThreadPoolExecutor
-
-    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dpsummary-accounting")
-    claimed = pool.submit(acc.epsilons, all_events, delta)
-    pool.shutdown(wait=False)
-    try:
-        points = transform.to_points(table)
-        records = PrivateRecords(points)
-        del points
-        start = initial_samplers(records, transform, plan.init_layout, plan.init_noise_multiplier)
-        if start.description is not None:
-            notes.append(start.description)
-        constructor = dp_psvi_constructor(
-            transform=transform, model=model, noise_multiplier=sigma, sample_rate=q,
-            record_count=noisy_count, steps=req.steps, num_samples=req.num_samples, init_features=start.features,
-            init_targets=start.targets,
-        )
-        summary: Summary = fit(constructor, records, model, req.size, generator=nonpriv,
-                               transform=transform.to_dict(), progress=progress)
-        epsilons = claimed.result()
-        split_eps = _budget_split(count_sigma, pre_sigma, plan.init_noise_multiplier, psvi_event, delta, accountant)
-        if delta_selection:
-            epsilons = {k: v - math.log1p(-delta_selection) for k, v in epsilons.items()}
-        claim = {
-            "epsilon": epsilons,
-            "delta": delta_total,
-            "delta_accounting": delta,
-            "delta_partition_selection": delta_selection,
-            "epsilon_note": ("epsilons are computed at delta_accounting; DP schema estimation adds "
-                             "delta_partition_selection to delta and -log(1 - delta_partition_selection) "
-                             "(about the same, negligible) to epsilon") if delta_selection else None,
-            "adjacency": "add/remove one record",
-            "sampling": "poisson",
-            "accountant_of_record": accountant,
-            "accountants": {a: acc.accountant_description(a) for a in ("rdp", "prv", "pld")},
-            "accountant_versions": acc.accountant_versions(),
-            "events": acc.events_to_json(all_events),
-            "mechanism": {
-                "name": "dp-psvi",
-                "noise_multiplier": sigma,
-                "sample_rate": q,
-                "steps": req.steps,
-                "num_posterior_samples": req.num_samples,
-                "clip_norm_rule": (f"{DEFAULT_CLIP_MULTIPLIER:g} x the {DEFAULT_CLIP_QUANTILE:g}-quantile of the L2 "
-                                   "norms of the centred log-likelihood vectors of "
-                                   f"{DEFAULT_NUM_REFERENCE} public synthetic records at each step (features "
-                                   "from the public schema, targets simulated at the prior mean)"),
-                "noise": "OpenDP discrete Gaussian from OS entropy",
-                "count_noise_multiplier": count_sigma,
-                "preprocessing_noise_multiplier": pre_sigma,
-                "initialisation": None if plan.init_noise_multiplier is None else {
-                    "rule": ("initial pseudopoint features drawn from Gaussian-noised per-column histograms "
-                             f"over public bins (bounded numeric: at-lower, {NUM_INTERIOR_BINS} equal-width, at-upper; "
-                             "categorical: each category and none); L2 sensitivity 1 after dividing the "
-                             "counts by sqrt(number of columns)"
-                             + ("; a count target is histogrammed the same way and initial targets (also the "
-                                "clip-norm reference records') are drawn from its marginal"
-                                if any(c.target for c in plan.init_layout.columns) else "")),
-                    "noise_multiplier": plan.init_noise_multiplier,
-                    "columns": [c.name for c in plan.init_layout.columns],
-                },
-            },
-            "budget_split": split_eps,
-            "public_inputs": pol.public_inputs(),
-            "source_id": source_id,
-        }
-        body = {
-            "format": "dpsummary.release/v1",
-            "summary": summary.to_dict(),
-            "feature_names": transform.feature_names,
-            "param_names": model.param_names(transform.feature_names),
-            "software": software_versions(),
-            "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
-            "release_id": release_id,
-        }
-        digest = write_artifact(out, body, claim, ledger.private_key, key_info.keyid)
-        reservation.commit(artifact_digest=digest)
-    except BaseException as exc:
-        reservation.abort(reason=type(exc).__name__)
-        raise
-
-    # The source's running total is shown under the accountant of record and the tight PLD one;
-    # PRV (about 0.5 s more per call) is in the claim already and in `dpsummary audit`.
-    shown: tuple[Accountant, ...] = ("rdp", "prv", "pld") if accountant == "prv" else ("rdp", "pld")
-    spent = ledger.spent(source_id, delta=pol.total_delta, accountants=shown)
-    return ReleaseResult(
-        out=out, artifact_digest=digest, source_id=source_id, epsilons=epsilons, delta=delta_total,
-        noise_multiplier=sigma, sample_rate=q, steps=req.steps, size=summary.size,
-        budget_split=split_eps, composed_total=spent.composed, naive_total=spent.naive_sum,
-        notes=notes, key_created=key_info.private_path if key_created else None, ledger=ledger_path,
+    # Keyed per release (dpsummary.keys): auditors cannot link two releases of one file by it.
+    content_id = keys.keyed_content_id_for_file(req.data, release_id=release_id)
+    return PublicPlan(
+        req=req, policy=pol, policy_name=policy_name, accountant=accountant, delta_total=delta_total,
+        delta=delta, delta_selection=delta_selection, split=split,
+        stage1=Stage1Plan(events, count_sigma, schema_sigma), source_id=source_id, release_id=release_id,
+        started=started, content_id=content_id, ledger=ledger, ledger_path=ledger_path, key_info=key_info,
+        key_created=key_info.private_path if key_created else None,
+        out=req.out or req.data.with_name(req.data.stem + ".dpsummary.json"), header=header,
     )
 
 
-_NON_FINITE = frozenset({"nan", "+nan", "-nan", "inf", "+inf", "-inf", "infinity", "+infinity", "-infinity"})
-
-
-def _reject_non_finite(table: Any) -> None:
-    """NaN or infinite values are bad input in any column (one-line error, column name only)."""
-    from .data import DataError
-
-    for name in table.header:
-        # Only the distinct values need looking at (a set of a column is ~100x cheaper than
-        # lower-casing every cell).
-        distinct = {str(v).lower() for v in set(table.array(name).tolist())}
-        if not distinct.isdisjoint(_NON_FINITE):
-            raise DataError(f"column {name!r} contains NaN or infinite values")
-
-
-def _plan_optimisation(
-    req: ReleaseRequest,
-    pol: Any,
-    schema: Any,
-    noisy_count: float,
-    stage1_events: list[Any],
-    delta: float,
-    accountant: Accountant,
-    *,
-    target_epsilon: float,
-    init_target_epsilon: float,
-) -> OptimisationPlan:
-    """Model, public transform, sample rate and noise multipliers, from public or released values
-    only (the schema and the count are public or DP outputs of stage 1)."""
-    from . import accounting as acc
+def _check_model_for_schema(model_name: str | None, schema: Any) -> None:
+    """With a public schema the model/target match is a public fact: refuse before reserving."""
     from . import data as dmod
     from .models import get_model_class
-    from .private.noise import quantize_sample_rate
 
+    if model_name is None:
+        return
     kind = dmod.target_kind(schema)
-    model_name = req.model or dmod.default_model_name(kind)
-    pol.check_model(model_name)
-    if noisy_count < pol.min_records:
-        raise ReleaseError("too few records for the policy (judged on the noisy record count)")
-    if pol.n_max is not None and noisy_count > pol.n_max:
-        raise ReleaseError("more records than the policy's public bound n_max (judged on the noisy count)")
-    transform = dmod.Transform.from_schema(schema, invalid_numeric="missing", invalid_target="drop")
-    model = get_model_class(model_name)(transform.num_features)
-    if model.point_dim != transform.point_dim:
-        raise ReleaseError(f"model {model_name!r} does not match the data's target ({kind})")
     if model_name == "logistic" and kind != "binary":
-        raise ReleaseError(f"logistic regression needs a binary target; the target is {kind}")
-    q = quantize_sample_rate(
-        req.sample_rate if req.sample_rate is not None else min(1.0, DEFAULT_EXPECTED_BATCH / max(noisy_count, 1.0))
-    )
-    init_sigma, layout, before = plan_initialisation(
-        transform, model_name, prior_events=stage1_events, target_epsilon=init_target_epsilon, delta=delta,
-        accountant=accountant,
-    )
-    sigma = acc.calibrate_noise_multiplier(
-        target_epsilon=target_epsilon, delta=delta, sample_rate=q, steps=req.steps,
-        prior_events=before, accountant=accountant,
-    )
-    return OptimisationPlan(model, transform, q, sigma, init_sigma, layout)
+        raise ReleaseError(f"logistic regression needs a binary target; the schema's target is {kind}; "
+                           "choose --model for it or fix the schema")
+    n_features = dmod.Transform.from_schema(schema).num_features
+    point_dim = n_features + (0 if schema.target is None else 1)
+    if get_model_class(model_name)(n_features).point_dim != point_dim:
+        raise ReleaseError(f"model {model_name!r} does not match the schema's target ({kind}); "
+                           "choose another --model")
 
 
+# ---- stage 1: record count and schema ------------------------------------------------------
+@dataclass(frozen=True)
+class Released:
+    """What stage 1 released (or the policy declared public): the schema and the record count."""
+
+    schema: Any
+    record_count: float
+    count_is_public: bool
+    notes: list[str]
+
+
+def read_source(path: Path) -> Any:
+    """Open the private file through the total per-record rules (after a reservation)."""
+    from .private.source import PrivateSource
+
+    return PrivateSource.open(path)
+
+
+def public_stage1(public: PublicPlan) -> Released:
+    """Stage 1 when the policy declares the count and the schema public: nothing to run."""
+    pol = public.policy
+    assert pol.record_count is not None and pol.data_schema is not None
+    return Released(pol.data_schema, float(pol.record_count), True, [])
+
+
+def run_stage1(public: PublicPlan, source: Any) -> Released:
+    """Stage 1 (reads records, charged): DP schema estimation and the DP record count, for the
+    parts the policy does not declare public. A refusal here (e.g. the DP schema finds no usable
+    target) is decided on DP outputs: :class:`ChargedRefusal`."""
+    from .data import DataError
+
+    pol, plan = public.policy, public.stage1
+    notes: list[str] = []
+    if pol.data_schema is not None:
+        schema = pol.data_schema
+    else:
+        assert plan.schema_sigma is not None
+        try:
+            est = source.estimate_schema(noise_multiplier=plan.schema_sigma, target=public.req.target,
+                                         delta=public.delta_selection,
+                                         target_classes=2 if public.req.model == "logistic" else None)
+        except DataError as exc:
+            raise ChargedRefusal(str(exc)) from None
+        schema = est.schema
+        notes.extend(est.notes)
+    if pol.record_count_public:
+        assert pol.record_count is not None
+        count = float(pol.record_count)
+    else:
+        assert plan.count_sigma is not None
+        count = source.noisy_record_count(noise_multiplier=plan.count_sigma)
+        notes.append("record count estimated with the Gaussian mechanism (not public)")
+    return Released(schema, count, pol.record_count_public, notes)
+
+
+# ---- stage 2 plan: from public or released values ------------------------------------------
 @dataclass(frozen=True)
 class OptimisationPlan:
     """Everything stage 2 needs, fixed from public or released values before it runs.
-    ``init_noise_multiplier`` / ``init_layout`` are None for the uniform public start."""
+    ``init_noise_multiplier`` / ``init_layout`` are None for the uniform public start;
+    ``quality_noise_multiplier`` is None when the policy gives the quality counts no share."""
 
     model: Any
     transform: Any
@@ -472,11 +456,353 @@ class OptimisationPlan:
     noise_multiplier: float
     init_noise_multiplier: float | None
     init_layout: Any
+    quality_noise_multiplier: float | None = None
+    steps: int = DEFAULT_STEPS
+    #: The stage-2 mechanism; for ``noise-aware-newton`` ``noise_multiplier`` is the single-
+    #: Gaussian calibration the schedule's per-statistic multipliers derive from.
+    mechanism: str = "dp-psvi"
+    schedule: Any = None
 
     def init_events(self) -> list[Any]:
         from .private.marginals import marginals_event
 
         return [] if self.init_noise_multiplier is None else [marginals_event(self.init_noise_multiplier)]
+
+    def quality_events(self) -> list[Any]:
+        from dp_accounting import dp_event as dpe
+
+        q = self.quality_noise_multiplier
+        return [] if q is None else [dpe.GaussianDpEvent(q)]
+
+    @property
+    def optimisation_event(self) -> Any:
+        from dp_accounting import dp_event as dpe
+
+        from . import accounting as acc
+
+        if self.mechanism == "dp-psvi":
+            return acc.subsampled_gaussian_event(self.noise_multiplier, self.sample_rate, self.steps)
+        return dpe.ComposedDpEvent(self.schedule.events(self.noise_multiplier))
+
+    @property
+    def events(self) -> list[Any]:
+        """Stage 2's events in the order they run (quality counts, initialisation, DP-PSVI)."""
+        return [*self.quality_events(), *self.init_events(), self.optimisation_event]
+
+
+def plan_stage2(public: PublicPlan, released: Released) -> OptimisationPlan:
+    """Model, public transform, sample rate and noise multipliers from public or released values
+    only. The refusals here (too few records, more than n_max, a DP-estimated target that does not
+    suit the model) are decided on DP outputs: :class:`ChargedRefusal` when stage 1 ran, a public
+    :class:`ReleaseError` when the count and schema are public."""
+    from . import accounting as acc
+    from . import data as dmod
+    from .models import get_model_class
+    from .private.noise import quantize_sample_rate
+
+    req, pol, schema = public.req, public.policy, released.schema
+    refuse: type[Refusal] = PolicyRefusal if public.stage1.events == [] else ChargedRefusal
+    kind = dmod.target_kind(schema)
+    model_name = req.model or dmod.default_model_name(kind)
+    pol.check_model(model_name)
+    judged = "public record count" if released.count_is_public else "noisy record count"
+    if released.record_count < pol.min_records:
+        raise refuse(f"too few records for the policy's min_records {pol.min_records} (judged on the {judged})")
+    if pol.n_max is not None and released.record_count > pol.n_max:
+        raise refuse(f"more records than the policy's public bound n_max (judged on the {judged}); raise n_max")
+    transform = dmod.Transform.from_schema(schema)
+    model = get_model_class(model_name)(transform.num_features)
+    if model.point_dim != transform.point_dim:
+        raise refuse(f"model {model_name!r} does not match the data's target ({kind}); choose another --model")
+    if model_name == "logistic" and kind != "binary":
+        raise refuse(f"logistic regression needs a binary target; the target is {kind}; choose another --model")
+    q = quantize_sample_rate(
+        req.sample_rate if req.sample_rate is not None
+        else min(1.0, DEFAULT_EXPECTED_BATCH / max(released.record_count, 1.0))
+    )
+    split = public.split
+    dp_init_models = DP_INITIALISATION_MODELS if req.mechanism == "dp-psvi" else frozenset()
+    if model_name not in dp_init_models and split["initialisation"] > 0:
+        # Known only now (the model follows the schema): the share goes to optimisation.
+        split = pol.budget_split.normalised(count="count" in _nonzero(split), preprocessing="preprocessing" in
+                                            _nonzero(split), initialisation=False)
+    eps = req.epsilon
+    before = list(public.stage1.events)
+    quality_sigma = None
+    if split["quality"] > 0:
+        quality_sigma = acc.calibrate_gaussian(
+            target_epsilon=(split["count"] + split["preprocessing"] + split["quality"]) * eps,
+            delta=public.delta, prior_events=before, accountant=public.accountant)
+        before = [*before, _gaussian(quality_sigma)]
+    init_target = (split["count"] + split["preprocessing"] + split["quality"] + split["initialisation"]) * eps
+    init_sigma, layout, before = plan_initialisation(
+        transform, model_name, prior_events=before, target_epsilon=init_target if split["initialisation"] > 0 else 0.0,
+        delta=public.delta, accountant=public.accountant, models=dp_init_models,
+    )
+    # Calibrate to the target minus the partition-selection slack so the claim stays <= target.
+    slack = -math.log1p(-public.delta_selection)
+    if req.mechanism != "dp-psvi":
+        from . import noise_aware
+
+        schedule = noise_aware.Schedule.default(model)
+        na_sigma, _ = noise_aware.calibrate(schedule, target_epsilon=eps - slack, delta=public.delta,
+                                            prior_events=before, accountant=public.accountant)
+        return OptimisationPlan(model, transform, 1.0, na_sigma, init_sigma, layout, quality_sigma, 1,
+                                mechanism=req.mechanism, schedule=schedule)
+    sigma = acc.calibrate_noise_multiplier(
+        target_epsilon=eps - slack, delta=public.delta, sample_rate=q, steps=req.steps,
+        prior_events=before, accountant=public.accountant,
+    )
+    return OptimisationPlan(model, transform, q, sigma, init_sigma, layout, quality_sigma, req.steps)
+
+
+def _nonzero(split: dict[str, float]) -> set[str]:
+    return {k for k, v in split.items() if v > 0}
+
+
+def _gaussian(sigma: float) -> Any:
+    from dp_accounting import dp_event as dpe
+
+    return dpe.GaussianDpEvent(sigma)
+
+
+# ---- stage 2: quality counts, initialisation, DP-PSVI --------------------------------------
+@dataclass(frozen=True)
+class Stage2Output:
+    summary: Any
+    epsilons: dict[str, float]
+    budget_split: dict[str, float]
+    quality: Any
+    init_description: str | None
+    notes: list[str]
+    #: Noise-aware mechanism only: the raw summary and the two Gaussians (post-processing).
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def run_stage2(
+    public: PublicPlan,
+    released: Released,
+    plan: OptimisationPlan,
+    source: Any,
+    *,
+    progress: ProgressFn | None = None,
+    checkpoint: CheckpointFn | None = None,
+) -> Stage2Output:
+    """Stage 2 (reads records, charged): encode every record by the public total rules, release
+    the noisy quality counts and decide the data-quality refusal on them, then the DP
+    initialisation and DP-PSVI."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from . import accounting as acc
+    from .constructors.base import fit
+
+    mark = checkpoint or (lambda _name: None)
+    req, pol = public.req, public.policy
+    # The claim's epsilons depend only on the planned events (public), not on the run: compute
+    # them on the second core while DP-PSVI runs (PRV alone takes about 0.7 s). Nothing else
+    # calls the accountants until the result is collected, so their warning filters (not
+    # thread-safe) are not raced.
+    all_events = [*public.stage1.events, *plan.events]
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dpsummary-accounting")
+    claimed = pool.submit(acc.epsilons, all_events, public.delta)
+    pool.shutdown(wait=False)
+
+    rules = pol.data_quality
+    encoded = source.encode(plan.transform, missing_numeric=rules.missing_numeric,
+                            unseen_category=rules.unseen_category)
+    mark("encoded")
+    notes: list[str] = []
+    record_count = released.record_count
+    quality = None
+    if plan.quality_noise_multiplier is not None:
+        quality = encoded.noisy_quality_counts(noise_multiplier=plan.quality_noise_multiplier)
+        share = quality.dropped_fraction(released.record_count)
+        if share > rules.max_dropped_fraction:
+            raise ChargedRefusal(
+                f"about {100 * share:.0f}% of the records are unusable under the policy's data_quality rules "
+                f"(more than max_dropped_fraction {rules.max_dropped_fraction:g}); fix the data or the rules"
+            )
+        # The optimisation's record count: records read minus records dropped (both noisy).
+        record_count = max(released.record_count - max(quality.noisy["dropped"], 0.0), 1.0)
+        notes.append("data quality: noisy counts of the records each public rule touched are in the artifact")
+    mark("quality")
+    nonpriv = torch.Generator().manual_seed(req.seed if req.seed is not None else secrets.randbits(63))
+    start = initial_samplers(encoded.records, plan.transform, plan.init_layout, plan.init_noise_multiplier)
+    if start.description is not None:
+        notes.append(start.description)
+    mark("initialised")
+    extra: dict[str, Any] = {}
+    if plan.mechanism != "dp-psvi":
+        summary, extra = _noise_aware_summaries(plan, encoded, req.size, nonpriv)
+        notes.extend(extra.pop("notes"))
+        mark("optimised")
+        epsilons = claimed.result()
+        if public.delta_selection:
+            epsilons = {k: v - math.log1p(-public.delta_selection) for k, v in epsilons.items()}
+        split_eps = _budget_split(public.stage1.count_sigma, public.stage1.schema_sigma,
+                                  plan.quality_noise_multiplier, plan.init_noise_multiplier,
+                                  plan.optimisation_event, public.delta, public.accountant)
+        return Stage2Output(summary, epsilons, split_eps, quality, start.description, notes, extra)
+    constructor = dp_psvi_constructor(
+        transform=plan.transform, model=plan.model, noise_multiplier=plan.noise_multiplier,
+        sample_rate=plan.sample_rate, record_count=record_count, steps=req.steps, num_samples=req.num_samples,
+        init_features=start.features, init_targets=start.targets,
+    )
+    summary = fit(constructor, encoded.records, plan.model, req.size, generator=nonpriv,
+                  transform=plan.transform.to_dict(), progress=progress)
+    mark("optimised")
+    epsilons = claimed.result()
+    if public.delta_selection:
+        epsilons = {k: v - math.log1p(-public.delta_selection) for k, v in epsilons.items()}
+    split_eps = _budget_split(public.stage1.count_sigma, public.stage1.schema_sigma, plan.quality_noise_multiplier,
+                              plan.init_noise_multiplier, plan.optimisation_event, public.delta, public.accountant)
+    return Stage2Output(summary, epsilons, split_eps, quality, start.description, notes)
+
+
+def _noise_aware_summaries(plan: OptimisationPlan, records: Any, size: int, generator: torch.Generator
+                           ) -> tuple[Any, dict[str, Any]]:
+    """The noise-aware mechanism (:mod:`dpsummary.noise_aware`) on the private records, then its
+    noise-aware and raw Gaussians turned into pseudocoresets (post-processing,
+    :mod:`dpsummary.constructors.gaussian_target`)."""
+    from . import noise_aware
+    from .constructors.base import Summary
+    from .constructors.gaussian_target import match_gaussian
+
+    model, tf = plan.model, plan.transform
+    feature_norm, target_bound = noise_aware.schema_bounds(tf)
+    bounds = noise_aware.public_bounds(model, feature_norm=feature_norm, target_bound=target_bound)
+
+    def release(theta: torch.Tensor, score_bound: float, curvature_bound: float, s_mult: float, c_mult: float
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        st = records.noisy_score_statistics(model, theta, score_bound=score_bound, curvature_bound=curvature_bound,
+                                            score_noise_multiplier=s_mult, curvature_noise_multiplier=c_mult)
+        return st.score, st.curvature
+
+    result = noise_aware.fit(model, release, bounds, schedule=plan.schedule, sigma=plan.noise_multiplier)
+    summaries = {}
+    losses = {}
+    for name, target in (("noise_aware", result.posterior), ("raw", result.raw_posterior)):
+        feats = tf.sample_public_features(size, generator)
+        points, weights, loss = match_gaussian(model, target, size=size, initial_features=feats, generator=generator)
+        summaries[name] = Summary(points, weights, model, noise_aware.MECHANISM, tf.to_dict(),
+                                  {"posterior": name, "match_symmetric_kl": loss})
+        losses[name] = loss
+    gaussians = {name: {"mean": post.mean.tolist(), "cov": post.cov.tolist()}
+                 for name, post in (("noise_aware", result.posterior), ("raw", result.raw_posterior))}
+    notes = [*result.notes,
+             f"pseudocoreset matched to the noise-aware Gaussian (symmetric KL {losses['noise_aware']:.3g} nats)"]
+    return summaries["noise_aware"], {
+        "raw_summary": summaries["raw"], "gaussians": gaussians, "notes": notes,
+        "noise_multipliers": [list(m) for m in result.noise_multipliers],
+        "schedule": plan.schedule.as_dict(), "bounds": {"feature_norm": feature_norm, "target_bound": target_bound},
+        "rounds": [{"score_bound": r.score_bound, "curvature_bound": r.curvature_bound} for r in result.rounds],
+    }
+
+
+# ---- stage 4: the signed artifact ----------------------------------------------------------
+def write_release(public: PublicPlan, released: Released, plan: OptimisationPlan, output: Stage2Output) -> str:
+    """Build the claim (public parameters and DP outputs only), sign and write the artifact
+    atomically; returns its digest for the ledger commit."""
+    from . import accounting as acc
+    from .artifact import write_artifact
+    from .private.marginals import NUM_INTERIOR_BINS
+
+    req, pol = public.req, public.policy
+    all_events = [*public.stage1.events, *plan.events]
+    sel = public.delta_selection
+    claim = {
+        "epsilon": output.epsilons,
+        "delta": public.delta_total,
+        "delta_accounting": public.delta,
+        "delta_partition_selection": sel,
+        "epsilon_note": ("epsilons are computed at delta_accounting; DP schema estimation adds "
+                         "delta_partition_selection to delta and -log(1 - delta_partition_selection) "
+                         "(about the same, negligible) to epsilon") if sel else None,
+        "adjacency": "add/remove one record",
+        "sampling": "poisson",
+        "accountant_of_record": public.accountant,
+        "accountants": {a: acc.accountant_description(a) for a in ("rdp", "prv", "pld")},
+        "accountant_versions": acc.accountant_versions(),
+        "events": acc.events_to_json(all_events),
+        "mechanism": _noise_aware_claim(public, plan, output) if plan.mechanism != "dp-psvi" else {
+            "name": "dp-psvi",
+            "noise_multiplier": plan.noise_multiplier,
+            "sample_rate": plan.sample_rate,
+            "steps": req.steps,
+            "num_posterior_samples": req.num_samples,
+            "clip_norm_rule": (f"{DEFAULT_CLIP_MULTIPLIER:g} x the {DEFAULT_CLIP_QUANTILE:g}-quantile of the L2 "
+                               "norms of the centred log-likelihood vectors of "
+                               f"{DEFAULT_NUM_REFERENCE} public synthetic records at each step (features "
+                               "from the public schema, targets simulated at the prior mean)"),
+            "noise": "OpenDP discrete Gaussian from OS entropy",
+            "count_noise_multiplier": public.stage1.count_sigma,
+            "preprocessing_noise_multiplier": public.stage1.schema_sigma,
+            "quality_noise_multiplier": plan.quality_noise_multiplier,
+            "initialisation": None if plan.init_noise_multiplier is None else {
+                "rule": ("initial pseudopoint features drawn from Gaussian-noised per-column histograms "
+                         f"over public bins (bounded numeric: at-lower, {NUM_INTERIOR_BINS} equal-width, at-upper; "
+                         "categorical: each category and none); L2 sensitivity 1 after dividing the "
+                         "counts by sqrt(number of columns)"
+                         + ("; a count target is histogrammed the same way and initial targets (also the "
+                            "clip-norm reference records') are drawn from its marginal"
+                            if any(c.target for c in plan.init_layout.columns) else "")),
+                "noise_multiplier": plan.init_noise_multiplier,
+                "columns": [c.name for c in plan.init_layout.columns],
+            },
+        },
+        "data_quality": {
+            "rules": pol.data_quality.model_dump(mode="json"),
+            "counts": None if output.quality is None else output.quality.as_dict(),
+        },
+        "budget_split": output.budget_split,
+        "public_inputs": pol.public_inputs(),
+        "source_id": public.source_id,
+    }
+    body = {
+        "format": "dpsummary.release/v1",
+        "summary": output.summary.to_dict(),
+        "feature_names": plan.transform.feature_names,
+        "param_names": plan.model.param_names(plan.transform.feature_names),
+        "software": software_versions(),
+        # The session's start (before any record was read): no data-dependent run time.
+        "created": public.started,
+        "release_id": public.release_id,
+    }
+    if output.extra:
+        # The default summary is the noise-aware one; the raw one (no noise accounting) and both
+        # Gaussians ride along for analysts who ask (``dpsummary.load(..., posterior="raw")``).
+        body["raw_summary"] = output.extra["raw_summary"].to_dict()
+        body["posterior"] = {"default": "noise_aware", "gaussians": output.extra["gaussians"]}
+    return write_artifact(public.out, body, claim, public.ledger.private_key, public.key_info.keyid)
+
+
+def _noise_aware_claim(public: PublicPlan, plan: OptimisationPlan, output: Stage2Output) -> dict[str, Any]:
+    from . import noise_aware
+
+    ex = output.extra
+    return {
+        "name": noise_aware.MECHANISM,
+        "description": ("rounds of DP Newton: at a public anchor (prior mean, then the previous round's "
+                        "noise-aware mean) the sums over ALL records of per-record log-likelihood scores "
+                        "(clipped to L2 score_bound) and curvatures (clipped to Frobenius curvature_bound, "
+                        "upper triangle noised) are released by Gaussian mechanisms; the noise-aware "
+                        "posterior of the last round (Kulkarni et al. 2021 style) is matched by the "
+                        "pseudocoreset (post-processing)"),
+        "single_gaussian_noise_multiplier": plan.noise_multiplier,
+        "noise_multipliers": ex["noise_multipliers"],
+        "schedule": ex["schedule"],
+        "bounds_rule": ("public, from the schema: feature L2 norm bound sqrt(sum over numeric columns of "
+                        "their scaled range^2 + number of categorical columns), target bound from the "
+                        "target's declared range; per-model score/curvature bounds from "
+                        "Model.statistic_bounds"),
+        "bounds": ex["bounds"],
+        "rounds": ex["rounds"],
+        "sampling": "none (every record, every round)",
+        "noise": "OpenDP discrete Gaussian from OS entropy",
+        "count_noise_multiplier": public.stage1.count_sigma,
+        "preprocessing_noise_multiplier": public.stage1.schema_sigma,
+        "quality_noise_multiplier": plan.quality_noise_multiplier,
+    }
 
 
 def plan_initialisation(
@@ -529,17 +855,6 @@ def initial_samplers(records: Any, transform: Any, layout: Any, noise_multiplier
     marginals = records.noisy_marginals(layout, noise_multiplier=noise_multiplier)
     return InitialStart(marginals.sampler(transform.sample_public_features), marginals.target_sampler(),
                         marginals.describe())
-
-
-def _end_hold(ledger: Any, *, source_id: str, release_id: str, delta: float, policy: Any,
-              content_id: str | None, reason: str) -> None:
-    """A release refused between its stages gives back the rest of its held budget (what stage 1
-    spent stays charged): an empty reservation replaces the hold and is aborted."""
-    from dp_accounting import dp_event as dpe
-
-    r = ledger.reserve(source_id=source_id, events=[dpe.NoOpDpEvent()], delta=delta, policy=policy,
-                       content_id=content_id, release_id=release_id, stage="refused", hold_epsilon=0.0)
-    r.abort(reason=reason)
 
 
 def dp_psvi_constructor(
@@ -633,14 +948,15 @@ def public_point_bounds(transform: Any, model: Any) -> tuple[tuple[float, ...], 
     return tuple(lower), tuple(upper)
 
 
-def _budget_split(count_sigma, pre_sigma, init_sigma, psvi_event, delta, accountant) -> dict[str, float]:
+def _budget_split(count_sigma, pre_sigma, quality_sigma, init_sigma, psvi_event, delta, accountant) -> dict[str, float]:
     """Standalone epsilon of each part (their naive sum bounds the composed total from above)."""
     from dp_accounting import dp_event as dpe
 
     from . import accounting as acc
 
-    out = {"count": 0.0, "preprocessing": 0.0, "initialisation": 0.0}
-    for part, sig in (("count", count_sigma), ("preprocessing", pre_sigma), ("initialisation", init_sigma)):
+    out = {"count": 0.0, "preprocessing": 0.0, "quality": 0.0, "initialisation": 0.0}
+    for part, sig in (("count", count_sigma), ("preprocessing", pre_sigma), ("quality", quality_sigma),
+                      ("initialisation", init_sigma)):
         if sig is not None:
             out[part] = acc.epsilon([dpe.GaussianDpEvent(sig)], delta, accountant)
     out["optimisation"] = acc.epsilon([psvi_event], delta, accountant)

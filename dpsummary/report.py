@@ -84,10 +84,15 @@ class ReportData:
 
 def _metrics(model: Model, post: GaussianPosterior, full: GaussianPosterior, points: torch.Tensor,
              generator: torch.Generator) -> dict[str, float]:
-    from .metrics import kl_report, predictive_scores, standardised_mean_error
+    from .metrics import kl_report, predictive_scores, standardised_mean_error, trust_report
 
     out: dict[str, float] = dict(kl_report(post, full, prior_posterior(model)).as_dict())
     out["mean_error"] = standardised_mean_error(post, full)
+    trust = trust_report(post, full, prior_posterior(model))
+    out["mean_error_sd_median"] = trust.mean_error_sd_median
+    out["mean_error_sd_max"] = trust.mean_error_sd_max
+    out["coverage"] = trust.coverage
+    out["width_ratio"] = trust.width_ratio
     out.update(predictive_scores(model, post, points, generator=generator))
     return out
 
@@ -281,7 +286,9 @@ def render_html(rep: ReportData) -> str:
     ]
     cols = [("forward", "KL(summary||full)"), ("reverse", "KL(full||summary)"),
             ("forward_normalised", "KL fwd / prior"), ("reverse_normalised", "KL rev / prior"),
-            ("mean_error", "std. mean error"), ("test_loglik", "log-lik / record"),
+            ("mean_error", "std. mean error"), ("mean_error_sd_median", "mean error, sds (median)"),
+            ("mean_error_sd_max", "mean error, sds (max)"), ("coverage", "95% coverage of full mean"),
+            ("width_ratio", "width / full"), ("test_loglik", "log-lik / record"),
             ("accuracy", "accuracy"), ("rmse", "RMSE")]
     present = [c for c in cols if any(c[0] in r.metrics for r in rep.results)]
     head = "".join(f"<th>{e(t)}</th>" for _, t in present)

@@ -40,6 +40,14 @@ Audits
    claimed epsilon): D has records in category 0 of every column, the canary sits in category 1
    of every column, the worst case of add/remove (:func:`histogram_audit`).
 
+   A fourth scenario, ``quality``, audits the release's handling of invalid records: the total
+   per-record rules and the noisy data-quality counts (:func:`quality_audit`). D is a clean CSV; the
+   canary is one record that every rule touches (undecodable bytes in a numeric field, an unseen
+   category, a missing target). The audited path is the product's own: the pyarrow reader, the
+   total encoding and ``noisy_quality_counts``; the observation is "refused" or the noisy counts.
+   A release that refused on a single invalid record (injected bug ``refuse-invalid``, the old
+   behaviour) is distinguishable with certainty and the lower bound exceeds any claim.
+
 3. Gray-box replay (Cebere et al. 2026): the full DP-PSVI constructor on D and D + canary with
    identical (recorded, non-private) randomness: same control flow, same shapes, and the
    pre-noise sum moves by at most C (:func:`gray_box_replay`).
@@ -68,7 +76,8 @@ Bug injection
 ``fixed-size`` (:class:`FixedSizeRandomness`: exactly round(qn) records per step, still
 accounted as Poisson), ``fixed-seed`` (:class:`FixedSeedRandomness`: noise from a generator
 re-seeded with one constant seed at every call) and ``no-scale`` (:class:`NoScaleLayout`: the
-initialisation histograms forget their 1/sqrt(columns) scaling).
+initialisation histograms forget their 1/sqrt(columns) scaling) and ``refuse-invalid`` (the
+release refuses when one record has an invalid value, the behaviour issue 13 removed).
 """
 
 from __future__ import annotations
@@ -79,6 +88,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
@@ -98,11 +108,13 @@ from .private import noise
 from .private.marginals import ColumnBins, HistogramLayout
 from .private.mechanism import PrivacyRandomness, PrivateRecords, SystemRandomness, clip_rows
 
-Injection = Literal["none", "no-clip", "half-noise", "fixed-size", "fixed-seed", "no-scale"]
-INJECTIONS: tuple[Injection, ...] = ("none", "no-clip", "half-noise", "fixed-size", "fixed-seed", "no-scale")
+Injection = Literal["none", "no-clip", "half-noise", "fixed-size", "fixed-seed", "no-scale", "refuse-invalid"]
+INJECTIONS: tuple[Injection, ...] = ("none", "no-clip", "half-noise", "fixed-size", "fixed-seed", "no-scale",
+                                     "refuse-invalid")
 NoisePath = Literal["opendp", "numpy"]
 NOISE_PATHS: tuple[NoisePath, ...] = ("opendp", "numpy")
-Scenario = Literal["dirac", "swap", "histogram"]
+Scenario = Literal["dirac", "swap", "histogram", "quality"]
+SCENARIOS: tuple[Scenario, ...] = ("dirac", "swap", "histogram", "quality")
 #: Scenarios that audit ``noisy_clipped_sum`` (batched runs); "histogram" audits ``noisy_marginals``.
 SUM_SCENARIOS: tuple[Scenario, ...] = ("dirac", "swap")
 
@@ -512,7 +524,7 @@ class SelfTestConfig:
     alpha: float = 0.05
     inject: Injection = "none"
     noise: NoisePath = "opendp"
-    scenarios: tuple[Scenario, ...] = ("dirac", "swap", "histogram")
+    scenarios: tuple[Scenario, ...] = SCENARIOS
     design: Design = field(default_factory=Design)
     #: Runs batched into one mechanism call (see the module docstring).
     runs_per_call: int = 128
@@ -541,8 +553,8 @@ class SelfTestConfig:
             raise ValueError(f"unknown injection {self.inject!r}; choose one of {', '.join(INJECTIONS)}")
         if self.noise not in NOISE_PATHS:
             raise ValueError(f"unknown noise path {self.noise!r}; choose one of {', '.join(NOISE_PATHS)}")
-        if not self.scenarios or not set(self.scenarios) <= {"dirac", "swap", "histogram"}:
-            raise ValueError("scenarios must be some of 'dirac', 'swap', 'histogram'")
+        if not self.scenarios or not set(self.scenarios) <= set(SCENARIOS):
+            raise ValueError(f"scenarios must be some of {', '.join(SCENARIOS)}")
         if self.histogram_columns < 1:
             raise ValueError("histogram_columns must be positive")
         return self
@@ -725,6 +737,8 @@ def white_box_audits(
     results = _sum_audits(cfg, sum_scenarios, sigma, q, claimed, alpha, progress) if sum_scenarios else []
     if "histogram" in cfg.scenarios:
         results.append(histogram_audit(cfg, alpha, progress))
+    if "quality" in cfg.scenarios:
+        results.append(quality_audit(cfg, alpha, progress))
     return results
 
 
@@ -817,6 +831,95 @@ def histogram_audit(cfg: SelfTestConfig, alpha: float, progress: Progress | None
         runs_per_side=cfg.runs, pilot_runs_per_side=cfg.pilot, threshold=t, false_positives=fp,
         false_negatives=fn, fp_upper=p_fp, fn_upper=p_fn, epsilon_lower_bound=lb, violation=lb > claimed,
         mechanism="noisy_marginals", noise_multiplier=sigma,
+    )
+
+
+#: The "quality" scenario's public schema and canary (one record every data-quality rule touches).
+QUALITY_SCHEMA: dict[str, Any] = {
+    "target": "y",
+    "columns": [
+        {"name": "x1", "kind": "numeric", "lower": 0, "upper": 10},
+        {"name": "x2", "kind": "categorical", "categories": ["a", "b", "c"]},
+        {"name": "y", "kind": "categorical", "categories": ["no", "yes"]},
+    ],
+}
+QUALITY_CANARY = b"\xff\xfe,zzz,"
+
+
+def quality_design(background: int) -> tuple[bytes, bytes]:
+    """The "quality" canary design: D = ``background`` clean records (CSV bytes); D' = D plus
+    :data:`QUALITY_CANARY`: undecodable bytes in the numeric column (so also an imputed numeric),
+    an unseen category and a missing target (so also dropped). It adds exactly 1 to each of the
+    four released quality counts, the worst case of add/remove for that mechanism."""
+    rows = [b"x1,x2,y"] + [f"{(3 * i) % 10}.5,{'abc'[i % 3]},{('no', 'yes')[i % 2]}".encode() for i in range(background)]
+    clean = b"\n".join(rows) + b"\n"
+    return clean, clean + QUALITY_CANARY + b"\n"
+
+
+def quality_outcome(path: Any, *, inject: Injection = "none") -> Any:
+    """The release's record handling on one file: the encoded source, or None when the release
+    would refuse. ``inject="refuse-invalid"`` restores the removed behaviour (strict parsing:
+    one invalid value refuses the release)."""
+    from .data import DataError, Schema, Transform
+    from .policy import DataQuality
+    from .private.source import PrivateSource
+
+    schema = Schema.model_validate(QUALITY_SCHEMA)
+    rules = DataQuality()
+    source = PrivateSource.open(path)
+    if inject == "refuse-invalid":
+        try:
+            from .data import read_csv
+
+            Transform.from_schema(schema).apply(read_csv(path, private=True))
+        except DataError:
+            return None
+    return source.encode(Transform.from_schema(schema), missing_numeric=rules.missing_numeric,
+                         unseen_category=rules.unseen_category)
+
+
+def quality_audit(cfg: SelfTestConfig, alpha: float, progress: Progress | None = None) -> AuditResult:
+    """White-box Clopper-Pearson audit of the invalid-record handling (see the module docstring),
+    calibrated on its own: the quality counts are one Gaussian mechanism whose accountant reports
+    ``cfg.epsilon`` at ``cfg.delta``. The reading and encoding are deterministic, so each side is
+    read once and the mechanism is drawn per run; a refusal scores +inf. The score, the sum of the
+    four noisy counts (D's counts are all zero), is Neyman-Pearson optimal for the mean shift."""
+    import tempfile
+
+    sigma = calibrate_gaussian(target_epsilon=cfg.epsilon, delta=cfg.delta, accountant=cfg.accountant)
+    claimed = epsilon([gaussian_event(sigma)], cfg.delta, cfg.accountant)
+    clean, poisoned = quality_design(cfg.design.background)
+    done = [0]
+    total = 2 * (cfg.pilot + cfg.runs)
+    with tempfile.TemporaryDirectory(prefix="dpsummary-selftest-") as tmp:
+        outcomes = []
+        for name, content in (("d.csv", clean), ("d1.csv", poisoned)):
+            p = Path(tmp) / name
+            p.write_bytes(content)
+            outcomes.append(quality_outcome(p, inject=cfg.inject))
+
+        def scores(n: int, canary: bool) -> np.ndarray:
+            encoded = outcomes[int(canary)]
+            out = np.empty(n)
+            for i in range(n):
+                if encoded is None:
+                    out[i] = math.inf
+                else:
+                    out[i] = float(np.sum(list(encoded.noisy_quality_counts(noise_multiplier=sigma).noisy.values())))
+                done[0] += 1
+                if progress is not None and (done[0] % 256 == 0 or done[0] == total):
+                    progress("quality", done[0], total)
+            return out
+
+        t = choose_threshold(scores(cfg.pilot, False), scores(cfg.pilot, True), delta=cfg.delta, alpha=alpha,
+                             main_runs=cfg.runs)
+        fp, fn = _counts(scores(cfg.runs, False), scores(cfg.runs, True), t)
+    lb, p_fp, p_fn = epsilon_lower_bound(fp, cfg.runs, fn, cfg.runs, delta=cfg.delta, alpha=alpha)
+    return AuditResult(
+        scenario="quality", claimed_epsilon=claimed, delta=cfg.delta, alpha=alpha, confidence=1 - alpha,
+        runs_per_side=cfg.runs, pilot_runs_per_side=cfg.pilot, threshold=t, false_positives=fp,
+        false_negatives=fn, fp_upper=p_fp, fn_upper=p_fn, epsilon_lower_bound=lb, violation=lb > claimed,
+        mechanism="noisy_quality_counts", noise_multiplier=sigma,
     )
 
 

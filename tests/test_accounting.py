@@ -229,3 +229,24 @@ def test_calibration_impossible():
 def test_versions():
     v = A.accountant_versions()
     assert v["opacus"].startswith("1.6") and v["dp-accounting"].startswith("0.6")
+
+
+def test_composed_epsilon_adds_selection_slack():
+    import math
+
+    events = [A.subsampled_gaussian_event(1.0, 0.01, 100)]
+    base = A.epsilon(events, 5e-7, "rdp")
+    assert A.composed_epsilon(events, delta=5e-7) == base  # no extra delta: no slack
+    x = 1e-7
+    got = A.composed_epsilon(events, delta=5e-7, extra_delta=x, accountant="rdp")
+    # Bit-identical to the release claim's formula (epsilon - log1p(-delta_selection)).
+    assert got == base - math.log1p(-x)
+    assert got > base
+    # A source's several extra deltas: summed in order, the single-delta form is the same float.
+    assert A.composed_epsilon(events, delta=5e-7, extra_deltas=[x]) == got
+    assert A.composed_epsilon(events, delta=5e-7, extra_deltas=[x, 2e-7]) == pytest.approx(
+        base - math.log1p(-x) - math.log1p(-2e-7), rel=1e-15)
+    assert A.selection_slack([]) == 0.0
+    for bad in (-1e-9, 1.0, 2.0):
+        with pytest.raises(ValueError):
+            A.composed_epsilon(events, delta=5e-7, extra_delta=bad)

@@ -6,6 +6,7 @@ import base64
 import json
 
 import dp_accounting as dpa
+import pytest
 
 from dpsummary import accounting as A
 from dpsummary import audit as AU
@@ -67,3 +68,49 @@ def test_edited_epsilon_resigned_with_other_key_flagged(tmp_path):
     assert "foreign-key" in row.flags and "stored-epsilon-mismatch" in row.flags
     assert any("line 3 (seq 2)" in m for m in rep.mismatches)
     assert "mismatch: line 3" in rep.render_text()
+
+
+def test_audit_reports_open_holds_as_warning(tmp_path):
+    import dp_accounting as dpa
+
+    from dpsummary import audit as audit_mod
+    from dpsummary import keys as K
+    from dpsummary import ledger as L
+    from dpsummary import policy as P
+
+    info = K.generate_keypair(tmp_path)
+    priv = K.load_private_key(info.private_path)
+    led = L.Ledger(tmp_path / "l.jsonl", priv)
+    pol = P.parse_policy({"total_epsilon": 5.0, "total_delta": 1e-6, "max_epsilon_per_release": 5.0,
+                          "n_max": 1000, "min_records": 1})
+    session = led.session(source_id="s", policy=pol, release_id="live", started="2026-11-23T10:00:00+00:00")
+    with session as sess:
+        sess.reserve(events=[dpa.GaussianDpEvent(50.0)], delta=1e-6, stage="one", hold_epsilon=1.0).commit()
+        rep = audit_mod.audit(led.path, priv.public_key(), pol)
+        assert rep.ok  # an open hold is a warning, not a failure
+        assert [h["release_id"] for h in rep.open_holds] == ["live"]
+        assert "open hold of release live" in rep.render_text()
+        assert rep.to_dict()["open_holds"][0]["hold_epsilon"] == 1.0
+    assert audit_mod.audit(led.path, priv.public_key(), pol).open_holds == []
+
+
+def test_ledger_audit_and_accounting_agree_on_composed_epsilon(tmp_path):
+    """One computation: the ledger's running total, the audit's accountant of record and
+    accounting.composed_epsilon (what the artifact's claim calls) include the selection slack."""
+    info = keys.generate_keypair(tmp_path / "k")
+    priv = keys.load_private_key(info.private_path)
+    led = L.Ledger(tmp_path / "l.jsonl", priv, info.keyid)
+    pol = _policy()
+    sel = 1e-7
+    events = [dpa.GaussianDpEvent(5.0), A.subsampled_gaussian_event(2.0, 0.05, 10)]
+    for i in range(2):
+        with led.session(source_id="s", policy=pol, release_id=f"r{i}", started="2026-11-23T10:00:00Z") as sess:
+            sess.reserve(events=events, delta=DELTA - sel, stage="all", extra_delta=sel).commit()
+    expect = A.composed_epsilon(events * 2, delta=DELTA - 2 * sel, extra_deltas=[sel, sel], accountant="rdp")
+    assert expect > A.epsilon(events * 2, DELTA - 2 * sel, "rdp")  # the slack is in
+    spent = led.spent("s", delta=DELTA, accountants=("rdp", "pld"))
+    assert spent.composed["rdp"] == expect
+    (src,) = AU.audit(led.path, led.public_key, pol).sources
+    assert src.composed_of_record == expect
+    assert src.composed_rdp == pytest.approx(expect, rel=1e-9)  # Opacus' own recomputation
+    assert src.composed_pld == pytest.approx(spent.composed["pld"], rel=1e-12)

@@ -22,6 +22,8 @@ from dpsummary.data import (
     default_model_name,
     infer_schema,
     read_csv,
+    read_header,
+    read_table,
     target_kind,
 )
 
@@ -73,31 +75,79 @@ def test_quoted_path_matches_plain_path(tmp_path: Path) -> None:
     ("text", "pattern"),
     [
         ("", "empty"),
-        ("a,b\n", "no data rows"),
+        ("\n1,2\n", "empty"),
         ("a,a\n1,2\n", "duplicate column name"),
         ("a,,c\n1,2,3\n", "empty column name"),
-        ("a,b\n1,2\n3\n", "number of fields"),
-        ("a,b\n1,2\n3,4,5\n", "number of fields"),
-        ('a,b\n1,"2"\n3,4,5\n', "number of fields"),
+        ("a\u00a0,a\n1,2\n", "duplicate column name"),  # equal after normalisation
     ],
 )
-def test_read_errors(tmp_path: Path, text: str, pattern: str) -> None:
+def test_read_errors_are_public_header_facts(tmp_path: Path, text: str, pattern: str) -> None:
     p = write(tmp_path, text)
     with pytest.raises(DataError, match=pattern):
-        read_csv(p)
+        read_header(p)
     with pytest.raises(DataError, match=pattern) as info:
         read_csv(p, private=True)
     assert no_digits(str(info.value).replace(str(p), ""))
 
 
-def test_ragged_row_message_private_vs_not(tmp_path: Path) -> None:
-    p = write(tmp_path, "a,b\n1,2\n3,4\n5\n")
-    with pytest.raises(DataError) as info:
-        read_csv(p)
-    assert "data row 3" in str(info.value)
-    with pytest.raises(DataError) as info:
-        read_csv(p, private=True)
-    assert no_digits(str(info.value))
+def test_record_content_never_refuses(tmp_path: Path) -> None:
+    """Ragged rows are dropped and counted, bad bytes replaced and flagged, a header alone reads."""
+    p = tmp_path / "d.csv"
+    p.write_bytes(b"a,b\n1,2\n3\n4,5,6\n\xff\xfe,x\n7,\"q, r\"\n")
+    table, report = read_table(p, private=True)
+    assert table.columns["a"] == ["1", "\ufffd\ufffd", "7"]
+    assert table.columns["b"] == ["2", "x", "q, r"]
+    assert report.ragged_rows == 2
+    assert report.undecodable.tolist() == [False, True, False]
+    empty, rep = read_table(write(tmp_path, "a,b\n", "h.csv"), private=True)
+    assert empty.num_rows == 0 and rep.ragged_rows == 0
+
+
+def test_normalisation_nbsp_and_nfkc(tmp_path: Path) -> None:
+    p = write(tmp_path, "a\u00a0,b\nx\u00a0,\uff11\n", encoding="utf-8")
+    t = read_csv(p)
+    assert t.header == ["a", "b"]
+    assert t.columns == {"a": ["x"], "b": ["1"]}
+
+
+def test_parquet_round_trip(tmp_path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"a": [1.5, None], "b": ["x ", "y"]}), tmp_path / "d.parquet")
+    assert read_header(tmp_path / "d.parquet") == ["a", "b"]
+    t = read_csv(tmp_path / "d.parquet")
+    assert t.columns == {"a": ["1.5", ""], "b": ["x", "y"]}
+
+
+def test_encode_total_every_poisoned_record(tmp_path: Path) -> None:
+    schema = Schema(columns=[
+        ColumnSpec(name="h", kind="numeric", lower=0, upper=10),
+        ColumnSpec(name="c", kind="categorical", categories=["red", "blue"]),
+        ColumnSpec(name="y", kind="categorical", categories=["no", "yes"]),
+    ], target="y")
+    tf = Transform.from_schema(schema)
+    rows = [
+        ("5", "red", "yes"),       # clean
+        ("inf", "red", "no"),      # non-finite numeric
+        ("Nan", "blue", "no"),     # 'Nan' as a number
+        ("abc", "red", "no"),      # non-numeric numeric
+        ("1", "green", "no"),      # unseen category
+        ("2", "blue\u00a0", "yes"),  # category with a trailing NBSP: matches after normalisation
+        ("3", "red", ""),          # missing target
+        ("4", "red", "maybe"),     # unseen target
+    ]
+    text = "h,c,y\n" + "".join(f"{a},{b},{c}\n" for a, b, c in rows)
+    table = read_csv(write(tmp_path, text, encoding="utf-8"), private=True)
+    points, q = tf.encode_total(table, missing_numeric="impute", unseen_category="other")
+    ind = dict(zip(q.names, q.indicators.T.tolist(), strict=True))
+    assert ind["imputed_numeric"] == [False, True, True, True, False, False, False, False]
+    assert ind["other_category"] == [False, False, False, False, True, False, False, False]
+    assert ind["dropped_target"] == [False] * 6 + [True, True]
+    assert points.shape[0] == 6
+    assert points[5, 2].item() == 1.0  # 'blue' one-hot for the NBSP row
+    points, q = tf.encode_total(table, missing_numeric="drop", unseen_category="drop")
+    assert points.shape[0] == 2
 
 
 def test_missing_file(tmp_path: Path) -> None:
@@ -375,3 +425,62 @@ def test_real_data(name: str, rows: int, kind: str, positive: str | None) -> Non
     assert np.allclose(fitted[:, numeric].mean(0).numpy(), 0.0, atol=1e-9)
     back = Transform.from_dict(json.loads(json.dumps(tr.to_dict())))
     assert back == tr
+
+
+def test_unclosed_quote_falls_back_without_refusing(tmp_path: Path) -> None:
+    """A quote never closed makes one field span pyarrow's block: the stdlib fallback reads it."""
+    p = tmp_path / "u.csv"
+    body = "".join(f"{i},{i}\n" for i in range(200_000))
+    p.write_bytes(b'a,b\n1,"2\n' + body.encode() + b"\xff")
+    table, report = read_table(p, private=True)
+    assert table.num_rows == 1 and report.ragged_rows == 0
+    assert report.undecodable.tolist() == [True]
+    assert table.columns["b"][0].endswith("\ufffd")
+
+
+def test_poisoned_fields_read_without_exception(tmp_path: Path) -> None:
+    p = tmp_path / "p.csv"
+    p.write_bytes(
+        b'name,x,y\nNan,-Infinity,yes\n"a, \nb",nan,no\n\xc3\x28,INF,yes\nshort\nok,1,\n'
+    )
+    table, report = read_table(p, private=True)
+    assert table.columns["name"] == ["Nan", "a, \nb", "\ufffd(", "ok"]
+    assert report.ragged_rows == 1
+    assert report.undecodable.tolist() == [False, False, True, False]
+    schema = Schema(columns=[
+        ColumnSpec(name="name", kind="categorical", categories=["ok"]),
+        ColumnSpec(name="x", kind="numeric", lower=-1, upper=1),
+        ColumnSpec(name="y", kind="categorical", categories=["no", "yes"]),
+    ], target="y")
+    points, q = Transform.from_schema(schema).encode_total(table)
+    ind = dict(zip(q.names, q.indicators.T.tolist(), strict=True))
+    assert q.indicators.shape == (4, 5) and q.indicators.dtype == bool
+    assert ind["imputed_numeric"] == [True, True, True, False]
+    assert ind["other_category"] == [True, True, True, False]
+    assert ind["dropped_target"] == [False, False, False, True]
+    assert points.shape == (3, 3)
+
+
+@pytest.mark.parametrize("kind", ["dir", "badparquet", "missing"])
+def test_public_header_refusals(tmp_path: Path, kind: str) -> None:
+    if kind == "dir":
+        p = tmp_path
+    elif kind == "badparquet":
+        p = tmp_path / "x.parquet"
+        p.write_text("a,b\n1,2\n")
+    else:
+        p = tmp_path / "absent.csv"
+    with pytest.raises(DataError):
+        read_header(p)
+
+
+def test_encode_total_normalises_tables_built_in_memory() -> None:
+    schema = Schema(columns=[
+        ColumnSpec(name="c", kind="categorical", categories=["blue", "red"]),
+        ColumnSpec(name="x", kind="numeric", lower=0, upper=2),
+    ])
+    table = RawTable(header=["c", "x"], columns={"c": ["blue\u00a0", "\uff52ed"], "x": ["1", "NaN"]})
+    points, q = Transform.from_schema(schema).encode_total(table, unseen_category="drop")
+    assert points.tolist() == [[1.0, 0.0, 0.0], [0.0, 1.0, 0.0]]
+    assert q.indicators[:, list(q.names).index("imputed_numeric")].tolist() == [False, True]
+    assert not q.indicators[:, list(q.names).index("dropped_category")].any()

@@ -64,3 +64,23 @@ def test_ensure_default_key_and_secret(monkeypatch, tmp_path):
     assert a != keys.keyed_content_id(secret, b"data2")
     assert a != keys.keyed_content_id(b"x" * 32, b"data")
     assert a.startswith("hmac-sha256:")
+
+
+def test_file_content_id_is_keyed_per_release(tmp_path):
+    import hashlib
+    import hmac
+
+    data = tmp_path / "d.csv"
+    data.write_bytes(b"a,b\n1,2\n")
+    sdir = tmp_path / "secret"
+    a1 = keys.keyed_content_id_for_file(data, sdir, release_id="r1")
+    assert a1 == keys.keyed_content_id_for_file(data, sdir, release_id="r1")  # the curator can recompute
+    assert a1 != keys.keyed_content_id_for_file(data, sdir, release_id="r2")  # releases cannot be linked
+    secret = keys.ensure_curator_secret(sdir)
+    expect = hmac.new(secret, len(b"r1").to_bytes(8, "big") + b"r1" + data.read_bytes(), hashlib.sha256)
+    assert a1 == "hmac-sha256:" + expect.hexdigest()
+    assert a1 != keys.keyed_content_id(secret, data.read_bytes())  # not the unkeyed-by-release id
+    data.write_bytes(b"a,b\n1,3\n")
+    assert a1 != keys.keyed_content_id_for_file(data, sdir, release_id="r1")
+    with pytest.raises(ValueError, match="release id"):
+        keys.keyed_content_id_for_file(data, sdir, release_id="")

@@ -118,19 +118,102 @@ def test_budget_exceeded_and_per_release_cap(tmp_path, key):
     assert led.spent("s").reservations == 2
 
 
+STARTED = "2026-11-23T10:00:00+00:00"
+
+
 def test_holds(tmp_path, key):
     one = A.epsilon_rdp(ev(), DELTA)
     pol = make_policy(total_epsilon=3 * one, per_release=3 * one)
     led = L.Ledger(tmp_path / "l.jsonl", *key)
-    r1 = led.reserve(source_id="s", events=[dpa.GaussianDpEvent(100.0)], delta=DELTA, policy=pol,
-                     release_id="A", hold_epsilon=2 * one)
-    r1.commit()
-    with pytest.raises(L.BudgetExceeded):  # A's hold blocks B
-        led.reserve(source_id="s", events=ev(), delta=DELTA, policy=pol, release_id="B",
-                    hold_epsilon=2 * one)
-    led.reserve(source_id="s", events=ev(), delta=DELTA, policy=pol, release_id="A").commit()
-    assert led.spent("s").active_holds == 0  # replaced by A's second stage
+    with led.session(source_id="s", policy=pol, release_id="A", started=STARTED) as sa:
+        sa.reserve(events=[dpa.GaussianDpEvent(100.0)], delta=DELTA, stage="one", hold_epsilon=2 * one).commit()
+        with pytest.raises(L.BudgetExceeded):  # A's live hold blocks B
+            led.reserve(source_id="s", events=ev(), delta=DELTA, policy=pol, release_id="B",
+                        hold_epsilon=2 * one)
+        sa.reserve(events=ev(), delta=DELTA, stage="two").commit()
+        assert led.spent("s").active_holds == 0  # replaced by A's second stage
     led.reserve(source_id="s", events=ev(), delta=DELTA, policy=pol, release_id="B").commit()
+
+
+def test_session_settles_hold_and_aborts_on_failure(tmp_path, key):
+    """The phantom-hold bug: a failure between the stages must not leave the hold active."""
+    one = A.epsilon_rdp(ev(), DELTA)
+    pol = make_policy(total_epsilon=3 * one, per_release=3 * one)
+    led = L.Ledger(tmp_path / "l.jsonl", *key)
+    with pytest.raises(RuntimeError), led.session(source_id="s", policy=pol, release_id="A", started=STARTED) as sa:
+        sa.reserve(events=[dpa.GaussianDpEvent(100.0)], delta=DELTA, stage="one", hold_epsilon=2 * one)
+        raise RuntimeError("boom")
+    st = led.state()
+    kinds = [e["kind"] for e in st.entries]
+    assert kinds == ["reserve", "abort"]  # aborting the holding reservation ends its hold
+    assert st.entries[1]["reason"] == "RuntimeError"
+    assert L._active_holds(st.entries, "s") == {} and L.open_holds(st.entries) == []
+    assert {e["time"] for e in st.entries} == {STARTED}  # no time after the session's start
+    assert L.verify_ledger(led.path, led.public_key) == []
+    # The full budget minus what was charged is available again.
+    led.reserve(source_id="s", events=ev() * 2, delta=DELTA, policy=pol, release_id="B").commit()
+
+
+def test_settle_is_never_refused_even_when_the_second_stage_is(tmp_path, key):
+    one = A.epsilon_rdp(ev(), DELTA)
+    pol = make_policy(total_epsilon=3 * one, per_release=1.5 * one)
+    led = L.Ledger(tmp_path / "l.jsonl", *key)
+    with pytest.raises(L.BudgetExceeded), led.session(source_id="s", policy=pol, release_id="A",
+                                                      started=STARTED) as sa:
+        sa.reserve(events=[dpa.GaussianDpEvent(100.0)], delta=DELTA, stage="one", hold_epsilon=one).commit()
+        sa.reserve(events=ev() * 4, delta=DELTA, stage="two")  # over the per-release cap
+    assert led.spent("s").active_holds == 0
+
+
+def test_outside_session_times_are_coarse(tmp_path, key):
+    led = L.Ledger(tmp_path / "l.jsonl", *key)
+    led.reserve(source_id="s", events=ev(), delta=DELTA, policy=make_policy()).commit()
+    for e in led.state().entries:
+        t = __import__("datetime").datetime.fromisoformat(e["time"])
+        assert t.minute == 0 and t.second == 0 and t.microsecond == 0
+    with pytest.raises(L.LedgerError, match="whole seconds"):
+        led.session(source_id="s", policy=make_policy(), release_id="X", started="2026-11-23T10:00:00.5+00:00")
+
+
+def _crash_with_hold(path: str, keyfile: str, started: str) -> None:  # runs in a child process
+    priv = keys.load_private_key(keyfile)
+    led = L.Ledger(path, priv)
+    one = A.epsilon_rdp(ev(), DELTA)
+    pol = make_policy(total_epsilon=3 * one, per_release=3 * one)
+    sess = led.session(source_id="s", policy=pol, release_id="crashed", started=started)
+    sess.__enter__()
+    sess.reserve(events=[dpa.GaussianDpEvent(100.0)], delta=DELTA, stage="one", hold_epsilon=2 * one)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def test_recovery_settles_hold_of_killed_process(tmp_path, keydir):
+    info, _ = keydir
+    priv, keyid = keys.load_private_key(info.private_path), info.keyid
+    path = tmp_path / "l.jsonl"
+    proc = _mp_context().Process(target=_crash_with_hold, args=(str(path), str(info.private_path), STARTED))
+    proc.start()
+    proc.join(60)
+    assert proc.exitcode == -signal.SIGKILL
+    led = L.Ledger(path, priv, keyid)
+    assert led.spent("s").active_holds > 0  # the hold outlived its owner...
+    one = A.epsilon_rdp(ev(), DELTA)
+    pol = make_policy(total_epsilon=3 * one, per_release=3 * one)
+    led.reserve(source_id="s", events=ev() * 2, delta=DELTA, policy=pol, release_id="B").commit()  # ...until now
+    entries = led.state().entries
+    settles = [e for e in entries if e["kind"] == "settle"]
+    assert len(settles) == 1 and settles[0]["reason"] == "owner gone"
+    t = __import__("datetime").datetime.fromisoformat(settles[0]["time"])
+    assert t.minute == 0 and t.second == 0  # written outside a session: hour granularity
+    assert led.spent("s").active_holds == 0
+
+
+def test_composed_epsilon_includes_selection_slack(tmp_path, key):
+    led = L.Ledger(tmp_path / "l.jsonl", *key)
+    led.reserve(source_id="s", events=ev(), delta=DELTA / 2, policy=make_policy(), extra_delta=1e-7).commit()
+    spent = led.spent("s", delta=DELTA, accountants=("rdp",))
+    expect = A.composed_epsilon(ev(), delta=DELTA - 1e-7, extra_deltas=[1e-7], accountant="rdp")
+    assert spent.composed["rdp"] == expect
+    assert expect > A.epsilon(ev(), DELTA - 1e-7, "rdp")
 
 
 def test_refuses_to_extend_tampered_ledger(tmp_path, key):
@@ -283,3 +366,174 @@ def test_sigkill_crash_safety(tmp_path, keydir):
     assert len(returned) >= 20  # the workers really ran between kills
     assert returned <= reserved  # never under-counts
     assert led.spent("c").reservations == len(reserved)
+
+
+# --------------------------------------------------------------------------- sessions (issue 13)
+
+STARTED_Z = "2026-11-23T10:00:00Z"
+
+
+def _two_stage_session(led, pol, fail_at, rid="R"):
+    """A two-stage release as release.py runs it, raising RuntimeError at ``fail_at``."""
+    one = A.epsilon_rdp(ev(), DELTA)
+
+    def boom(point):
+        if point == fail_at:
+            raise RuntimeError(point)
+
+    with led.session(source_id="s", policy=pol, release_id=rid, started=STARTED_Z) as sess:
+        boom("entered")
+        r1 = sess.reserve(events=[dpa.GaussianDpEvent(100.0)], delta=DELTA, stage="one", hold_epsilon=2 * one)
+        boom("reserved-1")
+        r1.commit()
+        boom("committed-1")
+        r2 = sess.reserve(events=ev(), delta=DELTA, stage="two")
+        boom("reserved-2")
+        r2.commit("sha256:" + "cd" * 32)
+        boom("committed-2")
+
+
+@pytest.mark.parametrize("fail_at", ["entered", "reserved-1", "committed-1", "reserved-2", "committed-2", None])
+def test_no_phantom_hold_on_any_failure_path(tmp_path, key, fail_at):
+    one = A.epsilon_rdp(ev(), DELTA)
+    pol = make_policy(total_epsilon=3 * one, per_release=3 * one)
+    led = L.Ledger(tmp_path / "l.jsonl", *key)
+    if fail_at is None:
+        _two_stage_session(led, pol, fail_at)
+    else:
+        with pytest.raises(RuntimeError, match=fail_at):  # the original exception propagates
+            _two_stage_session(led, pol, fail_at)
+    st = led.state()
+    assert L.verify_ledger(led.path, led.public_key) == []
+    assert L._active_holds(st.entries, "s") == {} and L.open_holds(st.entries) == []
+    assert {e["time"] for e in st.entries} <= {STARTED_Z}  # every entry carries the session start
+    assert all(e["kind"] != "reserve" or any(f["ref"] == e["seq"] and f["kind"] in ("commit", "abort")
+                                            for f in st.entries) for e in st.entries)  # all finished
+    aborts = [e for e in st.entries if e["kind"] == "abort"]
+    assert all(e["reason"] == "RuntimeError" for e in aborts)
+    # The source's spending counts exactly the charged events, with no hold on top.
+    charged = [ev_ for e in st.entries if e["kind"] == "reserve" for ev_ in A.events_from_json(e["events"])]
+    spent = led.spent("s", delta=DELTA, accountants=("rdp",))
+    assert spent.active_holds == 0 and spent.composed["rdp"] == A.composed_epsilon(charged, delta=DELTA)
+    assert not list((tmp_path / "l.jsonl.live").glob("*.lock"))  # the liveness file is cleaned up
+
+
+def test_session_settles_committed_hold_when_stage_two_never_comes(tmp_path, key):
+    one = A.epsilon_rdp(ev(), DELTA)
+    pol = make_policy(total_epsilon=3 * one, per_release=3 * one)
+    led = L.Ledger(tmp_path / "l.jsonl", *key)
+    _two_stage_session(led, pol, "nowhere")  # a release that... finishes normally
+    with pytest.raises(RuntimeError), led.session(source_id="s", policy=pol, release_id="Q", started=STARTED_Z) as s:
+        s.reserve(events=[dpa.GaussianDpEvent(100.0)], delta=DELTA, stage="one", hold_epsilon=one).commit()
+        raise RuntimeError("between the stages")
+    kinds = [(e["kind"], e["reason"]) for e in led.state().entries if e["release_id"] == "Q"]
+    assert kinds == [("reserve", None), ("commit", None), ("settle", "release ended: RuntimeError")]
+    assert led.spent("s").active_holds == 0
+
+
+def test_session_exit_attempts_every_step(tmp_path, key, monkeypatch):
+    one = A.epsilon_rdp(ev(), DELTA)
+    pol = make_policy(total_epsilon=3 * one, per_release=3 * one)
+    led = L.Ledger(tmp_path / "l.jsonl", *key)
+
+    def broken_abort(self, reason=""):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(L.Reservation, "abort", broken_abort)
+    with pytest.raises(KeyError), led.session(source_id="s", policy=pol, release_id="A", started=STARTED_Z) as s:
+        s.reserve(events=ev(), delta=DELTA, stage="one")  # its abort will fail
+        s.reserve(events=[dpa.GaussianDpEvent(100.0)], delta=DELTA, stage="two", hold_epsilon=one)
+        raise KeyError("original")
+    # The aborts failed, yet the hold was still settled and the original exception propagated.
+    entries = led.state().entries
+    assert [e["kind"] for e in entries] == ["reserve", "reserve", "settle"]
+    assert led.spent("s").active_holds == 0
+
+
+def test_failed_settle_is_recovered_once_the_session_is_gone(tmp_path, key, monkeypatch):
+    one = A.epsilon_rdp(ev(), DELTA)
+    pol = make_policy(total_epsilon=3 * one, per_release=3 * one)
+    led = L.Ledger(tmp_path / "l.jsonl", *key)
+
+    def broken_settle(self, **kw):
+        raise OSError("lock timeout")
+
+    with monkeypatch.context() as m:
+        m.setattr(L.Ledger, "settle", broken_settle)
+        with led.session(source_id="s", policy=pol, release_id="A", started=STARTED_Z) as s:
+            s.reserve(events=ev(), delta=DELTA, stage="one", hold_epsilon=one).commit()
+    assert led.spent("s").active_holds == one  # the settle failed...
+    assert led.recover() == 1  # ...and recovery ends it: its liveness lock was released
+    (settle,) = [e for e in led.state().entries if e["kind"] == "settle"]
+    t = __import__("datetime").datetime.fromisoformat(settle["time"])
+    assert settle["reason"] == "owner gone" and (t.minute, t.second, t.microsecond) == (0, 0, 0)
+    assert led.recover() == 0
+
+
+def test_live_session_hold_is_not_recovered_and_is_exclusive(tmp_path, key):
+    one = A.epsilon_rdp(ev(), DELTA)
+    pol = make_policy(total_epsilon=3 * one, per_release=3 * one)
+    led = L.Ledger(tmp_path / "l.jsonl", *key)
+    other = L.Ledger(tmp_path / "l.jsonl", *key)  # another writer of the same file
+    with led.session(source_id="s", policy=pol, release_id="A", started=STARTED_Z) as s:
+        s.reserve(events=ev(), delta=DELTA, stage="one", hold_epsilon=one).commit()
+        assert other.recover() == 0  # its owner is alive
+        with pytest.raises(L.LedgerError, match="live session"), other.session(
+                source_id="s", policy=pol, release_id="A", started=STARTED_Z):
+            pass
+        assert other.spent("s").active_holds == one
+
+
+def test_session_input_checks(tmp_path, key):
+    led = L.Ledger(tmp_path / "l.jsonl", *key)
+    pol = make_policy()
+    for bad in ("2026-11-23T10:00:00", "2026-11-23T10:00:00+01:00", "2026-11-23T10:00:00.25Z", "yesterday"):
+        with pytest.raises(L.LedgerError, match="session start time"):
+            led.session(source_id="s", policy=pol, release_id="A", started=bad)
+    for rid in ("", "../x", "a/b", "a.b"):
+        with pytest.raises(L.LedgerError, match="release id"):
+            led.session(source_id="s", policy=pol, release_id=rid, started=STARTED_Z)
+    sess = led.session(source_id="s", policy=pol, release_id="A", started=STARTED_Z)
+    with pytest.raises(L.LedgerError, match="outside its with block"):
+        sess.reserve(events=ev(), delta=DELTA, stage="one")
+    assert not led.path.exists()  # nothing was written
+
+
+def test_direct_hold_has_no_owner_and_is_settled_by_the_next_reserve(tmp_path, key):
+    one = A.epsilon_rdp(ev(), DELTA)
+    pol = make_policy(total_epsilon=3 * one, per_release=3 * one)
+    led = L.Ledger(tmp_path / "l.jsonl", *key)
+    led.reserve(source_id="s", events=ev(), delta=DELTA, policy=pol, release_id="A", hold_epsilon=2 * one).commit()
+    led.reserve(source_id="s", events=ev(), delta=DELTA, policy=pol, release_id="B", hold_epsilon=one).commit()
+    entries = led.state().entries
+    assert [(e["kind"], e["release_id"]) for e in entries][2] == ("settle", "A")
+    assert L._active_holds(entries, "s") == {"B": one}
+
+
+def test_recovered_crash_charges_only_the_reserved_events(tmp_path, keydir):
+    info, _ = keydir
+    priv = keys.load_private_key(info.private_path)
+    path = tmp_path / "l.jsonl"
+    proc = _mp_context().Process(target=_crash_with_hold, args=(str(path), str(info.private_path), STARTED_Z))
+    proc.start()
+    proc.join(60)
+    assert proc.exitcode == -signal.SIGKILL
+    led = L.Ledger(path, priv)
+    assert led.recover() == 1
+    st = led.state()
+    assert [e["kind"] for e in st.entries] == ["reserve", "settle"]
+    assert st.entries[0]["time"] == STARTED_Z  # the crashed session's own entry
+    spent = led.spent("s", delta=DELTA, accountants=("rdp",))
+    assert spent.active_holds == 0
+    assert spent.composed["rdp"] == A.composed_epsilon([dpa.GaussianDpEvent(100.0)], delta=DELTA)
+    assert not list((tmp_path / "l.jsonl.live").glob("*.lock"))
+
+
+def test_normal_exit_aborts_unfinished_reservations(tmp_path, key):
+    led = L.Ledger(tmp_path / "l.jsonl", *key)
+    with led.session(source_id="s", policy=make_policy(), release_id="A", started=STARTED_Z) as s:
+        s.reserve(events=ev(), delta=DELTA, stage="one")  # never committed
+    entries = led.state().entries
+    assert [(e["kind"], e["reason"], e["time"]) for e in entries] == [
+        ("reserve", None, STARTED_Z), ("abort", "not finished", STARTED_Z)]
+    assert led.spent("s").reservations == 1  # still charged

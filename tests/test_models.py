@@ -262,3 +262,31 @@ def test_invalid_arguments() -> None:
         LinearRegression(2, noise_scale=-1.0)
     with pytest.raises(ValueError):
         from_spec({"name": "nope", "num_features": 1})
+
+
+@pytest.mark.parametrize("name", sorted(__import__("dpsummary.models", fromlist=["REGISTRY"]).REGISTRY))
+def test_record_scores_and_curvatures_match_autograd(name):
+    """Contract over every model: closed-form per-record scores/curvatures (and rank-one factors)
+    equal the base class's autograd defaults; public statistic bounds hold in the unit box."""
+    from dpsummary.models import REGISTRY, Model
+
+    model = REGISTRY[name](3)
+    g = torch.Generator().manual_seed(0)
+    theta = torch.randn(model.param_dim, generator=g, dtype=torch.float64) * 0.3
+    x = torch.rand(40, 3, generator=g, dtype=torch.float64) * 2 - 1
+    pts = model.simulate(theta, 40, g, features=x)
+    if model.has_target and name == "poisson":
+        pts[:, -1].clamp_(max=5)
+    if name == "linear":
+        pts[:, -1].clamp_(-1, 1)
+    assert torch.allclose(model.record_scores(pts, theta), Model.record_scores(model, pts, theta), atol=1e-10)
+    curv = model.record_curvatures(pts, theta)
+    assert torch.allclose(curv, Model.record_curvatures(model, pts, theta), atol=1e-10)
+    factors = model.record_curvature_factors(pts, theta)
+    if factors is not None:
+        c, z = factors
+        assert torch.allclose(c[:, None, None] * z[:, :, None] * z[:, None, :], curv, atol=1e-12)
+    sb, cb = model.statistic_bounds(theta, feature_norm=3**0.5, target_bound=5.0)
+    if name not in ("poisson", "gaussian_mean"):  # Poisson caps the rate; gaussian_mean draws outside the box
+        assert float(model.record_scores(pts, theta).norm(dim=1).max()) <= sb
+        assert float(curv.flatten(1).norm(dim=1).max()) <= cb

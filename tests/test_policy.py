@@ -40,7 +40,8 @@ def test_default_policy_fallback(tmp_path, monkeypatch):
     assert P.default_policy().total_epsilon > 0
     (tmp_path / "policies").mkdir()
     shutil.copy(ROOT / "policies" / "strict.toml", tmp_path / "policies" / "default.toml")
-    assert P.default_policy().source_id == "strict-source"
+    # The packaged default, whatever the working directory holds (issue 13: no silent budget change).
+    assert P.default_policy().source_id is None
 
 
 def test_delta_rule_and_split(tmp_path):
@@ -54,7 +55,7 @@ def test_delta_rule_and_split(tmp_path):
     assert n["initialisation"] == 0  # absent from the file: the uniform public start
     d = P.default_policy().budget_split
     assert d.initialisation > 0
-    n = d.normalised(count=False, preprocessing=False)
+    n = d.normalised(count=False, preprocessing=False, quality=False)
     assert n["initialisation"] == pytest.approx(d.initialisation / (d.initialisation + d.optimisation))
     n = d.normalised(initialisation=False)
     assert n["initialisation"] == 0 and sum(n.values()) == pytest.approx(1)

@@ -75,7 +75,7 @@ def test_threshold_used_matches_claim(monkeypatch: pytest.MonkeyPatch) -> None:
     """estimate_schema's threshold is selection_threshold(s, delta / C) on the raw scale."""
     calls = identity_noise(monkeypatch)
     t = synthetic(500)
-    res = estimate_schema(t, noise_multiplier=2.0, target=None, delta=1e-6)
+    res = estimate_schema(t, noise_multiplier=2.0, target=None, delta=1e-6, target_share=None)
     (call,) = calls
     assert call["noise_std"] == 2.0 and call["clip_norm"] == 1.0
     vec = build_count_vector(t)
@@ -247,3 +247,90 @@ def test_real_data_private_schema() -> None:
     assert res.schema.column("age").kind == "numeric"
     pts = Transform.from_schema(res.schema, invalid_target="drop").to_points(t)
     assert pts.shape[0] > 900
+
+
+# ---- issue 13: a public scale, a target share, top-k for a binary target --------------------
+def test_scale_is_identical_for_neighbours_with_a_new_distinct_value() -> None:
+    """The scale (hence noise std, tau, bin floors) depends on public facts only."""
+    base = synthetic(300)
+    cols = {k: list(v) for k, v in base.columns.items()}
+    for k, v in {"age": "45", "x": "2.5", "colour": "a-value-nobody-else-has", "y": "yes"}.items():
+        cols[k].append(v)
+    bigger = table(cols)
+    va, vb = build_count_vector(base), build_count_vector(bigger)
+    assert len(va.keys) != len(vb.keys)  # the new value adds a key ...
+    assert va.scale == vb.scale  # ... yet the scale is bit-for-bit the same
+    for share in (None, 0.5):
+        sa = set(va.coordinate_scales("y", share).tolist())
+        sb = set(vb.coordinate_scales("y", share).tolist())
+        assert sa == sb
+
+
+@pytest.mark.parametrize("share", [0.2, 0.5, 0.9])
+def test_target_share_keeps_sensitivity_one(share: float) -> None:
+    base = synthetic(200, singletons=2)
+    for extra in EXTRA_RECORDS:
+        cols = {k: list(v) for k, v in base.columns.items()}
+        for k, v in extra.items():
+            cols[k].append(v)
+        bigger = table(cols)
+        va, vb = build_count_vector(base), build_count_vector(bigger)
+        da = dict(zip(va.keys, (va.counts * va.coordinate_scales("y", share)).tolist(), strict=True))
+        db = dict(zip(vb.keys, (vb.counts * vb.coordinate_scales("y", share)).tolist(), strict=True))
+        diff = np.array([da.get(k, 0.0) - db.get(k, 0.0) for k in set(da) | set(db)])
+        assert float(np.linalg.norm(diff)) <= 1.0
+
+
+def test_target_share_lowers_target_noise(monkeypatch: pytest.MonkeyPatch) -> None:
+    identity_noise(monkeypatch)
+    vec = build_count_vector(synthetic(50))
+    sc = vec.coordinate_scales("y", 0.5)
+    is_y = np.array([k[0] == "y" for k in vec.keys])
+    assert sc[is_y].min() > vec.scale > sc[~is_y].max()
+    assert estimate_schema(synthetic(500), noise_multiplier=2.0, target="y", delta=1e-6).events == [
+        dp_accounting.GaussianDpEvent(2.0)
+    ]
+
+
+def _binary_table(n: int, positives: int) -> RawTable:
+    rng = np.random.default_rng(0)
+    y = ["1"] * positives + ["0"] * (n - positives)
+    return table({"x": [f"{v:.3f}" for v in rng.normal(size=n)], "y": y})
+
+
+def test_top_k_target_bounds_for_binary_target(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With target_classes=2 the two largest public grid bins give the target's bounds even when
+    the positive bin sits below the floor that the old rule used (post-processing only)."""
+    identity_noise(monkeypatch)
+    t = _binary_table(400, 3)  # 3 positives: far below any floor at this noise
+    with pytest.raises(DataError, match="constant"):
+        estimate_schema(t, noise_multiplier=5.0, target="y", delta=1e-6, target_share=None)
+    res = estimate_schema(t, noise_multiplier=5.0, target="y", delta=1e-6, target_share=None, target_classes=2)
+    spec = next(c for c in res.schema.columns if c.name == "y")
+    assert (spec.lower, spec.upper) == (0.0, 1.0)
+
+
+def test_target_classes_caps_categorical_target(monkeypatch: pytest.MonkeyPatch) -> None:
+    identity_noise(monkeypatch)
+    n = 3000
+    y = ["yes"] * 1500 + ["no"] * 1400 + ["maybe"] * 100
+    rng = np.random.default_rng(1)
+    t = table({"x": [f"{v:.3f}" for v in rng.normal(size=n)], "y": y})
+    res = estimate_schema(t, noise_multiplier=0.5, target="y", delta=1e-6, target_classes=2)
+    spec = next(c for c in res.schema.columns if c.name == "y")
+    assert spec.categories == ["no", "yes"]
+    with pytest.raises(ValueError):
+        estimate_schema(t, noise_multiplier=0.5, target="y", delta=1e-6, target_classes=1)
+
+
+def test_top_k_skips_bins_without_integers() -> None:
+    """For an integer target, top-k ranks only bins that can hold an integer (public structure)."""
+    holds = [preprocess._bin_edges(k) for k in range(NUM_GRID_BINS) if preprocess._INTEGER_BINS[k]]
+    assert (0.0, 0.0) in holds and (0.5, 1.0) in holds and (-1.0, -0.5) in holds
+    assert (0.0, 1e-4) not in holds and (-1e-4, 0.0) not in holds
+    grid = np.zeros(NUM_GRID_BINS)
+    zero_bin, near_zero = NUM_GRID_BINS - 1, int(np.searchsorted(preprocess.GRID_EDGES, 1e-4))
+    one_bin = int(np.searchsorted(preprocess.GRID_EDGES, 1.0))
+    grid[[zero_bin, near_zero, one_bin]] = [100.0, 90.0, 80.0]
+    spec, _ = preprocess._numeric_spec("y", grid, 1e9, True, full_range=True, top_k=2)
+    assert spec is not None and (spec.lower, spec.upper) == (0.0, 1.0)

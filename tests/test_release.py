@@ -114,7 +114,8 @@ def test_release_recorded_mechanism_reproduces_opacus(tmp_path: Path, home: Path
     data = _write_csv(tmp_path / "d.csv", 600)
     pol = _policy(tmp_path / "p.toml", n=600)
     out = tmp_path / "r.json"
-    res = _release(str(data), "--epsilon", "0.7", "--policy", str(pol), "--out", str(out), "--steps", "25", "--size", "4")
+    res = _release(str(data), "--epsilon", "0.7", "--policy", str(pol), "--out", str(out), "--steps", "25", "--size", "4",
+                   "--mechanism", "dp-psvi")
     assert res.exit_code == 0, res.output
     _, claim, _ = read_artifact(out, allow_unsigned=True)
     mech = claim["mechanism"]
@@ -146,7 +147,7 @@ def test_dp_initialisation_is_accounted_and_reproduces_opacus(tmp_path: Path, ho
     pol.write_text(pol.read_text() + "\n" + SPLIT_WITH_INIT)
     out = tmp_path / "r.json"
     res = _release(str(data), "--epsilon", "0.5", "--policy", str(pol), "--out", str(out), "--steps", "25",
-                   "--size", "6", "--json")
+                   "--size", "6", "--json", "--mechanism", "dp-psvi")
     assert res.exit_code == 0, res.output
     _, claim, _ = read_artifact(out, allow_unsigned=True)
     init = claim["mechanism"]["initialisation"]
@@ -182,7 +183,7 @@ def test_poisson_release_keeps_the_uniform_start_and_gives_the_share_to_optimisa
     pol.write_text(pol.read_text() + "\n" + SPLIT_WITH_INIT)
     out = tmp_path / "r.json"
     res = _release(str(data), "--epsilon", "0.5", "--policy", str(pol), "--out", str(out), "--steps", "10",
-                   "--size", "4")
+                   "--size", "4", "--mechanism", "dp-psvi")
     assert res.exit_code == 0, res.output
     from dpsummary import accounting as A
     from dpsummary.artifact import read_artifact
@@ -198,7 +199,8 @@ def test_poisson_release_keeps_the_uniform_start_and_gives_the_share_to_optimisa
 def test_zero_configuration_release_is_private_end_to_end(tmp_path: Path, home: Path) -> None:
     data = _write_csv(tmp_path / "big.csv", 30000, seed=3)
     out = tmp_path / "z.json"
-    res = _release(str(data), "--epsilon", "0.5", "--out", str(out), "--steps", "20", "--size", "5")
+    res = _release(str(data), "--epsilon", "0.5", "--out", str(out), "--steps", "20", "--size", "5",
+                   "--mechanism", "dp-psvi")
     assert res.exit_code == 0, res.output
     entries = _ledger_lines(home)
     stages = [(e["kind"], e["stage"]) for e in entries]
@@ -208,9 +210,38 @@ def test_zero_configuration_release_is_private_end_to_end(tmp_path: Path, home: 
     assert entries[0]["extra_delta"] > 0  # partition selection of the DP schema
     assert "schema estimated privately" in res.output
     assert "30000" not in res.output
-    # The default policy gives the DP initialisation a share (binary target: logistic model).
-    assert len(entries[2]["events"]) == 2
+    # The default policy gives the quality counts and the DP initialisation a share (binary target:
+    # logistic model): three events in stage 2.
+    assert len(entries[2]["events"]) == 3
     assert "DP per-column histograms" in res.output
+
+
+def test_zero_configuration_default_mechanism_is_noise_aware(tmp_path: Path, home: Path) -> None:
+    """The README's main job in miniature: zero configuration, the default (noise-aware)
+    mechanism, a noise-aware summary by default and the raw one on request."""
+    import dpsummary
+
+    data = _write_csv(tmp_path / "big.csv", 20000, seed=4)
+    out = tmp_path / "z.json"
+    res = _release(str(data), "--epsilon", "0.5", "--out", str(out), "--size", "8")
+    assert res.exit_code == 0, res.output
+    entries = _ledger_lines(home)
+    assert [(e["kind"], e["stage"]) for e in entries] == [
+        ("reserve", "count-and-schema"), ("commit", "count-and-schema"),
+        ("reserve", "noise-aware-newton"), ("commit", "noise-aware-newton")]
+    assert len(entries[2]["events"]) == 2  # quality counts; the noise-aware rounds (composed)
+    assert len({e["time"] for e in entries}) == 1  # every entry carries the release's start
+    rel = dpsummary.load(out, key=home / "keys" / "dpsummary.pub")
+    raw = dpsummary.load(out, key=home / "keys" / "dpsummary.pub", posterior="raw")
+    assert rel.noise_aware and not raw.noise_aware
+    assert rel.claim["mechanism"]["name"] == "noise-aware-newton"
+    assert rel.body["created"] == entries[0]["time"]
+    # The noise-aware posterior is wider than the raw one (it accounts for the noise).
+    from dpsummary.metrics import summary_posterior
+
+    wide = summary_posterior(rel.model, rel.points, rel.weights).cov.diagonal()
+    narrow = summary_posterior(raw.model, raw.points, raw.weights).cov.diagonal()
+    assert float((wide / narrow).median()) > 1.0
 
 
 @pytest.mark.parametrize(
@@ -218,21 +249,19 @@ def test_zero_configuration_release_is_private_end_to_end(tmp_path: Path, home: 
     [
         (None, "not found"),
         ("", "empty"),
-        ("x1,x2,y\n", "no data rows"),
-        ("x1,x2,y\n1,a,yes\n2,b\n", "field"),
-        ("x1,x2,y\nnan,a,yes\n2,b,no\n", "x1"),
-        ("x1,x2,y\ninf,a,yes\n2,b,no\n", "x1"),
-        ("x1,x2,y\nabc,a,yes\n2,b,no\n", "x1"),
+        ("x1,,y\n1,a,yes\n", "empty column name"),
     ],
 )
-def test_bad_data_refused_before_touching_budget(tmp_path: Path, home: Path, content: str | None, message: str) -> None:
+def test_public_file_problems_refused_before_touching_budget(
+    tmp_path: Path, home: Path, content: str | None, message: str
+) -> None:
     data = tmp_path / "bad.csv"
     if content is not None:
         data.write_text(content)
     pol = _policy(tmp_path / "p.toml", n=600)
     out = tmp_path / "o.json"
     res = _release(str(data), "--epsilon", "0.5", "--policy", str(pol), "--out", str(out))
-    assert res.exit_code != 0
+    assert res.exit_code == 2
     lines = [x for x in res.output.strip().splitlines() if x.startswith("error:")]
     assert len(lines) == 1 and "Traceback" not in res.output
     assert message.lower() in lines[0].lower()
@@ -242,12 +271,35 @@ def test_bad_data_refused_before_touching_budget(tmp_path: Path, home: Path, con
 
 
 @pytest.mark.parametrize(
+    "content",
+    [
+        "x1,x2,y\n1,a,yes\n2,b\n",  # a ragged row: dropped
+        "x1,x2,y\nnan,a,yes\n2,b,no\n",  # non-finite numerics: imputed
+        "x1,x2,y\ninf,a,yes\n2,b,no\n",
+        "x1,x2,y\nabc,a,yes\n2,b,no\n",  # non-numeric numeric: imputed
+        "x1,x2,y\n1,a,\n2,b,no\n",  # missing target: dropped
+        "x1,x2,y\n",  # a header and no records: the public count says 600; nothing refuses
+    ],
+)
+def test_record_content_never_refuses(tmp_path: Path, home: Path, content: str) -> None:
+    data = tmp_path / "d.csv"
+    data.write_text(content)
+    pol = _policy(tmp_path / "p.toml", n=600)
+    out = tmp_path / "o.json"
+    res = _release(str(data), "--epsilon", "0.5", "--policy", str(pol), "--out", str(out), "--steps", "5",
+                   "--size", "3")
+    assert res.exit_code == 0, res.output
+    assert out.exists()
+
+
+@pytest.mark.parametrize(
     ("args", "message"),
     [
         (["--epsilon", "0"], "epsilon"),
         (["--epsilon", "-1"], "epsilon"),
         (["--epsilon", "nan"], "epsilon"),
         (["--epsilon", "5"], "cap"),
+        (["--epsilon", "0.5", "--calibrate-to", "pld"], "accountant"),
         (["--epsilon", "0.5", "--delta", "0.5"], "delta"),
         (["--epsilon", "0.5", "--model", "nosuch"], "model"),
         (["--epsilon", "0.5", "--size", "0"], "size"),

@@ -9,9 +9,13 @@ from typing import Any, NoReturn, TypeVar
 
 import typer
 
-#: Exit codes: 1 = the operation was refused or failed, 2 = bad input/usage.
-EXIT_FAILED = 1
-EXIT_BAD_INPUT = 2
+from ..errors import EXIT_BAD_INPUT, EXIT_CHARGED, EXIT_INTERNAL, EXIT_POLICY
+
+#: Exit codes (dpsummary.errors): 1 = internal error (a bug), 2 = bad input or usage,
+#: 3 = refused by the policy or the budget, 4 = refused on a DP-decided check (charged).
+EXIT_FAILED = EXIT_INTERNAL
+__all__ = ["EXIT_BAD_INPUT", "EXIT_CHARGED", "EXIT_FAILED", "EXIT_POLICY", "UserError", "fail", "guarded",
+           "one_line", "run_guarded", "user_facing_errors"]
 
 
 class UserError(Exception):
@@ -34,7 +38,10 @@ def one_line(exc: BaseException) -> str:
 
 def user_facing_errors() -> tuple[type[BaseException], ...]:
     """Exception types whose message is safe and meaningful to show as a one-line error."""
-    types: list[type[BaseException]] = [UserError, FileNotFoundError, PermissionError, IsADirectoryError]
+    from ..errors import Refusal
+
+    types: list[type[BaseException]] = [UserError, Refusal, FileNotFoundError, PermissionError,
+                                        IsADirectoryError]
     for mod, names in (
         ("dpsummary.data", ("DataError",)),
         ("dpsummary.policy", ("PolicyError",)),
@@ -52,6 +59,26 @@ def user_facing_errors() -> tuple[type[BaseException], ...]:
     return tuple(types)
 
 
+#: Exceptions of other modules that are refusals by the policy or the ledger's budget.
+_POLICY_ERRORS = (("dpsummary.policy", "PolicyError"), ("dpsummary.ledger", "BudgetExceeded"))
+
+
+def describe(exc: BaseException) -> tuple[int, str]:
+    """``(exit code, one-line message)`` for an exception that reached the command line."""
+    if not isinstance(exc, user_facing_errors()):
+        return EXIT_FAILED, f"error: internal error ({type(exc).__name__}): {one_line(exc)}"
+    code = getattr(exc, "code", None)
+    if not isinstance(code, int) or isinstance(code, bool):
+        code = EXIT_BAD_INPUT
+        for mod, name in _POLICY_ERRORS:
+            t = getattr(sys.modules.get(mod), name, None)
+            if isinstance(t, type) and isinstance(exc, t):
+                code = EXIT_POLICY
+    if code == EXIT_CHARGED:
+        return code, f"error: {one_line(exc)} (decided on noisy counts; the reserved budget stays charged)"
+    return code, f"error: {one_line(exc)}"
+
+
 def run_guarded(app: Any) -> None:
     """Run the Typer app; known errors become ``error: <one line>`` and a non-zero exit."""
     try:
@@ -62,10 +89,9 @@ def run_guarded(app: Any) -> None:
         typer.echo("error: interrupted", err=True)
         sys.exit(130)
     except BaseException as exc:  # noqa: BLE001 - last-resort guard: never a traceback
-        code = getattr(exc, "code", EXIT_BAD_INPUT) if isinstance(exc, user_facing_errors()) else EXIT_FAILED
-        prefix = "" if isinstance(exc, user_facing_errors()) else f"internal error ({type(exc).__name__}): "
-        typer.echo(f"error: {prefix}{one_line(exc)}", err=True)
-        sys.exit(code if isinstance(code, int) else EXIT_FAILED)
+        code, message = describe(exc)
+        typer.echo(message, err=True)
+        sys.exit(code)
 
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -84,11 +110,9 @@ def guarded(fn: F) -> F:
             typer.echo("error: interrupted", err=True)
             raise typer.Exit(130) from None
         except BaseException as exc:  # noqa: BLE001 - never a traceback for the user
-            known = isinstance(exc, user_facing_errors())
-            code = getattr(exc, "code", EXIT_BAD_INPUT) if known else EXIT_FAILED
-            prefix = "" if known else f"internal error ({type(exc).__name__}): "
-            typer.echo(f"error: {prefix}{one_line(exc)}", err=True)
-            raise typer.Exit(code if isinstance(code, int) else EXIT_FAILED) from None
+            code, message = describe(exc)
+            typer.echo(message, err=True)
+            raise typer.Exit(code) from None
 
     return wrapper  # type: ignore[return-value]
 

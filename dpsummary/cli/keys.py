@@ -111,7 +111,8 @@ def audit(
 ) -> None:
     """Verify a ledger's chain and signatures, recompute every epsilon from its recorded events
     (Opacus RDP and dp-accounting PLD), compose per data source and compare with the policy.
-    Exits non-zero on any problem."""
+    Open holds (releases in progress or crashed) are listed as warnings. Exits non-zero on any
+    problem (an open hold or a torn tail alone is not one)."""
     from .. import keys
     from .. import policy as pmod
     from ..audit import audit as run_audit

@@ -15,7 +15,7 @@ from .common import configure_torch, guarded
 @app.command()
 @guarded
 def release(
-    data: Annotated[Path, typer.Argument(help="The private CSV (header row required).")],
+    data: Annotated[Path, typer.Argument(help="The private CSV or Parquet file (header row required).")],
     epsilon: Annotated[float, typer.Option(help="Privacy budget of this release (required).")],
     delta: Annotated[float | None, typer.Option(help="Override delta (within the policy's rule).")] = None,
     model: Annotated[str | None, typer.Option(help="Model (default: from the target's type).")] = None,
@@ -23,15 +23,17 @@ def release(
     size: Annotated[int, typer.Option("--size", "-M", help="Number of pseudopoints.")] = 50,
     steps: Annotated[int, typer.Option(help="Optimisation steps T.")] = 500,
     sample_rate: Annotated[float | None, typer.Option(help="Poisson sampling rate q (default 200 / noisy count).")] = None,
-    policy: Annotated[Path | None, typer.Option(help="Policy TOML (default: policies/default.toml or the packaged default).")] = None,
+    policy: Annotated[Path | None, typer.Option(help="Policy TOML (default: the packaged default policy, whatever the current directory; the release prints which it used).")] = None,
     out: Annotated[Path | None, typer.Option(help="Artifact path (default: DATA.dpsummary.json).")] = None,
     seed: Annotated[int | None, typer.Option(help="Seed for NON-private randomness only; privacy noise always comes from OS entropy.")] = None,
     ledger: Annotated[Path | None, typer.Option(help="Ledger file (default: in the dpsummary home).")] = None,
     key: Annotated[Path | None, typer.Option(help="Private signing key (default: created in the dpsummary home).")] = None,
-    calibrate_to: Annotated[Literal["rdp", "prv", "pld"] | None, typer.Option(help="Accountant to calibrate sigma to (default: the policy's accountant of record).")] = None,
+    calibrate_to: Annotated[Literal["rdp", "prv", "pld"] | None, typer.Option(help="Accountant to calibrate sigma to; must equal the policy's accountant of record (set `accountant` in the policy to change it).")] = None,
+    mechanism: Annotated[Literal["noise-aware-newton", "dp-psvi"], typer.Option(help="Stage-2 mechanism: noise-aware-newton (default: noisy score statistics, credible intervals that account for the privacy noise) or dp-psvi (the paper's mechanism, for reproduction; its intervals ignore the noise).")] = "noise-aware-newton",
     json_output: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
 ) -> None:
-    """Release a differentially private pseudocoreset of DATA built by DP-PSVI."""
+    """Release a differentially private pseudocoreset of DATA (default mechanism: noise-aware
+    noisy score statistics; --mechanism dp-psvi for the paper's DP-PSVI)."""
     configure_torch()
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
@@ -42,9 +44,10 @@ def release(
     req = ReleaseRequest(
         data=data, epsilon=epsilon, delta=delta, model=model, target=target, size=size, steps=steps,
         sample_rate=sample_rate, policy=policy, out=out, seed=seed, ledger=ledger, key=key,
-        calibrate_to=calibrate_to,
+        calibrate_to=calibrate_to, mechanism=mechanism,
     )
-    with Progress(TextColumn("DP-PSVI"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+    label = "DP-PSVI" if mechanism == "dp-psvi" else "noise-aware"
+    with Progress(TextColumn(label), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TimeElapsedColumn(), console=err, transient=True, disable=json_output) as bar:
         task = bar.add_task("optimise", total=steps)
 
@@ -70,13 +73,16 @@ def _print_table(r: Any) -> None:
     t.add_row("epsilon (PLD)", f"{r.epsilons['pld']:.4f}")
     t.add_row("delta", f"{r.delta:.3g}")
     t.add_row("noise multiplier sigma", f"{r.noise_multiplier:.4f}")
-    t.add_row("sample rate q (Poisson)", f"{r.sample_rate:.6g}")
-    t.add_row("steps T", str(r.steps))
+    t.add_row("mechanism", r.mechanism)
+    if r.mechanism == "dp-psvi":
+        t.add_row("sample rate q (Poisson)", f"{r.sample_rate:.6g}")
+        t.add_row("steps T", str(r.steps))
     t.add_row("pseudopoints M", str(r.size))
     split = ", ".join(f"{k} {v:.4f}" for k, v in r.budget_split.items())
     t.add_row("budget split (epsilon of each part alone; composed, they give the epsilon above)", split)
     t.add_row(f"source '{r.source_id}' spent (composed)", ", ".join(f"{k} {v:.4f}" for k, v in r.composed_total.items()))
     t.add_row(f"source '{r.source_id}' spent (naive sum)", f"{r.naive_total:.4f}")
+    t.add_row("policy", r.policy)
     t.add_row("artifact", str(r.out))
     t.add_row("artifact sha256", r.artifact_digest)
     t.add_row("ledger", str(r.ledger))

@@ -22,7 +22,7 @@ def selftest(
     runs: Annotated[int, typer.Option(help="Main runs per side (without / with the canary) per canary scenario.")] = 10_000,
     pilot_runs: Annotated[int | None, typer.Option(help="Pilot runs per side for the threshold (default runs/4).")] = None,
     alpha: Annotated[float, typer.Option(help="1 - confidence; split equally over the audits (Bonferroni).")] = 0.05,
-    inject: Annotated[Literal["none", "no-clip", "half-noise", "fixed-size", "fixed-seed", "no-scale"], typer.Option(help="Inject a known bug to see the self-test catch it.")] = "none",
+    inject: Annotated[Literal["none", "no-clip", "half-noise", "fixed-size", "fixed-seed", "no-scale", "refuse-invalid"], typer.Option(help="Inject a known bug to see the self-test catch it.")] = "none",
     noise: Annotated[Literal["opendp", "numpy"], typer.Option(help="opendp: the product's noise (audited path); numpy: fast vectorised Gaussian, product coins and clipping.")] = "opendp",
     sample_rate: Annotated[float, typer.Option(help="Poisson sampling rate q of the audited mechanism.")] = 0.1,
     steps: Annotated[int, typer.Option(help="Mechanism steps T per run.")] = 10,
@@ -30,6 +30,7 @@ def selftest(
     one_run_canaries: Annotated[int, typer.Option(help="Canaries of the one-run audit (0: skip it).")] = 1000,
     replay: Annotated[bool, typer.Option(help="Run the gray-box replay of the full DP-PSVI constructor.")] = True,
     histogram: Annotated[bool, typer.Option(help="Also audit the DP initialisation histograms (noisy_marginals).")] = True,
+    quality: Annotated[bool, typer.Option(help="Also audit the invalid-record handling (total rules and noisy quality counts).")] = True,
     json_output: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
 ) -> None:
     """Audit the release mechanism empirically: a statistically valid LOWER bound on epsilon.
@@ -47,12 +48,13 @@ def selftest(
             epsilon=epsilon, delta=delta, runs=runs, pilot_runs=pilot_runs, alpha=alpha, inject=inject,
             noise=noise, sample_rate=sample_rate, steps=steps, accountant=accountant,
             one_run_canaries=one_run_canaries, replay=replay,
-            scenarios=("dirac", "swap", "histogram") if histogram else ("dirac", "swap"),
+            scenarios=("dirac", "swap") + (("histogram",) if histogram else ()) + (("quality",) if quality else ()),
         ).validated()
     except ValueError as exc:
         raise UserError(str(exc)) from None
     err = Console(stderr=True)
-    labels = {"pilot": "pilot runs", "main": "main runs", "histogram": "histogram audit", "one-run": "one-run audit",
+    labels = {"pilot": "pilot runs", "main": "main runs", "histogram": "histogram audit", "quality": "quality audit",
+              "one-run": "one-run audit",
               "replay": "gray-box replay"}
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TimeElapsedColumn(), console=err, transient=True, disable=json_output) as bar:

@@ -82,6 +82,40 @@ class Model(ABC):
         eps = torch.randn(num, self.param_dim, generator=generator, dtype=DTYPE)
         return self.prior_mean + self.prior_scale * eps
 
+    # ---- per-record score and curvature (the noise-aware mechanism's statistics) ------------
+    def record_scores(self, points: torch.Tensor, theta: torch.Tensor) -> torch.Tensor:
+        """Per-record score ``grad_theta log p(x_i | theta)`` at one ``theta`` (d,), shape (n, d).
+
+        The default differentiates :meth:`log_likelihood` record by record (``torch.func``);
+        models with a closed form override it for speed."""
+        def one(point: torch.Tensor, th: torch.Tensor) -> torch.Tensor:
+            return self.log_likelihood(point[None], th[None])[0, 0]
+
+        return torch.func.vmap(torch.func.grad(one, argnums=1), in_dims=(0, None))(points, theta.detach())
+
+    def record_curvatures(self, points: torch.Tensor, theta: torch.Tensor) -> torch.Tensor:
+        """Per-record curvature ``-hess_theta log p(x_i | theta)``, shape (n, d, d)."""
+        def one(point: torch.Tensor, th: torch.Tensor) -> torch.Tensor:
+            return -self.log_likelihood(point[None], th[None])[0, 0]
+
+        return torch.func.vmap(torch.func.hessian(one, argnums=1), in_dims=(0, None))(points, theta.detach())
+
+    def record_curvature_factors(self, points: torch.Tensor, theta: torch.Tensor
+                                 ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """``(c, z)`` with ``record_curvatures = c_i z_i z_i^T`` when every record's curvature is
+        rank one (GLMs, linear regression), else None. Lets the mechanism clip and sum
+        curvatures in O(n d^2) without forming (n, d, d) tensors (Frobenius norm |c_i| |z_i|^2)."""
+        return None
+
+    def statistic_bounds(self, theta: torch.Tensor, *, feature_norm: float, target_bound: float) -> tuple[float, float]:
+        """Public bounds ``(score_bound, curvature_bound)`` on one record's score L2 norm and
+        curvature Frobenius norm at ``theta``, for features of L2 norm at most ``feature_norm``
+        and targets of absolute value at most ``target_bound`` (model space). The noise-aware
+        mechanism clips to these bounds anyway (a total per-record function); where the bound
+        holds for every record in the public box, clipping never biases the statistics.
+        Depends on public values only."""
+        raise NotImplementedError(f"{self.name} declares no statistic bounds")
+
     # ---- simulation (costs no privacy) ------------------------------------------------------
     @abstractmethod
     def simulate(

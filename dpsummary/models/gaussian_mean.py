@@ -42,6 +42,17 @@ class GaussianMean(Model):
         eps = torch.randn(num, self.num_features, generator=generator, dtype=DTYPE)
         return theta.reshape(1, -1) + self.noise_scale * eps
 
+    def record_scores(self, points, theta):
+        return (points - theta.detach()) / self.noise_scale**2
+
+    def record_curvatures(self, points, theta):
+        eye = torch.eye(self.param_dim, dtype=DTYPE) / self.noise_scale**2
+        return eye.expand(points.shape[0], -1, -1)
+
+    def statistic_bounds(self, theta, *, feature_norm, target_bound):
+        return ((float(feature_norm) + float(theta.norm())) / self.noise_scale**2,
+                math.sqrt(self.param_dim) / self.noise_scale**2)
+
     def exact_posterior(self, points: torch.Tensor, weights: torch.Tensor):
         from ..gaussian import GaussianPosterior
 

@@ -12,6 +12,7 @@ and non-integer counts >= 0 (Poisson). The formulas below are the explicit ones
 
 from __future__ import annotations
 
+import math
 from abc import abstractmethod
 from typing import Any, ClassVar
 
@@ -62,6 +63,25 @@ class GLM(Model):
             (d2,) = torch.autograd.grad(d1.sum(), e)
         return d1.detach(), d2.detach()
 
+    def record_scores(self, points, theta):
+        z = self.design(points)
+        d1, _ = self.eta_derivatives(points[:, -1], z @ theta.detach())
+        return d1[:, None] * z
+
+    def record_curvatures(self, points, theta):
+        z = self.design(points)
+        _, d2 = self.eta_derivatives(points[:, -1], z @ theta.detach())
+        return (-d2)[:, None, None] * z[:, :, None] * z[:, None, :]
+
+    def record_curvature_factors(self, points, theta):
+        z = self.design(points)
+        _, d2 = self.eta_derivatives(points[:, -1], z @ theta.detach())
+        return -d2, z
+
+    def design_norm_bound(self, feature_norm: float) -> float:
+        """Bound on ||[1, x]|| for ||x|| <= feature_norm."""
+        return math.sqrt(feature_norm**2 + (1.0 if self.intercept else 0.0))
+
     def simulate(self, theta, num, generator, features=None):
         if features is None:
             features = torch.randn(num, self.num_features, generator=generator, dtype=DTYPE)
@@ -84,6 +104,11 @@ class LogisticRegression(GLM):
     def sample_target(self, eta, generator):
         return (torch.rand(eta.shape, generator=generator, dtype=DTYPE) < torch.sigmoid(eta)).to(DTYPE)
 
+    def statistic_bounds(self, theta, *, feature_norm, target_bound):
+        # Score (y - s(eta)) z with y in [0, 1]: |y - s| <= 1; curvature s(1 - s) z z^T <= z z^T / 4.
+        r = self.design_norm_bound(feature_norm)
+        return r, r * r / 4.0
+
     def project_points(self, points):
         # Soft labels stay probabilities.
         points[:, -1].clamp_(0.0, 1.0)
@@ -102,6 +127,14 @@ class PoissonRegression(GLM):
     def sample_target(self, eta, generator):
         rate = torch.exp(eta.clamp(max=self.SIMULATION_ETA_MAX))
         return torch.poisson(rate, generator=generator)
+
+    def statistic_bounds(self, theta, *, feature_norm, target_bound):
+        # Score (y - exp(eta)) z and curvature exp(eta) z z^T are unbounded in eta; the public
+        # rate bound max(target_bound, 1) (the count column's upper bound) caps both. Records
+        # whose fitted rate or residual exceeds it are clipped (bias only for them).
+        r = self.design_norm_bound(feature_norm)
+        rate = max(float(target_bound), 1.0)
+        return r * rate, r * r * rate
 
     def project_points(self, points):
         points[:, -1].clamp_(min=0.0)

@@ -54,6 +54,25 @@ class LinearRegression(Model):
             2 * math.pi
         )
 
+    def record_scores(self, points, theta):
+        z = self.design(points)
+        resid = points[:, -1] - z @ theta.detach()
+        return (resid / self.noise_scale**2)[:, None] * z
+
+    def record_curvatures(self, points, theta):
+        z = self.design(points)
+        return z[:, :, None] * z[:, None, :] / self.noise_scale**2
+
+    def record_curvature_factors(self, points, theta):
+        z = self.design(points)
+        return torch.full((z.shape[0],), 1.0 / self.noise_scale**2, dtype=DTYPE), z
+
+    def statistic_bounds(self, theta, *, feature_norm, target_bound):
+        # |y - z.theta| <= |y| + ||z|| ||theta||; theta is public (the mechanism's anchor).
+        r = math.sqrt(feature_norm**2 + (1.0 if self.intercept else 0.0))
+        resid = float(target_bound) + r * float(theta.norm())
+        return r * resid / self.noise_scale**2, r * r / self.noise_scale**2
+
     def simulate(self, theta, num, generator, features=None):
         if features is None:
             features = torch.randn(num, self.num_features, generator=generator, dtype=DTYPE)

@@ -79,6 +79,12 @@ def count_vector_scale(touches: int, dim: int) -> float:
     distance sqrt(touches)); dividing by sqrt(touches) makes that 1, and the factor
     ``1 - rounding_slack(1, dim)`` leaves room for OpenDP's input rounding, so that noise of
     standard deviation ``noise_multiplier`` is exactly ``GaussianDpEvent(noise_multiplier)``.
+    ``dim`` need only bound the coordinates that can differ between neighbours (rounding is
+    coordinate-wise, untouched coordinates round identically), so ``touches`` is a valid, and
+    public, choice; callers must never pass a data-dependent ``dim``. Clipped sums instead use
+    the exact fixed-point grid of :func:`dpsummary.private.mechanism.exact_clipped_sum`, which
+    is coarser than the noise grid, so OpenDP's rounding leaves them unchanged (one rule: sums
+    are exact and on the grid, the slack is kept only as a margin in the clip).
     """
     return (1.0 - rounding_slack(1.0, max(dim, 1))) / math.sqrt(max(touches, 1))
 

@@ -28,14 +28,24 @@ input-rounding slack (:func:`dpsummary.private.noise.rounding_slack`), so the en
 sensitivity is at most 1 and ``noise_std = noise_multiplier`` is exactly the Gaussian mechanism
 that ``dp_accounting.GaussianDpEvent(noise_multiplier)`` describes. :func:`build_count_vector`
 asserts the per-record bound by construction (each record is counted exactly once per
-histogram it touches, and touches at most K of them).
+histogram it touches, and touches at most K of them). The slack is sized for the K touched
+coordinates, not for the number of keys: OpenDP rounds coordinate-wise, so untouched
+coordinates round identically in both neighbours, and the scale is a function of the number
+of columns only (public), never of how many distinct values the data holds.
+
+Target share (issue 13): by default the target column's coordinates (at most 2 per record) get
+the share ``f = DEFAULT_TARGET_SHARE`` of the squared sensitivity, ``a = (1 - slack) sqrt(f/2)``,
+and the other coordinates (at most K - 2 per record) ``b = (1 - slack) sqrt((1 - f)/(K - 2))``:
+``2 a^2 + (K - 2) b^2 = (1 - slack)^2``, the same Gaussian event with less raw noise on the
+target and more on the features. Every per-column raw noise std ``s_c = noise_multiplier /
+scale_c`` is public, and the thresholds below use each column's own ``s_c``.
 
 Partition selection (the value histograms)
 ------------------------------------------
 The keys of a value histogram are data-dependent: a record may bring a value nobody else has.
 Such a key has raw count exactly 1 in the larger data set and does not exist in the smaller one.
-It is released only if ``1 + N(0, s^2) > tau``, with ``s = noise_multiplier * sqrt(K) / (1 -
-slack)`` the noise on the raw scale; choosing ``tau = 1 + s * Phi^{-1}(1 - delta / C)`` makes this
+It is released only if ``1 + N(0, s_c^2) > tau_c``, with ``s_c`` the column's noise on the raw
+scale; choosing ``tau_c = 1 + s_c * Phi^{-1}(1 - delta / C)`` makes this
 probability ``delta / C`` per column, so at most ``delta`` over the (at most C) new keys of one
 record (union bound). On the shared keys the release is the Gaussian mechanism above (dropping
 the new keys' coordinates can only shrink the L2 distance) followed by thresholding, which is
@@ -53,12 +63,18 @@ Post-processing (no further privacy cost)
 * numeric vs categorical: numeric when the noisy number count exceeds the noisy text count (a
   column with a few stray strings is numeric; transform it with ``invalid_numeric="missing"``);
 * integer: the noisy non-integer count is below ``max(3 s, 1% of the numbers)``;
-* bounds: grid bins with noisy count below ``z s`` are zeroed (``z`` chosen so that, over all
-  grid bins of all columns, an empty bin survives with probability below 1%); the bounds are
+* bounds: grid bins with noisy count below ``z s_c`` are zeroed (``z`` chosen so that, over
+  all grid bins of all feature columns, an empty bin survives with probability below 1%; the
+  target has its own 1% over its 83 bins, ``TARGET_FALSE_BIN_PROB``); the bounds are
   the outer edges of the bins holding the 1% and 99% quantiles of what remains (for the target:
   of the lowest and highest surviving bins), rounded inwards (ceil / floor) for integer
   columns, capped at ``±1e9``;
-* categories: the values above ``tau``, the ``max_categories`` largest, sorted.
+* categories: the values above ``tau_c``, the ``max_categories`` largest, sorted.
+* a public class count (``target_classes``, e.g. 2 for logistic regression): a numeric
+  target's bounds come from its ``target_classes`` largest noisy grid bins (noisy top-k over a
+  PUBLIC domain: post-processing, no threshold needed); a categorical target keeps at most
+  ``target_classes`` of the values above ``tau_c`` (the threshold stays, since its candidate keys
+  come from the data and a key only one neighbour has must pass with probability <= delta / C).
 A feature column for which nothing survives is dropped (with a note); for the target that is a
 DataError. Notes and errors only ever mention noisy, released quantities.
 """
@@ -74,7 +90,7 @@ import numpy as np
 from scipy.stats import norm
 
 from ..data import NO_TARGET, ColumnSpec, DataError, RawTable, Schema, parse_floats, target_kind
-from .noise import add_gaussian_noise, count_vector_scale
+from .noise import add_gaussian_noise, count_vector_scale, rounding_slack
 
 __all__ = [
     "GRID_EDGES",
@@ -100,6 +116,12 @@ LOWER_QUANTILE: Final = 0.01
 UPPER_QUANTILE: Final = 0.99
 #: Probability that any empty grid bin (over all columns) survives denoising.
 GRID_FALSE_BIN_PROB: Final = 0.01
+#: Probability that an empty grid bin of the TARGET survives (its own budget, not shared with
+#: the features: a lower floor keeps a healthy minority class; a false bin only widens bounds).
+TARGET_FALSE_BIN_PROB = 0.01
+#: Default share of the schema mechanism's squared L2 sensitivity given to the target column
+#: (the other columns share the rest evenly); see benchmarks/results/schema_refusal_rate.md.
+DEFAULT_TARGET_SHARE: Final = 0.5
 
 
 @dataclass(frozen=True)
@@ -117,8 +139,36 @@ class CountVector:
 
     @property
     def scale(self) -> float:
-        """Multiplier making the L2 sensitivity at most 1, OpenDP's rounding slack included."""
-        return count_vector_scale(self.touches, len(self.keys))
+        """Multiplier making the L2 sensitivity at most 1, OpenDP's rounding slack included.
+
+        A function of public facts only (``touches = 2 x number of columns``): OpenDP rounds
+        coordinate-wise, so coordinates one record does not touch are identical in both
+        neighbours and round identically; only the <= ``touches`` touched ones carry rounding
+        error, and the slack is sized for them, never for ``len(keys)`` (which counts the
+        distinct values present and so depends on the data).
+        """
+        return count_vector_scale(self.touches, self.touches)
+
+    def coordinate_scales(self, target: str | None = None, target_share: float | None = None) -> np.ndarray:
+        """Per-coordinate multipliers giving L2 sensitivity at most 1 (public facts only).
+
+        Without ``target_share``: :attr:`scale` everywhere. With it, the target column's
+        coordinates (one record touches at most 2 of them) get ``a = (1 - slack) sqrt(f / 2)``
+        and all others (at most ``touches - 2`` per record) ``b = (1 - slack) sqrt((1 - f) /
+        (touches - 2))``, so ``2 a^2 + (touches - 2) b^2 = (1 - slack)^2``: the same Gaussian
+        event, with the share ``f`` of the squared sensitivity (hence less raw noise) on the
+        target. ``slack`` is OpenDP's rounding slack for ``touches`` coordinates.
+        """
+        uniform = np.full(len(self.keys), self.scale)
+        if target is None or target_share is None or self.touches <= 2:
+            return uniform
+        if not 0.0 < target_share < 1.0:
+            raise ValueError("target_share must lie in (0, 1)")
+        room = 1.0 - rounding_slack(1.0, self.touches)
+        a = room * math.sqrt(target_share / 2.0)
+        b = room * math.sqrt((1.0 - target_share) / (self.touches - 2))
+        is_target = np.array([col == target for col, _, _ in self.keys], dtype=bool)
+        return np.where(is_target, a, b)
 
     def scaled(self) -> np.ndarray:
         return self.counts * self.scale
@@ -221,12 +271,31 @@ def estimate_schema(
     target: str | None,
     delta: float,
     max_categories: int = 50,
+    target_classes: int | None = None,
+    target_share: float | None = DEFAULT_TARGET_SHARE,
 ) -> PrivateSchemaResult:
     """Estimate a schema with one Gaussian mechanism (see the module docstring for the proof).
 
     ``target``: ``None`` for the last column, ``NO_TARGET`` for none, else a column name.
     ``delta``: the delta spent on partition selection (over all columns together).
+
+    ``target_share``: the share of the (squared) L2 sensitivity given to the target column's
+    coordinates (see :meth:`CountVector.coordinate_scales`); ``None`` spreads it evenly as the
+    other columns. Any value is the same ``GaussianDpEvent(noise_multiplier)``; the default
+    lowers the target's raw noise so that a healthy binary target is not mistaken for a
+    constant one (benchmarks/schema_refusal_rate.py).
+
+    ``target_classes``: a PUBLIC number of classes implied by the model (2 for logistic
+    regression), or ``None``. When given, a numeric target's bounds come from the
+    ``target_classes`` largest noisy grid bins (the grid is public, so this noisy top-k is
+    post-processing and needs no threshold) and a categorical target keeps at most the
+    ``target_classes`` largest values among those above ``tau``. The threshold stays for the
+    categorical case because its candidate keys come from the data: a value only the larger
+    neighbour has still passes with probability at most ``delta / C`` (module docstring);
+    ranking the survivors is post-processing, so the argument is unchanged.
     """
+    if target_classes is not None and target_classes < 2:
+        raise ValueError("target_classes must be at least 2")
     if not (noise_multiplier > 0 and math.isfinite(noise_multiplier)):
         raise ValueError("noise_multiplier must be positive and finite")
     if not 0.0 < delta < 1.0:
@@ -245,27 +314,33 @@ def estimate_schema(
         tgt = target
 
     vec = build_count_vector(table)
-    scale = vec.scale
-    noisy = add_gaussian_noise(vec.scaled(), noise_std=noise_multiplier, clip_norm=1.0) / scale
-    s = noise_multiplier / scale  # noise std on the raw count scale
+    scales = vec.coordinate_scales(tgt, target_share)
+    noisy = add_gaussian_noise(vec.counts * scales, noise_std=noise_multiplier, clip_norm=1.0) / scales
     num_cols = len(table.header)
-    tau = selection_threshold(s, delta / num_cols)
     z_grid = float(norm.isf(GRID_FALSE_BIN_PROB / (num_cols * NUM_GRID_BINS)))
+    z_target = float(norm.isf(TARGET_FALSE_BIN_PROB / NUM_GRID_BINS))
 
     sections: dict[tuple[str, str], list[tuple[str, float]]] = {}
-    for (col, section, label), value in zip(vec.keys, noisy.tolist(), strict=True):
+    raw_std: dict[str, float] = {}  # noise std on the raw count scale, per column (public)
+    for (col, section, label), value, sc in zip(vec.keys, noisy.tolist(), scales.tolist(), strict=True):
         sections.setdefault((col, section), []).append((label, value))
+        raw_std[col] = noise_multiplier / sc
+    s_feat = noise_multiplier / vec.scale if tgt is None or target_share is None else max(raw_std.values())
+    tau = selection_threshold(s_feat, delta / num_cols)
 
     specs: list[ColumnSpec] = []
     notes: list[str] = [
         f"schema estimated privately: one Gaussian mechanism, noise multiplier "
-        f"{noise_multiplier:g}, L2 sensitivity 1 after dividing counts by sqrt({vec.touches}); "
-        f"category threshold {tau:.1f} records (delta {delta:g} for partition selection)"
+        f"{noise_multiplier:g}, L2 sensitivity 1 after scaling counts (one record touches "
+        f"{vec.touches} of them{'' if target_share is None or tgt is None else f', target share {target_share:g}'}); "
+        f"feature category threshold {tau:.1f} records (delta {delta:g} for partition selection)"
     ]
     dropped: list[str] = []
     totals: list[float] = []
     for name in table.header:
         is_target = name == tgt
+        s = raw_std[name]
+        tau_col = selection_threshold(s, delta / num_cols)
         t = dict(sections[(name, "type")])
         totals.append(sum(t.values()))
         numbers = t["integer"] + t["fraction"]
@@ -276,10 +351,15 @@ def estimate_schema(
         elif numbers > t["text"]:
             integer = t["fraction"] < max(3.0 * s, 0.01 * numbers)
             grid = np.array([v for _, v in sections[(name, "grid")]])
-            spec, why = _numeric_spec(name, grid, z_grid * s, integer, full_range=is_target)
+            top = target_classes if is_target else None
+            # The target has its own false-bin budget (TARGET_FALSE_BIN_PROB over its 83 bins): a
+            # lower floor, so a healthy minority class is not taken for noise (issue 13).
+            z = z_target if is_target else z_grid
+            spec, why = _numeric_spec(name, grid, z * s, integer, full_range=is_target, top_k=top)
         else:
-            values = [(lab, v) for lab, v in sections.get((name, "value"), []) if v > tau]
-            spec, why = _categorical_spec(name, values, max_categories)
+            values = [(lab, v) for lab, v in sections.get((name, "value"), []) if v > tau_col]
+            cap = min(max_categories, target_classes) if is_target and target_classes else max_categories
+            spec, why = _categorical_spec(name, values, cap)
         if spec is None:
             if is_target:
                 raise DataError(f"target {name!r}: {why}; give a schema with the target instead")
@@ -306,11 +386,36 @@ def estimate_schema(
     )
 
 
+def _holds_integer(k: int) -> bool:
+    """Whether grid bin k (closed away from zero, capped at +-GRID_LIMIT) contains an integer."""
+    if k == _ZERO_BIN:
+        return True
+    lo, hi = _bin_edges(k)
+    if lo >= 0.0:  # (lo, hi]
+        return math.floor(hi) > lo
+    return math.ceil(lo) < hi  # [lo, hi)
+
+
+_INTEGER_BINS: Final = np.array([_holds_integer(k) for k in range(NUM_GRID_BINS)])
+
+
 def _numeric_spec(
-    name: str, grid: np.ndarray, floor: float, integer: bool, *, full_range: bool
+    name: str, grid: np.ndarray, floor: float, integer: bool, *, full_range: bool, top_k: int | None = None
 ) -> tuple[ColumnSpec | None, str]:
-    """Bounds from the denoised grid histogram (pure post-processing)."""
-    kept = np.where(grid > floor, grid, 0.0)
+    """Bounds from the denoised grid histogram (pure post-processing).
+
+    ``top_k``: keep exactly the ``top_k`` largest noisy bins instead of those above ``floor``
+    (the bins are public, so this is post-processing).
+    """
+    if top_k is not None:
+        # An integer column's mass can only sit in bins holding an integer (public structure):
+        # skip the others, so a noise-only bin next to zero cannot collapse the class hull.
+        ranked = grid if not integer else np.where(_INTEGER_BINS, grid, -np.inf)
+        best = np.argsort(-ranked, kind="stable")[:top_k]
+        kept = np.zeros_like(grid)
+        kept[best] = np.maximum(grid[best], np.finfo(np.float64).tiny)
+    else:
+        kept = np.where(grid > floor, grid, 0.0)
     # Reorder bins by position on the line: the zero bin sits between (-1e-4, 0) and [0, 1e-4).
     zero_at = int(np.searchsorted(GRID_EDGES, 0.0, side="right"))  # bin [0, 1e-4)
     order = list(range(zero_at)) + [_ZERO_BIN] + list(range(zero_at, _ZERO_BIN))

@@ -1,0 +1,74 @@
+"""Shared helpers for the release tests: small synthetic CSVs, policies with a public schema, and
+the ledger's lines."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+
+def write_csv(path: Path, n: int, seed: int = 0, *, target: str = "binary", extra_rows: list[str] | None = None) -> Path:
+    """``x1`` numeric in [0, 10], ``x2`` in {a, b, c}, target ``y`` (binary yes/no, count or real)."""
+    rng = np.random.default_rng(seed)
+    x1 = rng.uniform(0, 10, n)
+    x2 = rng.choice(["a", "b", "c"], n)
+    eta = 0.5 * (x1 - 5) + (x2 == "b")
+    if target == "binary":
+        y = np.where(rng.random(n) < 1 / (1 + np.exp(-eta)), "yes", "no")
+    elif target == "count":
+        y = rng.poisson(np.exp(0.2 * eta + 1)).astype(int)
+    elif target == "constant":
+        y = np.array(["yes"] * n)
+    else:
+        y = eta + rng.normal(size=n)
+    lines = ["x1,x2,y"] + [f"{a:.3f},{b},{c}" for a, b, c in zip(x1, x2, y, strict=True)]
+    path.write_text("\n".join(lines + list(extra_rows or [])) + "\n")
+    return path
+
+
+def write_policy(path: Path, *, n: int | None, target_kind: str = "binary", extra: str = "",
+                 schema: bool = True, tail: str = "", total_epsilon: float = 3.0, cap: float = 2.0,
+                 min_records: int = 50, n_max: int = 100000, total_delta: float = 1e-6) -> Path:
+    """A test policy (budget ``total_epsilon``, per-release cap ``cap``); public schema unless
+    ``schema=False``; public record count ``n`` unless None. ``extra``: top-level TOML lines;
+    ``tail``: tables appended at the end."""
+    y = {
+        "binary": 'kind = "categorical"\ncategories = ["no", "yes"]',
+        "count": 'kind = "numeric"\ninteger = true\nlower = 0\nupper = 60',
+        "real": 'kind = "numeric"\nlower = -8\nupper = 8',
+    }[target_kind]
+    count = f"record_count_public = true\nrecord_count = {n}\n" if n is not None else ""
+    text = f"""source_id = "test-source"
+total_epsilon = {total_epsilon}
+total_delta = {total_delta}
+max_epsilon_per_release = {cap}
+min_records = {min_records}
+n_max = {n_max}
+{count}{extra}
+"""
+    if schema:
+        text += f"""
+[schema]
+target = "y"
+[[schema.columns]]
+name = "x1"
+kind = "numeric"
+lower = 0
+upper = 10
+[[schema.columns]]
+name = "x2"
+kind = "categorical"
+categories = ["a", "b", "c"]
+[[schema.columns]]
+name = "y"
+{y}
+"""
+    path.write_text(text + tail)
+    return path
+
+
+def ledger_lines(home: Path) -> list[dict]:
+    p = home / "ledger.jsonl"
+    return [json.loads(x) for x in p.read_text().splitlines()] if p.exists() else []

@@ -1,0 +1,148 @@
+"""One test per row of docs/REFUSALS.md: every refusal of ``dpsummary release`` is one line with the
+documented exit code; public refusals write nothing to the ledger; charged refusals leave their
+reservation charged (aborted) and no open hold.
+
+Charged cases are decided on noisy counts; each is set up at least 10 noise standard deviations
+from its threshold, so a spurious outcome has probability below 1e-20 per case.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+from release_support import ledger_lines, write_csv, write_policy
+from typer.testing import CliRunner
+
+from dpsummary.cli import app
+
+runner = CliRunner()
+DOC = Path(__file__).resolve().parents[1] / "docs" / "REFUSALS.md"
+
+
+@pytest.fixture()
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    h = tmp_path / "home"
+    monkeypatch.setenv("DPSUMMARY_HOME", str(h))
+    return h
+
+
+def _doc_rows() -> dict[str, tuple[str, int]]:
+    rows: dict[str, tuple[str, int]] = {}
+    for line in DOC.read_text().splitlines():
+        m = re.match(r"\| ([a-z0-9-]+) \| (before|after) \| (public|charged) \| (\d) \|", line)
+        if m:
+            rows[m.group(1)] = (m.group(3), int(m.group(4)))
+    return rows
+
+
+def _data(tmp: Path, n: int = 600, **kw: Any) -> Path:
+    return write_csv(tmp / "d.csv", n, **kw)
+
+
+def _pub(tmp: Path, n: int | None = 600, **kw: Any) -> Path:
+    return write_policy(tmp / "p.toml", n=n, **kw)
+
+
+# Each case: (args builder, message fragment). The builder gets tmp_path and returns CLI args
+# after "release".
+CASES: dict[str, tuple[Any, str]] = {
+    "epsilon": (lambda t: [str(_data(t)), "--epsilon", "-1", "--policy", str(_pub(t))], "--epsilon"),
+    "delta-range": (lambda t: [str(_data(t)), "--epsilon", "0.5", "--delta", "2", "--policy", str(_pub(t))], "--delta"),
+    "size": (lambda t: [str(_data(t)), "--epsilon", "0.5", "--size", "0", "--policy", str(_pub(t))], "--size"),
+    "steps": (lambda t: [str(_data(t)), "--epsilon", "0.5", "--steps", "0", "--policy", str(_pub(t))], "--steps"),
+    "sample-rate": (lambda t: [str(_data(t)), "--epsilon", "0.5", "--sample-rate", "1.5", "--policy", str(_pub(t))],
+                    "--sample-rate"),
+    "file-missing": (lambda t: [str(t / "nope.csv"), "--epsilon", "0.5", "--policy", str(_pub(t))], "not found"),
+    "not-a-file": (lambda t: [str(t), "--epsilon", "0.5", "--policy", str(_pub(t))], "not a file"),
+    "file-empty": (lambda t: [str(_write(t / "e.csv", "")), "--epsilon", "0.5", "--policy", str(_pub(t))], "empty"),
+    "header-bad": (lambda t: [str(_write(t / "h.csv", "x1,x1,y\n1,a,yes\n")), "--epsilon", "0.5", "--policy",
+                              str(_pub(t))], "duplicate"),
+    "schema-column": (lambda t: [str(_write(t / "s.csv", "x1,zz,y\n1,a,yes\n")), "--epsilon", "0.5", "--policy",
+                                 str(_pub(t))], "'x2'"),
+    "target-column": (lambda t: [str(_data(t)), "--epsilon", "0.5", "--target", "nosuch", "--policy",
+                                 str(_pub(t, n=None, schema=False))], "nosuch"),
+    "model-schema": (lambda t: [str(_data(t, target="count")), "--epsilon", "0.5", "--model", "logistic", "--policy",
+                                str(_pub(t, target_kind="count"))], "binary"),
+    "key-missing": (lambda t: [str(_data(t)), "--epsilon", "0.5", "--key", str(t / "no.key"), "--policy",
+                               str(_pub(t))], "no.key"),
+    "ledger-foreign": (lambda t: [str(_data(t)), "--epsilon", "0.5", "--ledger", str(_write(t / "l.jsonl", "{}\n")),
+                                  "--policy", str(_pub(t))], "ledger"),
+    "policy-invalid": (lambda t: [str(_data(t)), "--epsilon", "0.5", "--policy", str(_write(t / "b.toml", "x = [\n"))],
+                       "policy"),
+    "epsilon-cap": (lambda t: [str(_data(t)), "--epsilon", "2.5", "--policy", str(_pub(t))], "max_epsilon_per_release"),
+    "delta-cap": (lambda t: [str(_data(t)), "--epsilon", "0.5", "--delta", "0.5", "--policy", str(_pub(t))], "delta"),
+    "model-policy": (lambda t: [str(_data(t)), "--epsilon", "0.5", "--model", "poisson", "--policy",
+                                str(_pub(t, extra='allowed_models = ["logistic"]'))], "allowed"),
+    "calibrate-to": (lambda t: [str(_data(t)), "--epsilon", "0.5", "--calibrate-to", "pld", "--policy", str(_pub(t))],
+                     "accountant"),
+    "budget": (lambda t: _spend_first(t, [str(_data(t)), "--epsilon", "0.5", "--policy",
+                                          str(_pub(t, total_epsilon=0.6, cap=0.5))]), "budget"),
+    "public-min-records": (lambda t: [str(_data(t, n=40)), "--epsilon", "0.5", "--policy", str(_pub(t, n=40))],
+                           "too few records"),
+    "noisy-min-records": (lambda t: [str(_data(t, n=600)), "--epsilon", "1", "--policy",
+                                     str(_pub(t, n=None, min_records=20000))],
+                          "too few records"),
+    "noisy-n-max": (lambda t: [str(_data(t, n=6000)), "--epsilon", "1", "--policy",
+                               str(_pub(t, n=None, n_max=1000))],
+                    "n_max"),
+    "dp-schema": (lambda t: [str(_data(t, n=4000, target="constant")), "--epsilon", "1", "--policy",
+                             str(_pub(t, n=None, schema=False))], "target"),
+    "dp-model": (lambda t: [str(_data(t, n=4000, target="count")), "--epsilon", "1", "--model", "logistic", "--policy",
+                            str(_pub(t, n=None, schema=False))], "binary"),
+    "data-quality": (lambda t: [str(_data(t, n=400, extra_rows=[f"{i % 10}.5,a," for i in range(1600)])),
+                                "--epsilon", "1", "--policy",
+                                str(_pub(t, n=2000, tail="[budget_split]\ncount = 0\npreprocessing = 0\nquality = 0.1\noptimisation = 0.9\n"))],
+                     "max_dropped_fraction"),
+}
+
+
+def _write(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+def _spend_first(tmp: Path, args: list[str]) -> list[str]:
+    """Run one successful release with ``args`` first, so the same request then exceeds the budget."""
+    res = runner.invoke(app, ["release", *args, "--out", str(tmp / "first.json"), "--steps", "5", "--size", "3"])
+    assert res.exit_code == 0, res.output
+    return args
+
+
+def test_every_documented_refusal_has_a_case() -> None:
+    rows = _doc_rows()
+    assert len(rows) >= 20
+    assert set(rows) == set(CASES)
+
+
+@pytest.mark.parametrize("rid", sorted(CASES))
+def test_refusal(rid: str, tmp_path: Path, home: Path) -> None:
+    kind, code = _doc_rows()[rid]
+    build, fragment = CASES[rid]
+    args = build(tmp_path)
+    before = len(ledger_lines(home))
+    out = tmp_path / "out.dpsummary.json"
+    res = runner.invoke(app, ["release", "--steps", "5", "--size", "3", "--out", str(out), *args])
+    errors = [x for x in res.output.splitlines() if x.startswith("error:")]
+    assert res.exit_code == code, res.output
+    assert len(errors) == 1 and "Traceback" not in res.output and "internal error" not in res.output
+    assert fragment.lower() in errors[0].lower(), errors[0]
+    if rid != "ledger-foreign":  # the ledger is public; its line numbers are not data
+        assert not re.search(r"\brow \d+|line \d+", errors[0])  # no data-derived positions
+    assert not out.exists()
+    entries = [e for e in ledger_lines(home)[before:] if e.get("source_id") == "test-source"]
+    if kind == "public":
+        assert not [e for e in entries if e["kind"] == "reserve" and e["events"]], "a public refusal charged budget"
+    else:
+        assert "stays charged" in errors[0]
+        assert [e for e in entries if e["kind"] == "reserve" and e["events"]], "a charged refusal reserved nothing"
+        assert any(e["kind"] in ("abort", "settle") for e in entries)  # unfinished work aborted, hold settled
+        from dpsummary import keys
+        from dpsummary.ledger import read_ledger
+
+        pub = keys.load_public_key(home / "keys" / "dpsummary.pub")
+        from dpsummary.ledger import _active_holds
+
+        assert _active_holds(read_ledger(home / "ledger.jsonl", pub).entries, "test-source") == {}
