@@ -540,7 +540,7 @@ def plan_stage2(public: PublicPlan, released: Released) -> OptimisationPlan:
         delta=public.delta, accountant=public.accountant, models=dp_init_models,
     )
     # Calibrate to the target minus the partition-selection slack so the claim stays <= target.
-    slack = -math.log1p(-public.delta_selection)
+    slack = acc.selection_slack([public.delta_selection])
     if req.mechanism != "dp-psvi":
         from . import noise_aware
 
@@ -638,7 +638,7 @@ def run_stage2(
         mark("optimised")
         epsilons = claimed.result()
         if public.delta_selection:
-            epsilons = {k: v - math.log1p(-public.delta_selection) for k, v in epsilons.items()}
+            epsilons = {k: v + acc.selection_slack([public.delta_selection]) for k, v in epsilons.items()}
         split_eps = _budget_split(public.stage1.count_sigma, public.stage1.schema_sigma,
                                   plan.quality_noise_multiplier, plan.init_noise_multiplier,
                                   plan.optimisation_event, public.delta, public.accountant)
@@ -653,7 +653,7 @@ def run_stage2(
     mark("optimised")
     epsilons = claimed.result()
     if public.delta_selection:
-        epsilons = {k: v - math.log1p(-public.delta_selection) for k, v in epsilons.items()}
+        epsilons = {k: v + acc.selection_slack([public.delta_selection]) for k, v in epsilons.items()}
     split_eps = _budget_split(public.stage1.count_sigma, public.stage1.schema_sigma, plan.quality_noise_multiplier,
                               plan.init_noise_multiplier, plan.optimisation_event, public.delta, public.accountant)
     return Stage2Output(summary, epsilons, split_eps, quality, start.description, notes)

@@ -113,8 +113,8 @@ INJECTIONS: tuple[Injection, ...] = ("none", "no-clip", "half-noise", "fixed-siz
                                      "refuse-invalid")
 NoisePath = Literal["opendp", "numpy"]
 NOISE_PATHS: tuple[NoisePath, ...] = ("opendp", "numpy")
-Scenario = Literal["dirac", "swap", "histogram", "quality"]
-SCENARIOS: tuple[Scenario, ...] = ("dirac", "swap", "histogram", "quality")
+Scenario = Literal["dirac", "swap", "histogram", "quality", "newton"]
+SCENARIOS: tuple[Scenario, ...] = ("dirac", "swap", "histogram", "quality", "newton")
 #: Scenarios that audit ``noisy_clipped_sum`` (batched runs); "histogram" audits ``noisy_marginals``.
 SUM_SCENARIOS: tuple[Scenario, ...] = ("dirac", "swap")
 
@@ -739,6 +739,8 @@ def white_box_audits(
         results.append(histogram_audit(cfg, alpha, progress))
     if "quality" in cfg.scenarios:
         results.append(quality_audit(cfg, alpha, progress))
+    if "newton" in cfg.scenarios:
+        results.append(newton_audit(cfg, alpha, progress))
     return results
 
 
@@ -920,6 +922,67 @@ def quality_audit(cfg: SelfTestConfig, alpha: float, progress: Progress | None =
         runs_per_side=cfg.runs, pilot_runs_per_side=cfg.pilot, threshold=t, false_positives=fp,
         false_negatives=fn, fp_upper=p_fp, fn_upper=p_fn, epsilon_lower_bound=lb, violation=lb > claimed,
         mechanism="noisy_quality_counts", noise_multiplier=sigma,
+    )
+
+
+def newton_design(background: int) -> tuple[torch.Tensor, torch.Tensor, float]:
+    """The "newton" canary design for the noise-aware mechanism's score release: logistic
+    regression with one feature, public feature bound 1 (score bound sqrt(2) at theta = 0).
+    D = ``background`` records at x = 0, y = 0 (score (-1/2, 0) each); D' = D plus a canary at
+    x = 10 (outside the public box), y = 1: its raw score (1/2, 5) is 3.5x the bound, so only
+    clipping keeps the shift at the sensitivity. Returns (D, D', score bound)."""
+    without = torch.zeros(background, 2, dtype=DTYPE)
+    canary = torch.tensor([[10.0, 1.0]], dtype=DTYPE)
+    return without, torch.cat([without, canary]), math.sqrt(2.0)
+
+
+def newton_audit(cfg: SelfTestConfig, alpha: float, progress: Progress | None = None) -> AuditResult:
+    """White-box Clopper-Pearson audit of the noise-aware mechanism's score release
+    (:func:`dpsummary.private.score_stats.noisy_score_statistics`), calibrated on its own: the
+    score sum is one Gaussian mechanism whose accountant reports ``cfg.epsilon`` at
+    ``cfg.delta`` (the curvature release is drawn too, at a large multiplier, and ignored: a test
+    on the score alone is bounded by the score event). Score: the noisy sum's excess over D's,
+    projected on the canary's clipped direction (Neyman-Pearson optimal for the mean shift).
+    ``inject="no-clip"``: the mechanism clips at 10x the bound the accountant is told (a bounds
+    mismatch), so the canary moves the release by 3.5x the sensitivity."""
+    from .models import LogisticRegression
+    from .private.score_stats import noisy_score_statistics
+
+    sigma = calibrate_gaussian(target_epsilon=cfg.epsilon, delta=cfg.delta, accountant=cfg.accountant)
+    claimed = epsilon([gaussian_event(sigma)], cfg.delta, cfg.accountant)
+    model = LogisticRegression(1)
+    without, with_canary, bound = newton_design(cfg.design.background)
+    theta = torch.zeros(2, dtype=DTYPE)
+    clip = 10 * bound if cfg.inject == "no-clip" else bound
+    expected = model.record_scores(without, theta).sum(0).numpy()
+    canary_score = model.record_scores(with_canary[-1:], theta)[0].numpy()
+    direction = canary_score / np.linalg.norm(canary_score)
+    done = [0]
+    total = 2 * (cfg.pilot + cfg.runs)
+
+    def scores(n: int, canary: bool) -> np.ndarray:
+        records = make_mechanism(with_canary if canary else without, inject=cfg.inject, noise_path=cfg.noise)
+        out = np.empty(n)
+        for i in range(n):
+            # Noise std = sigma * bound whatever the clip (the injected bug clips at 10x).
+            st = noisy_score_statistics(records._points, records._randomness, model, theta,  # noqa: SLF001
+                                        score_bound=clip, curvature_bound=1.0,
+                                        score_noise_multiplier=sigma * bound / clip, curvature_noise_multiplier=1e3)
+            out[i] = float((st.score.numpy() - expected) @ direction)
+            done[0] += 1
+            if progress is not None and (done[0] % 256 == 0 or done[0] == total):
+                progress("newton", done[0], total)
+        return out
+
+    t = choose_threshold(scores(cfg.pilot, False), scores(cfg.pilot, True), delta=cfg.delta, alpha=alpha,
+                         main_runs=cfg.runs)
+    fp, fn = _counts(scores(cfg.runs, False), scores(cfg.runs, True), t)
+    lb, p_fp, p_fn = epsilon_lower_bound(fp, cfg.runs, fn, cfg.runs, delta=cfg.delta, alpha=alpha)
+    return AuditResult(
+        scenario="newton", claimed_epsilon=claimed, delta=cfg.delta, alpha=alpha, confidence=1 - alpha,
+        runs_per_side=cfg.runs, pilot_runs_per_side=cfg.pilot, threshold=t, false_positives=fp,
+        false_negatives=fn, fp_upper=p_fp, fn_upper=p_fn, epsilon_lower_bound=lb, violation=lb > claimed,
+        mechanism="noisy_score_statistics", noise_multiplier=sigma,
     )
 
 

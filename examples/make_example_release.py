@@ -2,7 +2,7 @@
 
     python examples/make_example_release.py          # ~1 minute; writes examples/release/
 
-Runs the curator's command end to end (DP count, DP initialisation histograms, DP-PSVI, signing,
+Runs the curator's command end to end (DP count, the default noise-aware mechanism, signing,
 ledger) in a throw-away
 DPSUMMARY_HOME, with a policy whose schema is PUBLIC: the bounds and category codes below come
 from the dataset's published codebook (UCI Statlog German credit), not from the data. It keeps

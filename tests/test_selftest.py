@@ -213,3 +213,14 @@ def test_cli_selftest_json_and_exit_codes():
                               "--no-replay", "--inject", "fixed-seed"])
     assert bad.exit_code == 1 and "VIOLATION DETECTED" in bad.stdout
     assert runner.invoke(app, ["selftest", "--runs", "5"]).exit_code == 2
+
+
+def test_noise_aware_bounds_mismatch_is_detected():
+    # The noise-aware mechanism's score release clipping at 10x the bound the accountant is told:
+    # the canary (raw score 3.5x the bound) moves the release by 3.5 sensitivities instead of 1.
+    # Measured (numpy noise, this configuration): lower bound 3.84 with the bug against a claim
+    # of 2, and 1.32 without it; the bug's mean shift is 3.5x the clean one, so a bound below the
+    # claim needs an FP/FN deviation of many binomial sds (failure rate well below 1e-4).
+    r = st.run_selftest(_cfg(inject="no-clip", runs=2000, scenarios=("newton",)))
+    assert r.audits[0].scenario == "newton" and r.audits[0].mechanism == "noisy_score_statistics"
+    assert r.audits[0].epsilon_lower_bound > CLAIM and r.violation

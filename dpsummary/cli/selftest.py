@@ -31,6 +31,7 @@ def selftest(
     replay: Annotated[bool, typer.Option(help="Run the gray-box replay of the full DP-PSVI constructor.")] = True,
     histogram: Annotated[bool, typer.Option(help="Also audit the DP initialisation histograms (noisy_marginals).")] = True,
     quality: Annotated[bool, typer.Option(help="Also audit the invalid-record handling (total rules and noisy quality counts).")] = True,
+    newton: Annotated[bool, typer.Option(help="Also audit the noise-aware mechanism's score release (the default release mechanism).")] = True,
     json_output: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
 ) -> None:
     """Audit the release mechanism empirically: a statistically valid LOWER bound on epsilon.
@@ -48,12 +49,13 @@ def selftest(
             epsilon=epsilon, delta=delta, runs=runs, pilot_runs=pilot_runs, alpha=alpha, inject=inject,
             noise=noise, sample_rate=sample_rate, steps=steps, accountant=accountant,
             one_run_canaries=one_run_canaries, replay=replay,
-            scenarios=("dirac", "swap") + (("histogram",) if histogram else ()) + (("quality",) if quality else ()),
+            scenarios=("dirac", "swap") + (("histogram",) if histogram else ()) + (("quality",) if quality else ())
+            + (("newton",) if newton else ()),
         ).validated()
     except ValueError as exc:
         raise UserError(str(exc)) from None
     err = Console(stderr=True)
-    labels = {"pilot": "pilot runs", "main": "main runs", "histogram": "histogram audit", "quality": "quality audit",
+    labels = {"pilot": "pilot runs", "main": "main runs", "histogram": "histogram audit", "quality": "quality audit", "newton": "newton audit",
               "one-run": "one-run audit",
               "replay": "gray-box replay"}
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
