@@ -224,3 +224,20 @@ def test_noise_aware_bounds_mismatch_is_detected():
     r = st.run_selftest(_cfg(inject="no-clip", runs=2000, scenarios=("newton",)))
     assert r.audits[0].scenario == "newton" and r.audits[0].mechanism == "noisy_score_statistics"
     assert r.audits[0].epsilon_lower_bound > CLAIM and r.violation
+
+
+def test_refuse_on_one_invalid_record_is_detected():
+    # The removed behaviour (one invalid value refuses the release): with the canary the release
+    # always refuses (score +inf), without it never, so the audit separates the two sides
+    # perfectly: FP = FN = 0 and the Clopper-Pearson bound is ln((1 - delta) / pFP) with pFP =
+    # 1 - (alpha/2)^(1/1000) ~ 3.7e-3: about 5.6 > claim 2, deterministically.
+    r = st.run_selftest(_cfg(inject="refuse-invalid", runs=1000, scenarios=("quality",)))
+    assert r.audits[0].scenario == "quality" and r.audits[0].false_negatives == 0
+    assert r.audits[0].epsilon_lower_bound > CLAIM and r.violation
+
+
+def test_quality_handling_without_the_bug_passes():
+    # Clean: the canary adds 1 to each of the four counts (sensitivity 1 after scaling), so the
+    # audit reports a violation with probability at most alpha = 1e-4 (its construction).
+    r = st.run_selftest(_cfg(runs=2000, scenarios=("quality",), alpha=1e-4))
+    assert not r.violation
