@@ -45,6 +45,9 @@ from . import accounting as acc
 from .gaussian import DTYPE, GaussianPosterior
 from .models import Model
 
+#: Convergence check of the rounds (public): a last step larger than this many posterior sds
+#: in some coordinate is reported in the release's notes.
+UNCONVERGED_SDS = 3.0
 #: Name of the mechanism in artifacts, the CLI (``--mechanism``) and the benchmarks.
 MECHANISM = "noise-aware-newton"
 
@@ -220,6 +223,17 @@ def fit(model: Model, release: ReleaseFn, bounds: BoundsFn, *, schedule: Schedul
         f"{MECHANISM}: {len(multipliers)} round(s) of noisy score and curvature sums, noise-aware "
         "Gaussian posterior (Kulkarni et al. 2021 style) by post-processing",
     ]
+    # The posterior is a quadratic expansion at the last anchor; if the last round still moved
+    # the estimate by many posterior sds, the rounds had not converged and the expansion may not
+    # hold there (e.g. Poisson with large counts, whose intercept is far from the prior mean).
+    # Post-processing of released values: say so in the release.
+    moved = float(((posterior.mean - state.rounds[-1].anchor).abs() / torch.diagonal(posterior.cov).sqrt()).max())
+    if moved > UNCONVERGED_SDS:
+        notes.append(
+            f"warning: the last Newton round moved the estimate by {moved:.1f} posterior sds (> "
+            f"{UNCONVERGED_SDS:g}): the rounds had not converged, so the noise-aware intervals may "
+            "not cover; treat this release with caution"
+        )
     return NoiseAwareFit(posterior=posterior, raw_posterior=raw, rounds=list(state.rounds),
                          noise_multipliers=multipliers, notes=notes)
 

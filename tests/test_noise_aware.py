@@ -101,3 +101,24 @@ def test_intervals_cover_at_epsilon_0_2():
         raw_cov.append(trust_report(res.raw_posterior, full, prior_posterior(model)).coverage)
     assert np.median(na_cov) >= 0.9
     assert np.median(raw_cov) < np.median(na_cov)
+
+
+def test_unconverged_rounds_are_reported():
+    """A Poisson table with a large intercept: one round from the prior mean cannot reach it,
+    and the release says so (post-processing of released values)."""
+    from dpsummary.models import PoissonRegression
+
+    model = PoissonRegression(2)
+    g = torch.Generator().manual_seed(0)
+    x = torch.rand(3000, 2, generator=g, dtype=torch.float64) * 2 - 1
+    pts = model.simulate(torch.tensor([4.0, 0.3, -0.2], dtype=torch.float64), 3000, g, features=x)
+    release = _release_fn(pts, model, np.random.default_rng(0))
+    bounds = na.public_bounds(model, feature_norm=math.sqrt(2), target_bound=200.0)
+    res = na.fit(model, release, bounds, schedule=na.Schedule(((0.5, 0.5),)), sigma=0.5)
+    assert any("had not converged" in n for n in res.notes)
+    model2 = LogisticRegression(3)
+    pts2, _ = _table(model2, 2000, 0)
+    ok = na.fit(model2, _release_fn(pts2, model2, np.random.default_rng(0)),
+                na.public_bounds(model2, feature_norm=math.sqrt(3), target_bound=1.0),
+                schedule=na.Schedule(((0.2, 0.2), (0.2, 0.2), (0.1, 0.1))), sigma=1e-6)
+    assert not any("had not converged" in n for n in ok.notes)
