@@ -178,16 +178,19 @@ def run(out: Path, datasets: list[str], epsilons: tuple[float, ...], sizes: tupl
             for seed in seeds:
                 table = load(name, seed)
                 base = {"dataset": name, "seed": seed, "param_dim": table.model.param_dim}
+                def run_dpvi(eps: float, table: Table = table, base: dict[str, Any] = base, seed: int = seed) -> None:
+                    from dpsummary.dpvi import fit_dpvi
+
+                    t2 = time.perf_counter()
+                    res = fit_dpvi(table.train, table.model, epsilon=eps, delta=DELTA,
+                                   generator=torch.Generator().manual_seed(seed))
+                    emit({**base, "method": "dp-vi", "epsilon": eps, "size": "",
+                          "seconds": time.perf_counter() - t2, **judge(table, res.posterior, eps, seed)})
+
                 for eps in epsilons:
                     if not noise_aware:
                         if dpvi:
-                            from dpsummary.dpvi import fit_dpvi
-
-                            t2 = time.perf_counter()
-                            res = fit_dpvi(table.train, table.model, epsilon=eps, delta=DELTA,
-                                           generator=torch.Generator().manual_seed(seed))
-                            emit({**base, "method": "dp-vi", "epsilon": eps, "size": "",
-                                  "seconds": time.perf_counter() - t2, **judge(table, res.posterior, eps, seed)})
+                            run_dpvi(eps)
                         continue
                     t0 = time.perf_counter()
                     fit_result, _ = noise_aware_fit(table, eps)
@@ -205,13 +208,7 @@ def run(out: Path, datasets: list[str], epsilons: tuple[float, ...], sizes: tupl
                         emit({**base, "method": "noise-aware", "epsilon": eps, "size": size, "match_kl": loss,
                               "seconds": t_fit + time.perf_counter() - t1, **judge(table, post, eps, seed)})
                     if dpvi:
-                        from dpsummary.dpvi import fit_dpvi
-
-                        t2 = time.perf_counter()
-                        res = fit_dpvi(table.train, table.model, epsilon=eps, delta=DELTA,
-                                       generator=torch.Generator().manual_seed(seed))
-                        emit({**base, "method": "dp-vi", "epsilon": eps, "size": "",
-                              "seconds": time.perf_counter() - t2, **judge(table, res.posterior, eps, seed)})
+                        run_dpvi(eps)
                 if psvi:
                     from dpsummary.constructors.base import fit
                     from dpsummary.experiment import make_constructor

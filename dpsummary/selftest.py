@@ -344,6 +344,16 @@ class NoClipRecords(PrivateRecords):
             noise_multiplier=noise_multiplier / self.INFLATION,
         )
 
+    def noisy_score_statistics(
+        self, model: Model, theta: torch.Tensor, *, score_bound: float, curvature_bound: float,
+        score_noise_multiplier: float, curvature_noise_multiplier: float,
+    ) -> Any:
+        return super().noisy_score_statistics(
+            model, theta, score_bound=score_bound * self.INFLATION, curvature_bound=curvature_bound * self.INFLATION,
+            score_noise_multiplier=score_noise_multiplier / self.INFLATION,
+            curvature_noise_multiplier=curvature_noise_multiplier / self.INFLATION,
+        )
+
 
 @dataclass(frozen=True)
 class NoScaleLayout(HistogramLayout):
@@ -780,6 +790,22 @@ def _sum_audits(
     return results
 
 
+def _gaussian_audit(cfg: SelfTestConfig, alpha: float, scores: Callable[[int, bool], np.ndarray], *, scenario: str,
+                    mechanism: str, sigma: float, claimed: float) -> AuditResult:
+    """The Clopper-Pearson audit shared by the single-mechanism scenarios: threshold chosen on
+    the pilot runs, counted on the main runs; ``scores(n, canary)`` draws n runs of one side."""
+    t = choose_threshold(scores(cfg.pilot, False), scores(cfg.pilot, True), delta=cfg.delta, alpha=alpha,
+                         main_runs=cfg.runs)
+    fp, fn = _counts(scores(cfg.runs, False), scores(cfg.runs, True), t)
+    lb, p_fp, p_fn = epsilon_lower_bound(fp, cfg.runs, fn, cfg.runs, delta=cfg.delta, alpha=alpha)
+    return AuditResult(
+        scenario=scenario, claimed_epsilon=claimed, delta=cfg.delta, alpha=alpha, confidence=1 - alpha,
+        runs_per_side=cfg.runs, pilot_runs_per_side=cfg.pilot, threshold=t, false_positives=fp,
+        false_negatives=fn, fp_upper=p_fp, fn_upper=p_fn, epsilon_lower_bound=lb, violation=lb > claimed,
+        mechanism=mechanism, noise_multiplier=sigma,
+    )
+
+
 def histogram_design(columns: int, background: int) -> tuple[HistogramLayout, torch.Tensor, torch.Tensor]:
     """The "histogram" canary design: a layout of ``columns`` categorical columns with two
     categories each (one-hot, model space); D = ``background`` records in category 0 of every
@@ -824,16 +850,8 @@ def histogram_audit(cfg: SelfTestConfig, alpha: float, progress: Progress | None
                 progress("histogram", done[0], total)
         return out
 
-    t = choose_threshold(scores(cfg.pilot, False), scores(cfg.pilot, True), delta=cfg.delta, alpha=alpha,
-                         main_runs=cfg.runs)
-    fp, fn = _counts(scores(cfg.runs, False), scores(cfg.runs, True), t)
-    lb, p_fp, p_fn = epsilon_lower_bound(fp, cfg.runs, fn, cfg.runs, delta=cfg.delta, alpha=alpha)
-    return AuditResult(
-        scenario="histogram", claimed_epsilon=claimed, delta=cfg.delta, alpha=alpha, confidence=1 - alpha,
-        runs_per_side=cfg.runs, pilot_runs_per_side=cfg.pilot, threshold=t, false_positives=fp,
-        false_negatives=fn, fp_upper=p_fp, fn_upper=p_fn, epsilon_lower_bound=lb, violation=lb > claimed,
-        mechanism="noisy_marginals", noise_multiplier=sigma,
-    )
+    return _gaussian_audit(cfg, alpha, scores, scenario="histogram", mechanism="noisy_marginals",
+                           sigma=sigma, claimed=claimed)
 
 
 #: The "quality" scenario's public schema and canary (one record every data-quality rule touches).
@@ -913,16 +931,8 @@ def quality_audit(cfg: SelfTestConfig, alpha: float, progress: Progress | None =
                     progress("quality", done[0], total)
             return out
 
-        t = choose_threshold(scores(cfg.pilot, False), scores(cfg.pilot, True), delta=cfg.delta, alpha=alpha,
-                             main_runs=cfg.runs)
-        fp, fn = _counts(scores(cfg.runs, False), scores(cfg.runs, True), t)
-    lb, p_fp, p_fn = epsilon_lower_bound(fp, cfg.runs, fn, cfg.runs, delta=cfg.delta, alpha=alpha)
-    return AuditResult(
-        scenario="quality", claimed_epsilon=claimed, delta=cfg.delta, alpha=alpha, confidence=1 - alpha,
-        runs_per_side=cfg.runs, pilot_runs_per_side=cfg.pilot, threshold=t, false_positives=fp,
-        false_negatives=fn, fp_upper=p_fp, fn_upper=p_fn, epsilon_lower_bound=lb, violation=lb > claimed,
-        mechanism="noisy_quality_counts", noise_multiplier=sigma,
-    )
+        return _gaussian_audit(cfg, alpha, scores, scenario="quality", mechanism="noisy_quality_counts",
+                               sigma=sigma, claimed=claimed)
 
 
 def newton_design(background: int) -> tuple[torch.Tensor, torch.Tensor, float]:
@@ -943,17 +953,15 @@ def newton_audit(cfg: SelfTestConfig, alpha: float, progress: Progress | None = 
     ``cfg.delta`` (the curvature release is drawn too, at a large multiplier, and ignored: a test
     on the score alone is bounded by the score event). Score: the noisy sum's excess over D's,
     projected on the canary's clipped direction (Neyman-Pearson optimal for the mean shift).
-    ``inject="no-clip"``: the mechanism clips at 10x the bound the accountant is told (a bounds
-    mismatch), so the canary moves the release by 3.5x the sensitivity."""
+    ``inject="no-clip"`` (:class:`NoClipRecords`): clipping disabled at unchanged noise, so the
+    canary moves the release by 3.5x the sensitivity."""
     from .models import LogisticRegression
-    from .private.score_stats import noisy_score_statistics
 
     sigma = calibrate_gaussian(target_epsilon=cfg.epsilon, delta=cfg.delta, accountant=cfg.accountant)
     claimed = epsilon([gaussian_event(sigma)], cfg.delta, cfg.accountant)
     model = LogisticRegression(1)
     without, with_canary, bound = newton_design(cfg.design.background)
     theta = torch.zeros(2, dtype=DTYPE)
-    clip = 10 * bound if cfg.inject == "no-clip" else bound
     expected = model.record_scores(without, theta).sum(0).numpy()
     canary_score = model.record_scores(with_canary[-1:], theta)[0].numpy()
     direction = canary_score / np.linalg.norm(canary_score)
@@ -964,26 +972,16 @@ def newton_audit(cfg: SelfTestConfig, alpha: float, progress: Progress | None = 
         records = make_mechanism(with_canary if canary else without, inject=cfg.inject, noise_path=cfg.noise)
         out = np.empty(n)
         for i in range(n):
-            # Noise std = sigma * bound whatever the clip (the injected bug clips at 10x).
-            st = noisy_score_statistics(records._points, records._randomness, model, theta,  # noqa: SLF001
-                                        score_bound=clip, curvature_bound=1.0,
-                                        score_noise_multiplier=sigma * bound / clip, curvature_noise_multiplier=1e3)
+            st = records.noisy_score_statistics(model, theta, score_bound=bound, curvature_bound=1.0,
+                                                score_noise_multiplier=sigma, curvature_noise_multiplier=1e3)
             out[i] = float((st.score.numpy() - expected) @ direction)
             done[0] += 1
             if progress is not None and (done[0] % 256 == 0 or done[0] == total):
                 progress("newton", done[0], total)
         return out
 
-    t = choose_threshold(scores(cfg.pilot, False), scores(cfg.pilot, True), delta=cfg.delta, alpha=alpha,
-                         main_runs=cfg.runs)
-    fp, fn = _counts(scores(cfg.runs, False), scores(cfg.runs, True), t)
-    lb, p_fp, p_fn = epsilon_lower_bound(fp, cfg.runs, fn, cfg.runs, delta=cfg.delta, alpha=alpha)
-    return AuditResult(
-        scenario="newton", claimed_epsilon=claimed, delta=cfg.delta, alpha=alpha, confidence=1 - alpha,
-        runs_per_side=cfg.runs, pilot_runs_per_side=cfg.pilot, threshold=t, false_positives=fp,
-        false_negatives=fn, fp_upper=p_fp, fn_upper=p_fn, epsilon_lower_bound=lb, violation=lb > claimed,
-        mechanism="noisy_score_statistics", noise_multiplier=sigma,
-    )
+    return _gaussian_audit(cfg, alpha, scores, scenario="newton", mechanism="noisy_score_statistics",
+                           sigma=sigma, claimed=claimed)
 
 
 # =========================================================================== one-run audit

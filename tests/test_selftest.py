@@ -215,8 +215,8 @@ def test_cli_selftest_json_and_exit_codes():
     assert runner.invoke(app, ["selftest", "--runs", "5"]).exit_code == 2
 
 
-def test_noise_aware_bounds_mismatch_is_detected():
-    # The noise-aware mechanism's score release clipping at 10x the bound the accountant is told:
+def test_noise_aware_clipping_bug_is_detected():
+    # The noise-aware mechanism's score release with clipping disabled at unchanged noise:
     # the canary (raw score 3.5x the bound) moves the release by 3.5 sensitivities instead of 1.
     # Measured (numpy noise, this configuration): lower bound 3.84 with the bug against a claim
     # of 2, and 1.32 without it; the bug's mean shift is 3.5x the clean one, so a bound below the

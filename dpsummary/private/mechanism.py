@@ -28,6 +28,7 @@ from . import noise
 
 if TYPE_CHECKING:
     from .marginals import HistogramLayout, NoisyMarginals
+    from .score_stats import NoisyStatistics
 
 
 class PrivacyRandomness(Protocol):
@@ -185,6 +186,26 @@ class PrivateRecords:
         """The record count plus N(0, noise_multiplier^2) (a Gaussian mechanism, sensitivity 1)."""
         count = np.array([float(self._points.shape[0])])
         return float(self._randomness.gaussian(count, noise_std=noise_multiplier, clip_norm=1.0)[0])
+
+    def noisy_score_statistics(
+        self,
+        model: Model,
+        theta: torch.Tensor,
+        *,
+        score_bound: float,
+        curvature_bound: float,
+        score_noise_multiplier: float,
+        curvature_noise_multiplier: float,
+    ) -> NoisyStatistics:
+        """The noise-aware mechanism's two Gaussian releases over ALL records at public ``theta``:
+        clipped score and curvature sums (:mod:`dpsummary.private.score_stats`), i.e.
+        ``GaussianDpEvent(score_noise_multiplier)`` and ``GaussianDpEvent(curvature_noise_multiplier)``."""
+        from .score_stats import noisy_score_statistics
+
+        return noisy_score_statistics(
+            self._points, self._randomness, model, theta, score_bound=score_bound, curvature_bound=curvature_bound,
+            score_noise_multiplier=score_noise_multiplier, curvature_noise_multiplier=curvature_noise_multiplier,
+        )
 
     def noisy_indicator_counts(self, indicators: np.ndarray, *, noise_multiplier: float) -> np.ndarray:
         """Noisy column sums of per-record 0/1 indicators: one Gaussian mechanism.

@@ -116,11 +116,7 @@ class EncodedSource:
     def noisy_score_statistics(self, model: Any, theta: torch.Tensor, **mechanism: float) -> Any:
         """The noise-aware mechanism's two Gaussian releases at public ``theta``
         (:meth:`PrivateRecords.noisy_score_statistics`)."""
-        from .score_stats import noisy_score_statistics
-
-        records = self.records
-        return noisy_score_statistics(records._points, records._randomness, model, theta,  # noqa: SLF001
-                                      **mechanism)
+        return self.records.noisy_score_statistics(model, theta, **mechanism)
 
     def noisy_quality_counts(self, *, noise_multiplier: float) -> QualityCounts:
         """One Gaussian mechanism over the quality indicators (see :data:`QUALITY_COUNTS`).
