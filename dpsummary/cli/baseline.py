@@ -28,12 +28,25 @@ def baseline(
     test_fraction: Annotated[float, typer.Option(help="Held-out fraction for predictive metrics.")] = 0.1,
     steps: Annotated[int | None, typer.Option(help="Optimisation steps (PSVI).")] = None,
     json_output: Annotated[bool, typer.Option("--json", help="Print metrics as JSON.")] = False,
+    components: Annotated[int | None, typer.Option(help="Mixtures (--model gmm|dpgmm): K, or truncation T (default 10).")] = None,
 ) -> None:
     """Build a NON-PRIVATE coreset (utility baseline) and print its metrics.
 
     The baseline reads the data freely (transform fitted from the data): never publish its output.
     """
     configure_torch()
+    if model in ("gmm", "dpgmm"):  # mixtures: implementation in dpsummary/mixtures/cli.py
+        from ..mixtures.cli import mixture_baseline
+
+        mixture_baseline(data, model=model, method=method, size=size, components=components, seed=seed,
+                         test_fraction=test_fraction, json_output=json_output, out=out)
+        return
+    if method.startswith("bb-") or model == "bnn":  # black-box coresets: dpsummary/blackbox/cli.py
+        from ..blackbox.cli import blackbox_baseline
+
+        blackbox_baseline(data, model=model, method=method, size=size, seed=seed, steps=steps, target=target,
+                          test_fraction=test_fraction, json_output=json_output, out=out)
+        return
     if method not in METHODS:
         raise UserError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
     if size < 1:

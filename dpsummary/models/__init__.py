@@ -5,12 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 from .base import DTYPE, Model
+from .bnn import BNN
 from .gaussian_mean import GaussianMean
 from .glm import GLM, LogisticRegression, PoissonRegression
 from .linear import LinearRegression
 
 REGISTRY: dict[str, type[Model]] = {
-    cls.name: cls for cls in (GaussianMean, LinearRegression, LogisticRegression, PoissonRegression)
+    cls.name: cls for cls in (GaussianMean, LinearRegression, LogisticRegression, PoissonRegression, BNN)
 }
 
 
