@@ -263,7 +263,9 @@ def report(results: Path, target: Path) -> None:
              "KL rev = KL(full || summary); `/prior` = divided by the same-direction KL of the prior.", ""]
     for path in sorted(results.glob("*.csv")):
         rows = list(csv.DictReader(path.open()))
-        if not rows or "method" not in rows[0]:
+        # Only the coreset-grid tables (one row per dataset/method/eps/M/seed); other benchmarks'
+        # CSVs (trust, scale, mixtures, bnn, ...) are embedded through their own .md below.
+        if not rows or not {"method", "dataset", "epsilon", "size", "forward"} <= rows[0].keys():
             continue
         lines += [f"## {path.stem}", ""]
         cfg_path = ROOT / "benchmarks" / "configs" / f"{path.stem.removesuffix('-smoke')}.toml"
@@ -307,7 +309,9 @@ def report(results: Path, target: Path) -> None:
         lines += [f"(plots not generated: {type(exc).__name__}: {exc})", ""]
     if pngs:
         lines += ["## Plots", ""] + [f"![{p.stem}]({os.path.relpath(p, target.parent)})" for p in pngs] + [""]
-    for extra in ("speed.md", "ledger_stress.md", "selftest.md", "NOTES.md"):
+    for extra in ("trust.md", "trust_schedule.md", "schema_refusal_rate.md", "speed.md", "scale.md",
+                  "spark_scale.md", "mixtures.md", "mixtures_small_m.md", "mixtures_1e6.md",
+                  "mixtures_private.md", "bnn.md", "ledger_stress.md", "selftest.md", "NOTES.md"):
         path = results / extra
         if path.exists():
             lines += [f"<!-- {extra} -->", path.read_text().replace("\n# ", "\n## "), ""]

@@ -44,6 +44,14 @@ Documented handling choices
   ``"error"`` options above remain for non-private baselines only.
 * If pyarrow cannot parse a CSV at all (for example a quote never closed makes one field longer
   than its block), the same rules are applied by the stdlib ``csv`` reader instead of refusing.
+  This fallback is the only hand-written parsing left, and exists only so that no record can make
+  a release refuse.
+* The release streams (:class:`BatchStream`, :func:`stream_pass`): pyarrow's ``open_csv`` /
+  ``ParquetFile.iter_batches`` yield Arrow record batches, :func:`encode_batch` applies exactly
+  the rules of :meth:`Transform.encode_total` to one batch (a pure function of the batch and the
+  public transform, so Spark executors run it too), and nothing holds the raw table as Python
+  objects. :func:`read_table` (the whole table as a :class:`RawTable`) remains for non-private
+  tools and tests.
 
 Error messages never contain a data value, a row number or a row count when the table was read
 with ``private=True``: only the column name and the kind of problem.
@@ -54,7 +62,6 @@ from __future__ import annotations
 import csv
 import io
 import math
-import re
 import unicodedata
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
@@ -374,32 +381,6 @@ class ReadReport:
     ragged_rows: int
 
 
-def _decode_column(col: Any) -> tuple[list[str], np.ndarray]:
-    """A binary Arrow column as normalised strings, and which rows held undecodable bytes."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    col = col.combine_chunks() if hasattr(col, "combine_chunks") else col
-    n = len(col)
-    bad = np.zeros(n, dtype=bool)
-    try:
-        text = pc.cast(col, pa.string())
-    except (pa.ArrowInvalid, pa.ArrowTypeError):
-        raw = col.to_pylist()
-        values = []
-        for i, b in enumerate(raw):
-            b = b or b""
-            try:
-                values.append(b.decode("utf-8"))
-            except UnicodeDecodeError:
-                bad[i] = True
-                values.append(b.decode("utf-8", errors="replace"))
-        text = pa.array(values, type=pa.string())
-    text = pc.fill_null(text, "")
-    text = pc.utf8_trim_whitespace(pc.utf8_normalize(text, "NFKC"))
-    return text.to_pylist(), bad
-
-
 def read_table(path: str | Path, *, private: bool = False) -> tuple[RawTable, ReadReport]:
     """Read a CSV (or Parquet) file by public, total per-record rules (never refuses on record
     content; only the public facts of :func:`read_header` raise):
@@ -409,93 +390,32 @@ def read_table(path: str | Path, *, private: bool = False) -> tuple[RawTable, Re
     * a row whose field count differs from the header's (ragged) is dropped;
     * bytes that are not UTF-8 become U+FFFD (a numeric field holding one is then non-numeric).
 
-    Returns the table and a private :class:`ReadReport` (see its caveat). Parsing is pyarrow's
-    multithreaded CSV reader with every column read as bytes."""
-    import pyarrow as pa
-    import pyarrow.csv as pcsv
+    Returns the whole table and a private :class:`ReadReport` (see its caveat). The same
+    streaming pass as the release (:func:`stream_pass`, pyarrow's readers with the stdlib
+    fallback), collected into Python lists: for non-private tools and tests only (the release
+    never holds the raw table)."""
 
-    p = Path(path)
-    header = read_header(p)
-    if _is_parquet(p):
-        import pyarrow.parquet as pq
+    class _Collect:
+        def __init__(self) -> None:
+            self.columns: dict[str, list[str]] = {}
+            self.bad: list[np.ndarray] = []
 
-        tbl = pq.read_table(p)
-        cols, bad = {}, np.zeros(tbl.num_rows, dtype=bool)
-        for name, col in zip(header, tbl.columns, strict=True):
-            if pa.types.is_binary(col.type) or pa.types.is_large_binary(col.type):
-                values, b = _decode_column(col)
-            else:  # typed Parquet columns: their text form (numbers as Arrow prints them)
-                values, b = _decode_column(pa.compute.cast(pa.compute.cast(col, pa.string()), pa.binary()))
-            cols[name], bad = values, bad | b
-        return RawTable(header=header, columns=cols, private=private), ReadReport(bad, 0)
-    ragged = 0
+        def add(self, batch: Any) -> None:
+            flags = np.zeros(batch.num_rows, dtype=bool)
+            for name, col in batch_columns(batch).items():
+                text, bad = text_column(col)
+                self.columns.setdefault(name, []).extend(text.to_pylist())
+                flags |= bad
+            self.bad.append(flags)
 
-    def skip(_row: Any) -> str:
-        nonlocal ragged
-        ragged += 1
-        return "skip"
+        def discard(self) -> None:
+            self.columns, self.bad = {}, []
 
-    names = [f"c{i}" for i in range(len(header))]
-    try:
-        tbl = pcsv.read_csv(
-            p,
-            read_options=pcsv.ReadOptions(column_names=names, skip_rows=1, use_threads=True),
-            parse_options=pcsv.ParseOptions(newlines_in_values=True, invalid_row_handler=skip),
-            convert_options=pcsv.ConvertOptions(column_types={c: pa.binary() for c in names}, null_values=[],
-                                                strings_can_be_null=False, quoted_strings_can_be_null=False),
-        )
-    except pa.ArrowInvalid:
-        # One record can trigger this (a quote never closed makes a field longer than pyarrow's
-        # block), so refusing would let a record decide whether a release happens: fall back to
-        # the stdlib reader under the same public rules instead.
-        return _read_csv_fallback(p, header, private)
-    except OSError as exc:
-        raise DataError(f"cannot read data file {p}: {type(exc).__name__}") from None
-    cols = {}
-    bad = np.zeros(tbl.num_rows, dtype=bool)
-    for name, c in zip(header, names, strict=True):
-        values, b = _decode_column(tbl.column(c))
-        cols[name] = values
-        bad |= b
+    header = read_header(path)
+    got, ragged = stream_pass(path, _Collect, header=header)
+    cols = {h: got.columns.get(h, []) for h in header}
+    bad = np.concatenate(got.bad) if got.bad else np.zeros(0, dtype=bool)
     return RawTable(header=header, columns=cols, private=private), ReadReport(bad, ragged)
-
-
-def _read_csv_fallback(p: Path, header: list[str], private: bool) -> tuple[RawTable, ReadReport]:
-    """The same total rules as :func:`read_table` with the stdlib ``csv`` module (slow path for
-    files pyarrow will not parse, e.g. an unclosed quote). Never raises on record content:
-    undecodable bytes are carried as surrogates, flagged, then replaced by U+FFFD."""
-    import sys
-
-    with open(p, "rb") as fh:
-        fh.readline(MAX_HEADER_BYTES + 1)  # the header line, already checked by read_header
-        text = fh.read().decode("utf-8", errors="surrogateescape")
-    width = len(header)
-    cols: list[list[str]] = [[] for _ in header]
-    bad: list[bool] = []
-    ragged = 0
-    old_limit = csv.field_size_limit()
-    csv.field_size_limit(sys.maxsize)  # a field is never refused for its length
-    try:
-        for row in csv.reader(io.StringIO(text, newline=""), strict=False):
-            if not row:
-                continue  # an empty line, as pyarrow's ignore_empty_lines
-            if len(row) != width:
-                ragged += 1
-                continue
-            flag = False
-            for j, v in enumerate(row):
-                if _SURROGATE.search(v):
-                    flag = True
-                    v = _SURROGATE.sub("\ufffd", v)
-                cols[j].append(normalise_text(v))
-            bad.append(flag)
-    finally:
-        csv.field_size_limit(old_limit)
-    table = RawTable(header=header, columns=dict(zip(header, cols, strict=True)), private=private)
-    return table, ReadReport(np.array(bad, dtype=bool), ragged)
-
-
-_SURROGATE = re.compile("[\udc80-\udcff]")
 
 
 def read_csv(path: str | Path, *, private: bool = False) -> RawTable:
@@ -853,47 +773,20 @@ class Transform:
         Returns the kept points and, for every record READ (before drops), one boolean per rule
         (:class:`QualityIndicators`): private, for an accounted noisy-count mechanism only."""
         n = table.num_rows
-        f = self.num_features
-        with_target = self.target is not None
-        out = np.zeros((n, f + (1 if with_target else 0)), dtype=np.float64)
-        imputed = np.zeros(n, dtype=bool)
-        other = np.zeros(n, dtype=bool)
-        drop_num = np.zeros(n, dtype=bool)
-        drop_cat = np.zeros(n, dtype=bool)
-        drop_target = np.zeros(n, dtype=bool)
-        offset = 0
-        for col in self.schema.feature_columns:
-            arr = _normalised_column(table, col.name, n)
-            if col.kind == "numeric":
-                values, ok = parse_floats(arr)
-                c, sc = self.centres[col.name], self.scales[col.name]
-                if col.lower is not None and col.upper is not None:
-                    values = np.clip(values, col.lower, col.upper)
-                out[:, offset] = (np.where(ok, values, c) - c) / sc
-                if missing_numeric == "impute":
-                    imputed |= ~ok
-                else:
-                    drop_num |= ~ok
-                offset += 1
-            else:
-                cats = [normalise_text(x) for x in (col.categories or [])]
-                idx = _category_index(arr, cats)
-                rows = np.flatnonzero(idx >= 0)
-                out[rows, offset + idx[rows]] = 1.0
-                if unseen_category == "other":
-                    other |= idx < 0
-                else:
-                    drop_cat |= idx < 0
-                offset += len(cats)
-        if with_target:
-            assert self.target is not None
-            arr = _normalised_column(table, self.target, n)
-            y, valid = _replace(self, invalid_target="drop")._target(_normalised_target(self, arr), table.private)
-            out[:, f] = y
-            drop_target = ~valid
-        keep = ~(drop_num | drop_cat | drop_target)
-        indicators = np.stack([imputed, other, drop_target, drop_num, drop_cat], axis=1)
-        return torch.from_numpy(np.ascontiguousarray(out[keep])), QualityIndicators(QUALITY_RULES, indicators)
+
+        def numbers(name: str) -> tuple[np.ndarray, np.ndarray]:
+            return parse_floats(_normalised_column(table, name, n))
+
+        def categories(name: str, cats: list[str]) -> np.ndarray:
+            return _category_index(_normalised_column(table, name, n), cats)
+
+        def target(name: str) -> tuple[np.ndarray, np.ndarray]:
+            arr = _normalised_column(table, name, n)
+            return _replace(self, invalid_target="drop")._target(_normalised_target(self, arr), table.private)
+
+        kept, indicators = _encode_records(self, n, numbers, categories, target, missing_numeric=missing_numeric,
+                                           unseen_category=unseen_category)
+        return torch.from_numpy(kept), QualityIndicators(QUALITY_RULES, indicators)
 
     def transform_rows(
         self, rows: Iterable[Mapping[str, str]]
@@ -1067,3 +960,354 @@ def _category_index(arr: np.ndarray, categories: Sequence[str]) -> np.ndarray:
 
 def _minus_one() -> int:
     return -1
+
+
+# ---------------------------------------------------------------------------------------------
+# Streaming: one pass over Arrow record batches (the release path, every engine)
+# ---------------------------------------------------------------------------------------------
+#: Bytes per block of the streaming CSV reader (a public constant; bounds the reader's memory).
+STREAM_BLOCK_BYTES = 4 << 20
+#: Rows per batch of the stdlib fallback reader and of Parquet batches.
+STREAM_BATCH_ROWS = 1 << 16
+
+
+def text_column(col: Any) -> tuple[Any, np.ndarray]:
+    """One Arrow column of a batch as normalised text, and which rows held undecodable bytes.
+
+    The reader's public rules, vectorised: binary columns are decoded as UTF-8 (undecodable
+    bytes become U+FFFD and flag their row), typed columns (Parquet) are cast to their Arrow text
+    form, nulls are missing (""), then Unicode NFKC (skipped for all-ASCII batches, where it is
+    the identity) and leading/trailing Unicode whitespace removed. Returns ``(pa.StringArray,
+    bool ndarray)``; PRIVATE (the flags go only into the quality-count mechanism)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if isinstance(col, pa.ChunkedArray):
+        col = col.combine_chunks()
+    n = len(col)
+    bad = np.zeros(n, dtype=bool)
+    if pa.types.is_dictionary(col.type):
+        col = col.dictionary_decode()
+    if pa.types.is_binary(col.type) or pa.types.is_large_binary(col.type):
+        try:
+            text = pc.cast(col, pa.string())
+        except (pa.ArrowInvalid, pa.ArrowTypeError):
+            values = []
+            for i, b in enumerate(col.to_pylist()):
+                b = b or b""
+                try:
+                    values.append(b.decode("utf-8"))
+                except UnicodeDecodeError:
+                    bad[i] = True
+                    values.append(b.decode("utf-8", errors="replace"))
+            text = pa.array(values, type=pa.string())
+    elif pa.types.is_string(col.type) or pa.types.is_large_string(col.type):
+        text = col
+    else:
+        text = pc.cast(col, pa.string())
+    text = pc.fill_null(text, "")
+    if not pc.all(pc.string_is_ascii(text)).as_py() if n else False:
+        text = pc.utf8_normalize(text, "NFKC")
+    return pc.utf8_trim_whitespace(text), bad
+
+
+def text_numbers(text: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(values, ok, missing)`` of a normalised text column (see :func:`text_column`), the
+    rule of :func:`parse_floats` after :func:`normalise_text`: ``ok`` where the value is a
+    finite number, ``values`` NaN elsewhere, ``missing`` where the field is empty. Arrow's
+    vectorised cast decides a batch whenever it parses every field (on those strings it agrees
+    with Python's ``float``); otherwise the batch falls back to the per-distinct-value rule."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    empty = pc.equal(text, "")
+    missing = empty.to_numpy(zero_copy_only=False)
+    nullable = pc.if_else(empty, pa.scalar(None, pa.string()), text)
+    try:
+        # A cheap probe first: a text column fails on its first values, without a full cast.
+        pc.cast(nullable.slice(0, 64), pa.float64())
+        parsed = pc.cast(nullable, pa.float64())
+        values = parsed.to_numpy(zero_copy_only=False).astype(np.float64, copy=True)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        uniq, codes = dictionary_codes(text)
+        arr = np.empty(len(uniq), dtype=object)
+        arr[:] = [normalise_text(u) for u in uniq]
+        uvals, _ = parse_floats(arr)
+        values = uvals[codes] if len(uniq) else np.zeros(len(text))
+    ok = np.isfinite(values) & ~missing
+    return np.where(ok, values, np.nan), ok, missing
+
+
+def dictionary_codes(text: Any) -> tuple[list[str], np.ndarray]:
+    """Distinct values of a text column and each row's index among them (Arrow's hashing)."""
+    import pyarrow.compute as pc
+
+    enc = pc.dictionary_encode(text)
+    if hasattr(enc, "combine_chunks"):
+        enc = enc.combine_chunks()
+    return enc.dictionary.to_pylist(), enc.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+
+
+@dataclass(frozen=True)
+class EncodedBatch:
+    """One batch in model space. ``rows``: the KEPT records (k, point_dim) float64.
+    ``indicators`` (one row per record of the batch, columns :data:`QUALITY_RULES`) and
+    ``undecodable`` (per record of the batch) are PRIVATE: they go only into the accounted
+    quality-count mechanism, summed, never logged or returned by a release."""
+
+    rows: np.ndarray
+    indicators: np.ndarray
+    undecodable: np.ndarray
+
+
+def batch_columns(batch: Any) -> dict[str, Any]:
+    """The columns of an Arrow record batch by normalised name (:func:`normalise_text`)."""
+    return {normalise_text(str(name)): batch.column(i) for i, name in enumerate(batch.schema.names)}
+
+
+def encode_batch(
+    batch: Any,
+    transform: Transform,
+    *,
+    missing_numeric: Literal["impute", "drop"] = "impute",
+    unseen_category: Literal["other", "drop"] = "other",
+) -> EncodedBatch:
+    """:meth:`Transform.encode_total` for one Arrow record batch: a pure function of the batch
+    and the public transform (no I/O, no randomness, never raises on record content), so every
+    engine (the local store, Spark executors) encodes records identically.
+
+    ``batch`` holds the file's columns (binary as read by :func:`stream_batches`, or typed, as a
+    Parquet file or a Spark DataFrame gives them); names are matched after
+    :func:`normalise_text`; a schema column absent from the batch is all missing. Per record: a
+    numeric feature that is missing, unparsable or not finite is imputed at the column's public
+    centre or drops the record (``missing_numeric``); values are clipped to the public bounds and
+    scaled; a missing or unseen category is the all-zero "other" vector or drops the record
+    (``unseen_category``); a missing or invalid target drops the record. Undecodable bytes (in
+    any column of the batch) flag the record, which is kept."""
+    cols = batch_columns(batch)
+    n = batch.num_rows
+    undecodable = np.zeros(n, dtype=bool)
+    texts: dict[str, Any] = {}
+    for name, col in cols.items():
+        texts[name], bad = text_column(col)
+        undecodable |= bad
+
+    def numbers(name: str) -> tuple[np.ndarray, np.ndarray]:
+        text = texts.get(name)
+        if text is None:
+            return np.full(n, np.nan), np.zeros(n, dtype=bool)
+        values, ok, _ = text_numbers(text)
+        return values, ok
+
+    def distinct(name: str) -> tuple[np.ndarray, np.ndarray] | None:
+        """(normalised distinct values, per-record codes) of a column, or None if absent."""
+        text = texts.get(name)
+        if text is None:
+            return None
+        uniq, codes = dictionary_codes(text)
+        u = np.empty(len(uniq), dtype=object)
+        u[:] = [normalise_text(x) for x in uniq]
+        return u, codes
+
+    def categories(name: str, cats: list[str]) -> np.ndarray:
+        d = distinct(name)
+        if d is None or not len(d[0]):
+            return np.full(n, -1, dtype=np.int64)
+        return _category_index(d[0], cats)[d[1]]
+
+    def target(name: str) -> tuple[np.ndarray, np.ndarray]:
+        d = distinct(name)
+        if d is None or not len(d[0]):
+            return np.zeros(n), np.zeros(n, dtype=bool)
+        uy, uvalid = _replace(transform, invalid_target="drop")._target(_normalised_target(transform, d[0]), True)
+        return uy[d[1]], uvalid[d[1]]
+
+    kept, indicators = _encode_records(transform, n, numbers, categories, target, missing_numeric=missing_numeric,
+                                       unseen_category=unseen_category)
+    return EncodedBatch(kept, indicators, undecodable)
+
+
+def _encode_records(
+    transform: Transform,
+    n: int,
+    numbers: Any,
+    categories: Any,
+    target: Any,
+    *,
+    missing_numeric: str,
+    unseen_category: str,
+) -> tuple[np.ndarray, np.ndarray]:
+    """THE total per-record rules of :meth:`Transform.encode_total` and :func:`encode_batch`
+    (one copy; the two differ only in how they read a column): ``numbers(name) -> (values,
+    ok)``, ``categories(name, cats) -> index`` (-1 missing or unseen), ``target(name) -> (y,
+    valid)``, each per record. Returns the kept model-space rows (C-contiguous float64) and the
+    (n, 5) quality indicators in :data:`QUALITY_RULES` order (PRIVATE)."""
+    f = transform.num_features
+    with_target = transform.target is not None
+    out = np.zeros((n, f + (1 if with_target else 0)), dtype=np.float64)
+    imputed = np.zeros(n, dtype=bool)
+    other = np.zeros(n, dtype=bool)
+    drop_num = np.zeros(n, dtype=bool)
+    drop_cat = np.zeros(n, dtype=bool)
+    drop_target = np.zeros(n, dtype=bool)
+    offset = 0
+    for col in transform.schema.feature_columns:
+        if col.kind == "numeric":
+            values, ok = numbers(col.name)
+            c, sc = transform.centres[col.name], transform.scales[col.name]
+            if col.lower is not None and col.upper is not None:
+                values = np.clip(values, col.lower, col.upper)
+            out[:, offset] = (np.where(ok, values, c) - c) / sc
+            if missing_numeric == "impute":
+                imputed |= ~ok
+            else:
+                drop_num |= ~ok
+            offset += 1
+        else:
+            cats = [normalise_text(x) for x in (col.categories or [])]
+            idx = categories(col.name, cats)
+            rows = np.flatnonzero(idx >= 0)
+            out[rows, offset + idx[rows]] = 1.0
+            if unseen_category == "other":
+                other |= idx < 0
+            else:
+                drop_cat |= idx < 0
+            offset += len(cats)
+    if with_target:
+        assert transform.target is not None
+        y, valid = target(transform.target)
+        out[:, f] = y
+        drop_target = ~valid
+    keep = ~(drop_num | drop_cat | drop_target)
+    indicators = np.stack([imputed, other, drop_target, drop_num, drop_cat], axis=1)
+    return np.ascontiguousarray(out[keep]), indicators
+
+
+class BatchStream:
+    """One streaming pass over a private CSV or Parquet file, as Arrow record batches whose
+    columns are named by the normalised header (:func:`read_header`).
+
+    CSV: ``pyarrow.csv.open_csv`` (every column read as bytes, blocks of
+    :data:`STREAM_BLOCK_BYTES`); a row whose field count differs from the header's is dropped
+    and counted in :attr:`ragged_rows` (PRIVATE: only for the quality-count mechanism); blank
+    lines are skipped. Parquet: ``ParquetFile.iter_batches``. Memory is O(block), never the
+    table. If pyarrow cannot parse the CSV (for example a quote never closed makes a field
+    longer than a block) iteration raises :class:`StreamRestart`; the caller discards what it
+    accumulated and makes a new pass with ``fallback=True``: the stdlib ``csv`` reader under the
+    same public rules (the only use of the hand-written path; slow, but total, so no record can
+    make a release refuse)."""
+
+    def __init__(self, path: str | Path, *, fallback: bool = False, header: list[str] | None = None) -> None:
+        self.path = Path(path)
+        self.header = header if header is not None else read_header(self.path)
+        self.fallback = fallback
+        self.ragged_rows = 0
+
+    def __iter__(self) -> Any:
+        if _is_parquet(self.path):
+            return self._parquet()
+        if self.fallback:
+            return self._stdlib()
+        return self._arrow()
+
+    def _parquet(self) -> Any:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        try:
+            pf = pq.ParquetFile(self.path)
+        except (OSError, ValueError):
+            raise DataError(f"cannot read the Parquet file {self.path}; is it Parquet?") from None
+        for batch in pf.iter_batches(batch_size=STREAM_BATCH_ROWS):
+            yield pa.RecordBatch.from_arrays(batch.columns, names=self.header)
+
+    def _arrow(self) -> Any:
+        import pyarrow as pa
+        import pyarrow.csv as pcsv
+
+        def skip(_row: Any) -> str:
+            self.ragged_rows += 1
+            return "skip"
+
+        names = list(self.header)
+        try:
+            reader = pcsv.open_csv(
+                self.path,
+                read_options=pcsv.ReadOptions(column_names=names, skip_rows=1, block_size=STREAM_BLOCK_BYTES,
+                                              use_threads=True),
+                parse_options=pcsv.ParseOptions(newlines_in_values=True, invalid_row_handler=skip),
+                convert_options=pcsv.ConvertOptions(column_types={c: pa.binary() for c in names}, null_values=[],
+                                                    strings_can_be_null=False, quoted_strings_can_be_null=False),
+            )
+        except pa.ArrowInvalid:
+            raise StreamRestart() from None
+        except OSError as exc:
+            raise DataError(f"cannot read data file {self.path}: {type(exc).__name__}") from None
+        while True:
+            try:
+                batch = reader.read_next_batch()
+            except StopIteration:
+                return
+            except pa.ArrowInvalid:
+                raise StreamRestart() from None
+            if batch.num_rows:
+                yield batch
+
+    def _stdlib(self) -> Any:
+        import sys
+
+        import pyarrow as pa
+
+        width = len(self.header)
+        old_limit = csv.field_size_limit()
+        csv.field_size_limit(sys.maxsize)  # a field is never refused for its length
+        try:
+            with open(self.path, encoding="utf-8", errors="surrogateescape", newline="") as fh:
+                fh.readline()  # the header line, already checked by read_header
+                cols: list[list[bytes]] = [[] for _ in range(width)]
+                for row in csv.reader(fh, strict=False):
+                    if not row:
+                        continue  # an empty line, as pyarrow's ignore_empty_lines
+                    if len(row) != width:
+                        self.ragged_rows += 1
+                        continue
+                    for j, v in enumerate(row):
+                        cols[j].append(v.encode("utf-8", errors="surrogateescape"))
+                    if len(cols[0]) >= STREAM_BATCH_ROWS:
+                        yield pa.RecordBatch.from_arrays([pa.array(c, pa.binary()) for c in cols], names=self.header)
+                        cols = [[] for _ in range(width)]
+                if cols[0]:
+                    yield pa.RecordBatch.from_arrays([pa.array(c, pa.binary()) for c in cols], names=self.header)
+        finally:
+            csv.field_size_limit(old_limit)
+
+
+class StreamRestart(Exception):  # noqa: N818 - a control-flow signal, not an error
+    """pyarrow cannot parse this CSV: restart the pass with ``BatchStream(..., fallback=True)``."""
+
+
+def stream_pass(path: str | Path, consumer_factory: Any, *, header: list[str] | None = None) -> tuple[Any, int]:
+    """Run one full pass: ``consumer = consumer_factory()``; ``consumer.add(batch)`` for every
+    batch; on :class:`StreamRestart` the consumer's ``discard()`` is called and the pass restarts
+    with a fresh consumer over the fallback reader. Returns ``(consumer, ragged_rows)``
+    (``ragged_rows`` PRIVATE)."""
+    consumer = consumer_factory()
+    stream = BatchStream(path, header=header)
+    try:
+        for batch in stream:
+            consumer.add(batch)
+        return consumer, stream.ragged_rows
+    except StreamRestart:
+        consumer.discard()
+    except BaseException:
+        consumer.discard()
+        raise
+    consumer = consumer_factory()
+    stream = BatchStream(path, fallback=True, header=stream.header)
+    try:
+        for batch in stream:
+            consumer.add(batch)
+    except BaseException:
+        consumer.discard()
+        raise
+    return consumer, stream.ragged_rows

@@ -33,6 +33,7 @@ only DP outputs do (:class:`ChargedRefusal`), and the reservation stays charged.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import math
 import platform
@@ -103,6 +104,10 @@ class ReleaseRequest:
     #: ``noise-aware-newton`` (default: noisy score statistics, noise-aware posterior, see
     #: :mod:`dpsummary.noise_aware`) or ``dp-psvi`` (the paper's mechanism, for reproduction).
     mechanism: str = "noise-aware-newton"
+    #: ``local`` or ``spark`` (:mod:`dpsummary.private.spark_engine`; ``spark`` holds its
+    #: :class:`~dpsummary.private.spark_engine.SparkOptions`).
+    engine: str = "local"
+    spark: Any = None
 
 
 @dataclass
@@ -177,7 +182,9 @@ def _check_request(req: ReleaseRequest) -> None:
         raise ReleaseError(f"--mechanism must be one of {', '.join(MECHANISMS)}")
     if not req.data.exists():
         raise ReleaseError(f"data file not found: {req.data}")
-    if not req.data.is_file():
+    if req.engine not in ("local", "spark"):
+        raise ReleaseError("--engine must be local or spark")
+    if not (req.data.is_file() or (req.engine == "spark" and req.data.is_dir())):
         raise ReleaseError(f"not a file: {req.data}")
 
 
@@ -201,13 +208,15 @@ def run_release(
     public = plan_public(req, say)
     mark("planned-public")
     with public.ledger.session(source_id=public.source_id, policy=public.policy, release_id=public.release_id,
-                               started=public.started, content_id=public.content_id) as session:
+                               started=public.started, content_id=public.content_id) as session, \
+            contextlib.ExitStack() as opened:
+        # The private source (and its record store) is closed on every exit path.
         source = None
         if public.stage1.events:
             stage1 = session.reserve(events=public.stage1.events, delta=public.delta, stage="count-and-schema",
                                      hold_epsilon=req.epsilon, extra_delta=public.delta_selection)
             mark("reserved-stage1")
-            source = read_source(req.data)
+            source = opened.enter_context(read_source(req.data, req))
             mark("read")
             released = run_stage1(public, source)
             stage1.commit(artifact_digest=None)
@@ -219,10 +228,10 @@ def run_release(
         stage2 = session.reserve(events=plan.events, delta=public.delta, stage=plan.mechanism)
         mark("reserved-stage2")
         if source is None:
-            source = read_source(req.data)
+            source = opened.enter_context(read_source(req.data, req))
             mark("read")
         output = run_stage2(public, released, plan, source, progress=progress, checkpoint=mark)
-        del source
+        source.close()
         digest = write_release(public, released, plan, output)
         try:
             mark("written")
@@ -320,7 +329,12 @@ def plan_public(req: ReleaseRequest, say: NoticeFn) -> PublicPlan:
             "set source_id in the policy to name it)")
     if req.model is not None:
         pol.check_model(req.model)
-    header = dmod.read_header(req.data)
+    if req.engine == "spark":
+        from .private.spark_engine import public_header
+
+        header = public_header(req.data, pol)  # public checks of --engine spark (schema given)
+    else:
+        header = dmod.read_header(req.data)
     schema_public = pol.data_schema is not None
     if schema_public:
         missing = [c.name for c in pol.data_schema.columns if c.name not in header]
@@ -359,7 +373,8 @@ def plan_public(req: ReleaseRequest, say: NoticeFn) -> PublicPlan:
         events.append(dpe.GaussianDpEvent(schema_sigma))
     release_id = secrets.token_hex(8)
     # Keyed per release (dpsummary.keys): auditors cannot link two releases of one file by it.
-    content_id = keys.keyed_content_id_for_file(req.data, release_id=release_id)
+    # (A directory of Parquet files for --engine spark has none.)
+    content_id = keys.keyed_content_id_for_file(req.data, release_id=release_id) if req.data.is_file() else None
     return PublicPlan(
         req=req, policy=pol, policy_name=policy_name, accountant=accountant, delta_total=delta_total,
         delta=delta, delta_selection=delta_selection, split=split,
@@ -399,8 +414,13 @@ class Released:
     notes: list[str]
 
 
-def read_source(path: Path) -> Any:
-    """Open the private file through the total per-record rules (after a reservation)."""
+def read_source(path: Path, req: ReleaseRequest | None = None) -> Any:
+    """Open the private file through the total per-record rules (after a reservation); with
+    ``--engine spark`` a :class:`~dpsummary.private.spark_engine.SparkSource` (same interface)."""
+    if req is not None and req.engine == "spark":
+        from .private.spark_engine import SparkOptions, SparkSource
+
+        return SparkSource.open(path, req.spark or SparkOptions(), steps=req.steps)
     from .private.source import PrivateSource
 
     return PrivateSource.open(path)
@@ -417,7 +437,7 @@ def run_stage1(public: PublicPlan, source: Any) -> Released:
     """Stage 1 (reads records, charged): DP schema estimation and the DP record count, for the
     parts the policy does not declare public. A refusal here (e.g. the DP schema finds no usable
     target) is decided on DP outputs: :class:`ChargedRefusal`."""
-    from .data import DataError
+    from .data import DataError, Transform
 
     pol, plan = public.policy, public.stage1
     notes: list[str] = []
@@ -438,6 +458,18 @@ def run_stage1(public: PublicPlan, source: Any) -> Released:
         count = float(pol.record_count)
     else:
         assert plan.count_sigma is not None
+        if pol.data_schema is not None:
+            # A public schema fixes the (public) transform now: encode in this pass, so one
+            # streaming read serves stage 1's count and stage 2 (releases nothing by itself).
+            try:
+                transform = Transform.from_schema(pol.data_schema)
+            except DataError:
+                pass  # the same public error is raised by plan_stage2, as before
+            else:
+                prepare = getattr(source, "prepare", None)  # the local engine's one-pass shortcut
+                if prepare is not None:
+                    prepare(transform, missing_numeric=pol.data_quality.missing_numeric,
+                            unseen_category=pol.data_quality.unseen_category)
         count = source.noisy_record_count(noise_multiplier=plan.count_sigma)
         notes.append("record count estimated with the Gaussian mechanism (not public)")
     return Released(schema, count, pol.record_count_public, notes)

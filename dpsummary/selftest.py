@@ -107,6 +107,7 @@ from .models import DTYPE, GaussianMean, LogisticRegression, Model
 from .private import noise
 from .private.marginals import ColumnBins, HistogramLayout
 from .private.mechanism import PrivacyRandomness, PrivateRecords, SystemRandomness, clip_rows
+from .private.sampling import poisson_indices
 
 Injection = Literal["none", "no-clip", "half-noise", "fixed-size", "fixed-seed", "no-scale", "refuse-invalid"]
 INJECTIONS: tuple[Injection, ...] = ("none", "no-clip", "half-noise", "fixed-size", "fixed-seed", "no-scale",
@@ -246,7 +247,8 @@ def swap_score(u: np.ndarray, *, sample_rate: float, noise_multiplier: float, ba
 
 
 class NumpyGaussianRandomness:
-    """The fast noise path: the product's coins (:func:`noise.poisson_mask`, OS entropy) and a
+    """The fast noise path: the product's sampler (:func:`dpsummary.private.sampling.poisson_indices`,
+    exact Poisson sampling from OS entropy; :func:`noise.poisson_mask` for ``coins``) and a
     vectorised numpy Gaussian from a PCG64 generator seeded from OS entropy. Not the product's
     noise (OpenDP's discrete Gaussian); results audited with it say so."""
 
@@ -255,6 +257,9 @@ class NumpyGaussianRandomness:
 
     def coins(self, num_records: int, sample_rate: float) -> np.ndarray:
         return noise.poisson_mask(num_records, sample_rate)
+
+    def sample_indices(self, num_records: int, sample_rate: float) -> np.ndarray:
+        return poisson_indices(num_records, sample_rate)
 
     def gaussian(self, values: np.ndarray, *, noise_std: float, clip_norm: float) -> np.ndarray:
         values = np.asarray(values, dtype=np.float64)
@@ -269,6 +274,9 @@ class HalfNoiseRandomness:
 
     def coins(self, num_records: int, sample_rate: float) -> np.ndarray:
         return self.base.coins(num_records, sample_rate)
+
+    def sample_indices(self, num_records: int, sample_rate: float) -> np.ndarray:
+        return self.base.sample_indices(num_records, sample_rate)
 
     def gaussian(self, values: np.ndarray, *, noise_std: float, clip_norm: float) -> np.ndarray:
         return self.base.gaussian(values, noise_std=noise_std / 2, clip_norm=clip_norm)
@@ -300,6 +308,9 @@ class FixedSizeRandomness:
         rank[order] = np.arange(num_records) - starts[block_of[order]]
         return rank < take[block_of]
 
+    def sample_indices(self, num_records: int, sample_rate: float) -> np.ndarray:
+        return np.flatnonzero(self.coins(num_records, sample_rate))
+
     def gaussian(self, values: np.ndarray, *, noise_std: float, clip_norm: float) -> np.ndarray:
         return self.base.gaussian(values, noise_std=noise_std, clip_norm=clip_norm)
 
@@ -320,6 +331,9 @@ class FixedSeedRandomness:
 
     def coins(self, num_records: int, sample_rate: float) -> np.ndarray:
         return self.base.coins(num_records, sample_rate)
+
+    def sample_indices(self, num_records: int, sample_rate: float) -> np.ndarray:
+        return self.base.sample_indices(num_records, sample_rate)
 
     def gaussian(self, values: np.ndarray, *, noise_std: float, clip_norm: float) -> np.ndarray:
         values = np.asarray(values, dtype=np.float64)
@@ -1039,6 +1053,7 @@ class ReplayRandomness:
         self.shared = shared
         self.zero_noise = zero_noise
         self.inputs: list[np.ndarray] = []
+        self.noise_stds: list[float] = []
         self.masks: list[np.ndarray] = []
         self.replay_masks: list[np.ndarray] | None = None
 
@@ -1051,9 +1066,13 @@ class ReplayRandomness:
         self.masks.append(base)
         return mask
 
+    def sample_indices(self, num_records: int, sample_rate: float) -> np.ndarray:
+        return np.flatnonzero(self.coins(num_records, sample_rate))
+
     def gaussian(self, values: np.ndarray, *, noise_std: float, clip_norm: float) -> np.ndarray:
         values = np.array(values, dtype=np.float64, copy=True)
         self.inputs.append(values.copy())
+        self.noise_stds.append(float(noise_std))
         if self.zero_noise:
             return values
         return values + noise_std * self._rng.standard_normal(values.shape[0])
@@ -1078,8 +1097,28 @@ class _LockstepRecords:
             model, theta, sample_rate=sample_rate, clip_norm=clip_norm, noise_multiplier=noise_multiplier
         )
         delta = np.linalg.norm(self.twin_rnd.inputs[-1] - self.main_rnd.inputs[-1])
-        self.ratios.append(float(delta / clip_norm))
+        self.ratios.append(_moved_in_sensitivities(float(delta), self.main_rnd.noise_stds[-1], noise_multiplier))
         return out
+
+
+def _moved_in_sensitivities(delta: float, noise_std: float, noise_multiplier: float) -> float:
+    """How far a neighbour moved a mechanism's pre-noise input, in units of the sensitivity the
+    accountant is told: the noise had sd ``noise_multiplier x sensitivity``, so this is
+    ``delta * noise_multiplier / noise_std`` (at most 1 for a correct mechanism), whatever units
+    the mechanism releases its sum in (DP-PSVI releases it in units of C_t)."""
+    return delta * noise_multiplier / noise_std
+
+
+def _replay_deltas(in0: list[np.ndarray], in1: list[np.ndarray], noise_stds: list[float], clips: list[float],
+                   noise_multiplier: float) -> list[float]:
+    """Per step, how far D + canary moved the pre-noise sum, on the scale of the step's clip
+    norm C_t (so ``<= C_t`` is the sensitivity check)."""
+    return [_moved_in_sensitivities(float(np.linalg.norm(b - a)), sd, noise_multiplier) * c
+            for a, b, sd, c in zip(in0, in1, noise_stds, clips, strict=False)]
+
+
+#: The replays' DP-PSVI noise multiplier (what "the accountant is told" in their sensitivity check).
+REPLAY_NOISE_MULTIPLIER = 1.0
 
 
 def gray_box_replay(
@@ -1116,15 +1155,17 @@ def gray_box_replay(
                 log.append(c)
                 return c
 
-        return Recording(noise_multiplier=1.0, sample_rate=q, record_count=float(records), steps=steps,
-                         num_samples=num_samples)
+        return Recording(noise_multiplier=REPLAY_NOISE_MULTIPLIER, sample_rate=q, record_count=float(records),
+                         steps=steps, num_samples=num_samples)
 
     inputs = []
+    stds: list[float] = []
     for i, data in enumerate((points, torch.cat([points, canary]))):
         rnd = ReplayRandomness(seed, shared=records)
         fit(constructor(clips[i]), cls(data, randomness=rnd), model, 5,
             generator=torch.Generator().manual_seed(9))
         inputs.append(rnd.inputs)
+        stds = stds or rnd.noise_stds
         if progress is not None:
             progress("replay", i + 1, 3)
     in0, in1 = inputs
@@ -1138,7 +1179,126 @@ def gray_box_replay(
     if progress is not None:
         progress("replay", 3, 3)
     # main_rnd records its (noise-free) input before adding noise, so inputs are comparable.
-    deltas = [float(np.linalg.norm(b - a)) for a, b in zip(in0, in1, strict=False)]
+    deltas = _replay_deltas(in0, in1, stds, clips[0], REPLAY_NOISE_MULTIPLIER)
+    shapes = len(in0) == len(in1) and all(a.shape == b.shape for a, b in zip(in0, in1, strict=True))
+    first_clip_equal = bool(clips[0] and clips[1] and clips[0][0] == clips[1][0])
+    first_ok = bool(deltas) and deltas[0] <= clips[0][0] + 1e-9
+    lock_max = max(lock.ratios) if lock.ratios else math.inf
+    ok = len(in0) == len(in1) == steps and shapes and first_clip_equal and first_ok and lock_max <= 1 + 1e-9
+    return ReplayResult(
+        steps=steps, calls=(len(in0), len(in1)), shapes_equal=shapes, first_step_clip_equal=first_clip_equal,
+        first_step_delta=deltas[0] if deltas else math.nan, first_step_clip=clips[0][0] if clips[0] else math.nan,
+        per_step_delta=deltas, per_step_clip=list(clips[0]), lockstep_max_ratio=lock_max, ok=bool(ok),
+    )
+
+
+class _SparkReplayRandomness:
+    """Recording, seeded noise for the Spark replay: the Spark engine's coins are its keyed PRF
+    (shared by D and D + canary); its per-step mechanism runs at rate 1 on the step's batch."""
+
+    def __init__(self, seed: int, zero_noise: bool = False) -> None:
+        self._rng = np.random.default_rng(seed)
+        self.zero_noise = zero_noise
+        self.inputs: list[np.ndarray] = []
+        self.noise_stds: list[float] = []
+
+    def coins(self, num_records: int, sample_rate: float) -> np.ndarray:
+        if sample_rate != 1.0:
+            raise RuntimeError("the Spark replay samples only through the PRF step coins")
+        return np.ones(num_records, dtype=bool)
+
+    def sample_indices(self, num_records: int, sample_rate: float) -> np.ndarray:
+        return np.flatnonzero(self.coins(num_records, sample_rate))
+
+    def gaussian(self, values: np.ndarray, *, noise_std: float, clip_norm: float) -> np.ndarray:
+        values = np.array(values, dtype=np.float64, copy=True)
+        self.inputs.append(values.copy())
+        self.noise_stds.append(float(noise_std))
+        return values if self.zero_noise else values + noise_std * self._rng.standard_normal(values.shape[0])
+
+
+def spark_gray_box_replay(spark: Any = None, *, records: int = 400, steps: int = 8, num_samples: int = 20,
+                          seed: int = 2, master: str = "local[2]") -> ReplayResult:
+    """:func:`gray_box_replay` against the Spark engine (:mod:`dpsummary.private.spark_engine`).
+
+    D (``records`` simulated logistic records, Parquet) and D + canary (one extreme record
+    appended, so every other row keeps its row id and hence its PRF coins) run the full DP-PSVI
+    constructor through :class:`~dpsummary.private.spark_engine.SparkSource` with one shared
+    :class:`~dpsummary.private.prf.StepCoins` key and identical recorded noise: the same calls and
+    shapes, the same first clip norm, a first-step move <= C, and in lockstep along D's trajectory
+    ``||delta sum|| <= C_t`` at every step. ``spark``: an active SparkSession (else one is started
+    on ``master`` and stopped). Files live in a private temporary directory, deleted at the end."""
+    import shutil
+    from contextlib import nullcontext
+    from typing import cast
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from .constructors import fit
+    from .data import ColumnSpec, Schema, Transform
+    from .private.dppsvi import DPPSVI
+    from .private.prf import StepCoins
+    from .private.spark_engine import SparkOptions, SparkSource, private_dir, spark_scope
+
+    bound = 8.0
+    schema = Schema(columns=[*(ColumnSpec(name=f"x{i}", kind="numeric", lower=-bound, upper=bound) for i in range(4)),
+                             ColumnSpec(name="y", kind="categorical", categories=["0", "1"])], target="y")
+    tf = Transform.from_schema(schema)
+    model = LogisticRegression(tf.num_features)
+    g = torch.Generator().manual_seed(5)
+    points = model.simulate(model.sample_prior(1, g)[0], records, g).numpy()
+
+    def table(rows: np.ndarray) -> Any:
+        cols: dict[str, Any] = {f"x{i}": rows[:, i] * bound for i in range(4)}
+        cols["y"] = [str(int(v)) for v in rows[:, 4]]
+        return pa.table(cols)
+
+    canary = np.array([[1.0, -1.0, 1.0, -1.0, 1.0]])
+    q = noise.quantize_sample_rate(0.25)
+    coins = StepCoins.generate(q, steps)
+    work = private_dir("dpsummary-selftest-spark-")
+    clips: list[list[float]] = [[], []]
+
+    def constructor(log: list[float]) -> DPPSVI:
+        class Recording(DPPSVI):
+            def clip_norm(self, model: Model, state: Any, theta: torch.Tensor) -> float:
+                c = super().clip_norm(model, state, theta)
+                log.append(c)
+                return c
+
+        return Recording(noise_multiplier=REPLAY_NOISE_MULTIPLIER, sample_rate=q, record_count=float(records),
+                         steps=steps, num_samples=num_samples)
+
+    scope: Any = nullcontext((spark, work)) if spark is not None else spark_scope(SparkOptions(master=master))
+    try:
+        paths = [work / "d0.parquet", work / "d1.parquet"]
+        pq.write_table(table(points), paths[0])
+        pq.write_table(table(np.concatenate([points, canary])), paths[1])
+        counter = iter(range(1_000))
+
+        def records_of(path: Path, rnd: Any) -> Any:
+            scratch = work / f"run{next(counter)}"
+            scratch.mkdir(mode=0o700)
+            source = SparkSource(session, path, scratch, steps=steps, randomness=rnd, coins=coins)
+            return source.encode(tf, missing_numeric="impute", unseen_category="other").records
+
+        with scope as (session, _):
+            inputs = []
+            stds: list[float] = []
+            for i, path in enumerate(paths):
+                rnd = _SparkReplayRandomness(seed)
+                fit(constructor(clips[i]), records_of(path, rnd), model, 5, generator=torch.Generator().manual_seed(9))
+                inputs.append(rnd.inputs)
+                stds = stds or rnd.noise_stds
+            main_rnd, twin_rnd = _SparkReplayRandomness(seed), _SparkReplayRandomness(seed, zero_noise=True)
+            lock = _LockstepRecords(cast(Any, records_of(paths[0], main_rnd)), cast(Any, main_rnd),
+                                    cast(Any, records_of(paths[1], twin_rnd)), cast(Any, twin_rnd))
+            fit(constructor([]), lock, model, 5, generator=torch.Generator().manual_seed(9))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    in0, in1 = inputs
+    deltas = _replay_deltas(in0, in1, stds, clips[0], REPLAY_NOISE_MULTIPLIER)
     shapes = len(in0) == len(in1) and all(a.shape == b.shape for a, b in zip(in0, in1, strict=True))
     first_clip_equal = bool(clips[0] and clips[1] and clips[0][0] == clips[1][0])
     first_ok = bool(deltas) and deltas[0] <= clips[0][0] + 1e-9

@@ -96,7 +96,25 @@ CASES: dict[str, tuple[Any, str]] = {
                                 "--epsilon", "1", "--policy",
                                 str(_pub(t, n=2000, tail="[budget_split]\ncount = 0\npreprocessing = 0\nquality = 0.1\noptimisation = 0.9\n"))],
                      "max_dropped_fraction"),
+    "spark-options": (lambda t: [str(_data(t)), "--epsilon", "0.5", "--policy", str(_pub(t)),
+                                 "--spark-master", "local[1]"], "--engine spark"),
+    "spark-unavailable": (lambda t: [str(_parquet(t)), "--epsilon", "0.5", "--policy", str(_pub(t)),
+                                     "--engine", "spark"], "Java"),
+    "spark-schema": (lambda t: [str(_parquet(t)), "--epsilon", "0.5", "--policy", str(_pub(t, schema=False)),
+                                "--engine", "spark"], "[schema]"),
+    "spark-input": (lambda t: [str(_data(t)), "--epsilon", "0.5", "--policy", str(_pub(t)), "--engine", "spark"],
+                    "Parquet"),
 }
+
+
+def _parquet(tmp: Path) -> Path:
+    """The test CSV as a Parquet file (what ``--engine spark`` reads)."""
+    import pyarrow.csv as pcsv
+    import pyarrow.parquet as pq
+
+    path = tmp / "d.parquet"
+    pq.write_table(pcsv.read_csv(_data(tmp)), path)
+    return path
 
 
 def _write(path: Path, text: str) -> Path:
@@ -118,8 +136,16 @@ def test_every_documented_refusal_has_a_case() -> None:
 
 
 @pytest.mark.parametrize("rid", sorted(CASES))
-def test_refusal(rid: str, tmp_path: Path, home: Path) -> None:
+def test_refusal(rid: str, tmp_path: Path, home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     kind, code = _doc_rows()[rid]
+    if rid == "spark-unavailable":  # a machine without Java: nothing on PATH, no JAVA_HOME
+        monkeypatch.setenv("PATH", str(tmp_path / "empty-path"))
+        monkeypatch.delenv("JAVA_HOME", raising=False)
+    elif rid in ("spark-schema", "spark-input"):
+        from dpsummary.private.spark_engine import spark_available
+
+        if spark_available() is not None:
+            pytest.skip(f"needs pyspark and Java: {spark_available()}")
     build, fragment = CASES[rid]
     args = build(tmp_path)
     before = len(ledger_lines(home))

@@ -30,6 +30,9 @@ def release(
     key: Annotated[Path | None, typer.Option(help="Private signing key (default: created in the dpsummary home).")] = None,
     calibrate_to: Annotated[Literal["rdp", "prv", "pld"] | None, typer.Option(help="Accountant to calibrate sigma to; must equal the policy's accountant of record (set `accountant` in the policy to change it).")] = None,
     mechanism: Annotated[Literal["noise-aware-newton", "dp-psvi"], typer.Option(help="Stage-2 mechanism: noise-aware-newton (default: noisy score statistics, credible intervals that account for the privacy noise) or dp-psvi (the paper's mechanism, for reproduction; its intervals ignore the noise).")] = "noise-aware-newton",
+    engine: Annotated[Literal["local", "spark"], typer.Option(help="Where the records are read and the mechanisms run: local (one machine, CSV or Parquet) or spark (a Parquet file or directory, through Apache Spark; needs the `spark` extra, Java 17 and the schema in the policy).")] = "local",
+    spark_master: Annotated[str, typer.Option(help="Spark master URL for --engine spark (default local[2]; e.g. spark://host:7077, yarn, k8s://...).")] = "local[2]",
+    spark_conf: Annotated[list[str] | None, typer.Option(help="Extra Spark configuration for --engine spark, key=value (repeatable).")] = None,
     json_output: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
 ) -> None:
     """Release a differentially private pseudocoreset of DATA (default mechanism: noise-aware
@@ -44,7 +47,7 @@ def release(
     req = ReleaseRequest(
         data=data, epsilon=epsilon, delta=delta, model=model, target=target, size=size, steps=steps,
         sample_rate=sample_rate, policy=policy, out=out, seed=seed, ledger=ledger, key=key,
-        calibrate_to=calibrate_to, mechanism=mechanism,
+        calibrate_to=calibrate_to, mechanism=mechanism, **_engine_options(engine, spark_master, spark_conf),
     )
     label = "DP-PSVI" if mechanism == "dp-psvi" else "noise-aware"
     with Progress(TextColumn(label), BarColumn(), TextColumn("{task.completed}/{task.total}"),
@@ -59,6 +62,17 @@ def release(
         typer.echo(json.dumps(result.as_dict(), indent=2))
         return
     _print_table(result)
+
+
+def _engine_options(engine: str, master: str, conf: list[str] | None) -> dict[str, Any]:
+    """The request's engine fields; a malformed --spark-conf is a public, one-line error."""
+    from ..private.spark_engine import SparkEngineError, SparkOptions, parse_spark_conf
+
+    if engine == "local":
+        if conf or master != "local[2]":
+            raise SparkEngineError("--spark-master and --spark-conf need --engine spark")
+        return {}
+    return {"engine": "spark", "spark": SparkOptions(master=master, conf=parse_spark_conf(conf))}
 
 
 def _print_table(r: Any) -> None:

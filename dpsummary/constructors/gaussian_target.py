@@ -24,6 +24,7 @@ import torch
 
 from ..gaussian import DTYPE, GaussianPosterior
 from ..models import GLM, Model
+from ..optim import Adam
 
 #: Adam steps and learning rate (chosen on simulated targets; the loss reaches <1e-3 nats for
 #: size >= d on the models here).
@@ -76,10 +77,7 @@ def newton_gaussian(model: Model, points: torch.Tensor, weights: torch.Tensor, a
         # Closed form through the linear predictor, kept on the autograd graph of the points.
         z = model.design(points)
         eta = z @ at
-        d1 = torch.autograd.grad(model.log_lik_eta(points[:, -1], eta).sum(), eta, create_graph=True)[0] \
-            if eta.requires_grad else model.eta_derivatives(points[:, -1], eta)[0]
-        d2 = torch.autograd.grad(d1.sum(), eta, create_graph=True)[0] if d1.requires_grad \
-            else model.eta_derivatives(points[:, -1], eta)[1]
+        d1, d2 = model.eta_derivatives_graph(points[:, -1], eta)
         grad = z.T @ (weights * d1) - prior_prec @ (at - model.prior_mean)
         precision = (z.T * (weights * -d2)) @ z + prior_prec
     else:
@@ -139,7 +137,7 @@ def match_gaussian(
         per_point = float(torch.einsum("jaa->", model.record_curvatures(points_of(model, feats, tparam), m)).clamp(min=1e-9))
     log_w = torch.full((size,), torch.log(torch.tensor(need / per_point)).item(), dtype=DTYPE)
     params = [feats.requires_grad_(True), tparam.requires_grad_(True), log_w.requires_grad_(True)]
-    opt = torch.optim.Adam(params, lr=lr)
+    opt = Adam(params, lr=lr)
     best = (float("inf"), feats.detach().clone(), tparam.detach().clone(), log_w.detach().clone())
     for _ in range(steps):
         opt.zero_grad()

@@ -35,23 +35,25 @@ import torch
 
 from ..inference import GaussianPosterior, coreset_posterior
 from ..models import DTYPE, Model
+from ..optim import Adam, ExponentialDecay, Schedule, StepOptimizer
 
-OptimizerFactory = Callable[[Iterable[dict[str, Any]]], torch.optim.Optimizer]
-ScheduleFactory = Callable[[torch.optim.Optimizer, int], torch.optim.lr_scheduler.LRScheduler]
+OptimizerFactory = Callable[[Iterable[dict[str, Any]]], StepOptimizer]
+ScheduleFactory = Callable[[StepOptimizer, int], Schedule]
 
 
-def exponential_decay(optimizer: torch.optim.Optimizer, steps: int) -> torch.optim.lr_scheduler.LRScheduler:
+def exponential_decay(optimizer: StepOptimizer, steps: int) -> Schedule:
     """The default schedule: learning rates decay geometrically to 1% of their start over ``steps``.
 
     A decaying step size is what lets stochastic gradients settle (the paper uses t^-1); a
     geometric decay keeps the early steps large enough to move synthetic initial points far.
     """
-    return torch.optim.lr_scheduler.ExponentialLR(optimizer, gamma=0.01 ** (1.0 / max(steps, 1)))
+    return ExponentialDecay(optimizer, gamma=0.01 ** (1.0 / max(steps, 1)))
 
 
-def adam(param_groups: Iterable[dict[str, Any]]) -> torch.optim.Optimizer:
-    """The default optimiser: Adam with the per-group learning rates PSVI sets."""
-    return torch.optim.Adam(param_groups)
+def adam(param_groups: Iterable[dict[str, Any]]) -> StepOptimizer:
+    """The default optimiser: Adam with the per-group learning rates PSVI sets (torch's
+    arithmetic without torch.optim's import of torch._dynamo: :mod:`dpsummary.optim`)."""
+    return Adam(param_groups)
 
 
 @dataclass
@@ -66,8 +68,8 @@ class PSVIState:
     latent: torch.Tensor
     point_scale: torch.Tensor
     log_weights: torch.Tensor
-    optimizer: torch.optim.Optimizer
-    schedule: torch.optim.lr_scheduler.LRScheduler | None
+    optimizer: StepOptimizer
+    schedule: Schedule | None
     posterior: GaussianPosterior
     point_bounds: tuple[torch.Tensor, torch.Tensor] | None = None
     total_weight: float | None = None

@@ -56,12 +56,26 @@ class GLM(Model):
         return self.log_lik_eta(points[:, -1:], eta)
 
     def eta_derivatives(self, y: torch.Tensor, eta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """d/d eta and d^2/d eta^2 of the log-likelihood, elementwise, via autograd."""
-        with torch.enable_grad():
-            e = eta.detach().requires_grad_(True)
-            (d1,) = torch.autograd.grad(self.log_lik_eta(y, e).sum(), e, create_graph=True)
-            (d2,) = torch.autograd.grad(d1.sum(), e)
+        """d/d eta and d^2/d eta^2 of the log-likelihood, elementwise, detached."""
+        with torch.no_grad():
+            d1, d2 = self.eta_derivatives_graph(y.detach(), eta.detach())
         return d1.detach(), d2.detach()
+
+    def eta_derivatives_graph(self, y: torch.Tensor, eta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The same derivatives, differentiable in ``y`` and ``eta`` (for pseudopoint fits).
+
+        Default: two autograd passes over :meth:`log_lik_eta` (no hand-written formula needed).
+        Subclasses may override with closed forms for speed; tests/test_models.py checks every
+        override against this autograd path."""
+        return self.autograd_eta_derivatives(y, eta)
+
+    def autograd_eta_derivatives(self, y: torch.Tensor, eta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """d/d eta and d^2/d eta^2 through autograd, keeping the graph of ``y`` and ``eta``."""
+        with torch.enable_grad():
+            e = eta if eta.requires_grad else eta.detach().requires_grad_(True)
+            (d1,) = torch.autograd.grad(self.log_lik_eta(y, e).sum(), e, create_graph=True)
+            (d2,) = torch.autograd.grad(d1.sum(), e, create_graph=True)
+        return d1, d2
 
     def record_scores(self, points, theta):
         z = self.design(points)
@@ -101,6 +115,12 @@ class LogisticRegression(GLM):
         log_s = torch.nn.functional.logsigmoid(eta)
         return log_s - (1 - y) * eta
 
+    def eta_derivatives_graph(self, y, eta):
+        # Closed form of the autograd default (issue 15: the Laplace and Newton steps call this
+        # every optimisation step): d/d eta = y - s(eta), d^2/d eta^2 = -s(eta) s(-eta).
+        s = torch.sigmoid(eta)
+        return y - s, -s * torch.sigmoid(-eta)
+
     def sample_target(self, eta, generator):
         return (torch.rand(eta.shape, generator=generator, dtype=DTYPE) < torch.sigmoid(eta)).to(DTYPE)
 
@@ -123,6 +143,11 @@ class PoissonRegression(GLM):
 
     def log_lik_eta(self, y, eta):
         return y * eta - torch.exp(eta) - torch.lgamma(y + 1)
+
+    def eta_derivatives_graph(self, y, eta):
+        # Closed form of the autograd default: d/d eta = y - exp(eta), d^2/d eta^2 = -exp(eta).
+        rate = torch.exp(eta)
+        return y - rate, -rate
 
     def sample_target(self, eta, generator):
         rate = torch.exp(eta.clamp(max=self.SIMULATION_ETA_MAX))

@@ -141,6 +141,11 @@ class DPPSVI:
         )
         if reference is not None:
             state.info["clip_reference"] = reference
+        # Every step is the same unit mechanism (S draws, noise multiplier z): let the privacy
+        # randomness draw the steps' noise ahead of use (public T, S, z; issue 15).
+        expect = getattr(data, "expect_clipped_sums", None)
+        if expect is not None:
+            expect(num_draws=self.num_samples, noise_multiplier=self.noise_multiplier, count=self.steps)
         return state
 
     def num_steps(self, size: int) -> int:

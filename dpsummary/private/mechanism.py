@@ -6,6 +6,11 @@ vectors that DP-PSVI needs (DP-PSVI paper, Section 3.3 eq. (6)), a Gaussian-nois
 count, and Gaussian-noised per-column histograms over public bins (DP-PSVI's initialisation,
 :mod:`dpsummary.private.marginals`). It has no ``__len__``, no accessor for the records, and
 never logs; the realised batch size exists only inside :meth:`PrivateRecords.noisy_clipped_sum`.
+The records live in a :class:`~dpsummary.private.store.RecordStore` (memory-bounded: a step
+reads only its sampled rows, a full pass reads chunk by chunk), and every per-record rule
+(clip, fixed-point rounding, exact sum) is in :mod:`dpsummary.private.kernel`, the one kernel
+shared by every engine; a step's Poisson sample is drawn in O(qN) by
+:mod:`dpsummary.private.sampling`.
 
 Privacy randomness (inclusion coins, noise) comes from a :class:`PrivacyRandomness`; the only
 implementation reachable from the CLI is :class:`SystemRandomness` (OS entropy, see
@@ -18,13 +23,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
+import numpy.typing as npt
 import torch
 
 from ..models import DTYPE, Model
 from . import noise
+from .store import RecordStore
 
 if TYPE_CHECKING:
     from .marginals import HistogramLayout, NoisyMarginals
@@ -32,8 +39,22 @@ if TYPE_CHECKING:
 
 
 class PrivacyRandomness(Protocol):
+    """Where every privacy coin and every noise draw of a mechanism comes from.
+
+    The release uses :class:`SystemRandomness` only. Tests and the self-test replay neighbouring
+    data sets with identical randomness by passing a recording implementation (the hook this
+    protocol exists for). The mechanisms draw a step's sample through :func:`draw_sample`:
+    ``sample_indices`` when the implementation has it, else the included positions of ``coins``,
+    so a replay double may implement either (``coins`` alone is enough for small tests)."""
+
     def coins(self, num_records: int, sample_rate: float) -> np.ndarray:
         """Boolean inclusion mask, each entry true independently with probability sample_rate."""
+        ...
+
+    def sample_indices(self, num_records: int, sample_rate: float) -> np.ndarray:
+        """Sorted distinct int64 indices of the included records of ``0 .. num_records-1``:
+        each independently with probability sample_rate (Poisson sampling). The same
+        distribution as ``flatnonzero(coins(...))``, in O(q N) expected time."""
         ...
 
     def gaussian(self, values: np.ndarray, *, noise_std: float, clip_norm: float) -> np.ndarray:
@@ -47,8 +68,53 @@ class SystemRandomness:
     def coins(self, num_records: int, sample_rate: float) -> np.ndarray:
         return noise.poisson_mask(num_records, sample_rate)
 
+    def sample_indices(self, num_records: int, sample_rate: float) -> np.ndarray:
+        from .sampling import poisson_indices
+
+        return poisson_indices(num_records, sample_rate)
+
+    def __init__(self) -> None:
+        self._pools: dict[tuple[int, float, float], noise.GaussianNoisePool] = {}
+
+    def prepare_gaussian(self, *, dim: int, noise_std: float, clip_norm: float, count: int) -> None:
+        """Draw the noise of ``count`` upcoming identical Gaussian releases ahead of use, on a
+        background thread (:class:`~dpsummary.private.noise.GaussianNoisePool`; OS entropy, each
+        vector used once). Public arguments only."""
+        key = (int(dim), float(noise_std), float(clip_norm))
+        old = self._pools.pop(key, None)
+        if old is not None:
+            old.close()
+        self._pools[key] = noise.GaussianNoisePool(dim=dim, noise_std=noise_std, clip_norm=clip_norm, count=count)
+
     def gaussian(self, values: np.ndarray, *, noise_std: float, clip_norm: float) -> np.ndarray:
+        values = np.asarray(values, dtype=np.float64)
+        pool = self._pools.get((values.shape[0], float(noise_std), float(clip_norm))) if values.ndim == 1 else None
+        if pool is not None and pool.remaining > 0:
+            return pool.add(values)
         return noise.add_gaussian_noise(values, noise_std=noise_std, clip_norm=clip_norm)
+
+    def close(self) -> None:
+        """Stop every pool; noise drawn but not used is discarded."""
+        for pool in self._pools.values():
+            pool.close()
+        self._pools.clear()
+
+
+def draw_sample(randomness: Any, num_records: int, sample_rate: float) -> np.ndarray:
+    """One step's Poisson sample as sorted distinct indices (see :class:`PrivacyRandomness`).
+
+    Validates the shape of what the randomness returned (a bug there must abort, never change
+    the sample silently). PRIVATE output: the caller gathers rows with it and nothing else."""
+    draw = getattr(randomness, "sample_indices", None)
+    if draw is not None:
+        idx = np.asarray(draw(num_records, sample_rate), dtype=np.int64)
+        if idx.ndim != 1 or (idx.size and (idx[0] < 0 or idx[-1] >= num_records or np.any(np.diff(idx) <= 0))):
+            raise MechanismError("sample indices are not sorted, distinct and in range")
+        return idx
+    mask = np.asarray(randomness.coins(num_records, sample_rate), dtype=bool)
+    if mask.shape != (num_records,):
+        raise MechanismError("inclusion mask has the wrong shape")
+    return np.flatnonzero(mask).astype(np.int64)
 
 
 class MechanismError(RuntimeError):
@@ -91,29 +157,22 @@ def exact_clipped_sum(clipped: np.ndarray, clip_norm: float) -> np.ndarray:
 
     Contract: every row of ``clipped`` (shape (m, d)) has L2 norm <= ``clip_norm``. Each
     coordinate is rounded TOWARD ZERO onto the grid :func:`fixed_point_unit` (so a rounded row's
-    norm never exceeds the clipped row's), the integers are summed exactly (int64 chunks of at
-    most :data:`MAX_EXACT_ROWS` rows, combined in Python integers beyond that), and the result is
-    scaled back. Two neighbouring batches therefore give sums that differ by exactly one rounded
+    norm never exceeds the clipped row's), the integers are summed exactly (float64 chunk sums of
+    at most :data:`dpsummary.private.kernel.CHUNK_ROWS` integers below 2^29, combined in Python
+    integers: :func:`dpsummary.private.kernel.fixed_point_sum`), and the result is scaled back
+    (:func:`dpsummary.private.kernel.finish`). Two neighbouring batches therefore give sums that differ by exactly one rounded
     row, of norm <= clip_norm, in float64: a float sum's rounding (1 + 5.3e-12 at 200,000
     aligned rows) cannot inflate the sensitivity. Up to 2^24 rows the float64 result is exact;
     it is a multiple of the noise grid, so OpenDP's input rounding adds nothing. The rounding
     costs at most ``2^-28 C`` per coordinate of accuracy. Cost: O(m d), a few vectorised passes.
     """
+    from . import kernel
+
     rows = np.asarray(clipped, dtype=np.float64)
     if rows.ndim != 2:
         raise MechanismError("exact_clipped_sum expects a 2-d array of rows")
     unit = fixed_point_unit(clip_norm)
-    # Division by a power of two is exact; trunc rounds toward zero. |x / unit| < 2^29.
-    ints = np.trunc(rows / unit).astype(np.int64)
-    if rows.shape[0] <= MAX_EXACT_ROWS:
-        total = ints.sum(axis=0, dtype=np.int64)
-        return total.astype(np.float64) * unit
-    # Beyond the cap: exact integer sum (no overflow), then one correctly rounded conversion.
-    exact = [0] * rows.shape[1]
-    for start in range(0, rows.shape[0], MAX_EXACT_ROWS):
-        part = ints[start : start + MAX_EXACT_ROWS].sum(axis=0, dtype=np.int64)
-        exact = [a + int(b) for a, b in zip(exact, part.tolist(), strict=True)]
-    return np.array([float(v) * unit for v in exact], dtype=np.float64)
+    return kernel.finish(kernel.fixed_point_sum(rows, unit), clip_norm)
 
 
 def clip_rows(vectors: torch.Tensor, clip_norm: float) -> torch.Tensor:
@@ -132,14 +191,30 @@ def clip_rows(vectors: torch.Tensor, clip_norm: float) -> torch.Tensor:
 class PrivateRecords:
     """Private records in model space, reachable only through accounted mechanisms.
 
-    Construct it from the transformed table *after* the ledger has reserved the budget.
+    Construct it from the encoded records (a :class:`~dpsummary.private.store.RecordStore`, or
+    an in-memory tensor/array for tests, benchmarks and the self-test) *after* the ledger has
+    reserved the budget. Every per-record computation goes through
+    :mod:`dpsummary.private.kernel` (the kernel every engine shares).
     """
 
-    __slots__ = ("_points", "_randomness")
+    __slots__ = ("_owns_randomness", "_randomness", "_store")
 
-    def __init__(self, points: torch.Tensor, *, randomness: PrivacyRandomness | None = None) -> None:
-        self._points = points.detach().to(DTYPE)
+    def __init__(self, points: torch.Tensor | np.ndarray | RecordStore, *,
+                 randomness: PrivacyRandomness | None = None) -> None:
+        if isinstance(points, RecordStore):
+            self._store = points
+        else:
+            arr = points.detach().to(DTYPE).numpy() if isinstance(points, torch.Tensor) else np.asarray(points)
+            self._store = RecordStore.from_array(np.ascontiguousarray(arr, dtype=np.float64))
+        self._owns_randomness = randomness is None
         self._randomness: PrivacyRandomness = randomness if randomness is not None else SystemRandomness()
+
+    def close(self) -> None:
+        """Release the records (the store's memory or anonymous file) and stop any noise pool."""
+        self._store.close()
+        stop = getattr(self._randomness, "close", None) if self._owns_randomness else None
+        if stop is not None:
+            stop()
 
     def noisy_clipped_sum(
         self,
@@ -152,40 +227,46 @@ class PrivateRecords:
     ) -> torch.Tensor:
         """One step of the Poisson-subsampled Gaussian mechanism (DP-PSVI eq. (6)).
 
-        Each record is included with probability ``sample_rate`` (coins from the privacy
-        randomness); for every included record its log-likelihood vector over the S draws
-        ``theta`` is centred over its own S values and clipped to L2 norm ``clip_norm`` (minus
-        the noise grid's rounding slack); the clipped vectors are summed EXACTLY on a public
-        fixed-point grid (:func:`exact_clipped_sum`, so float rounding cannot push the L2
-        sensitivity above ``clip_norm``) and Gaussian noise of
-        standard deviation ``noise_multiplier * clip_norm`` is added once. Returns the noisy
+        Each record is included with probability ``sample_rate`` (:func:`draw_sample`: exact
+        Poisson sampling from the privacy randomness, O(qN) with :class:`SystemRandomness`); only
+        the included rows are read from the store. For every included record its
+        log-likelihood vector over the S draws ``theta`` is centred over its own S values and
+        clipped to L2 norm ``clip_norm`` (minus the noise grid's rounding slack); the clipped
+        vectors are summed EXACTLY on a public fixed-point grid (:func:`kernel.dppsvi_partial`,
+        so float rounding cannot push the L2 sensitivity above ``clip_norm``) and Gaussian noise
+        of standard deviation ``noise_multiplier * clip_norm`` is added once. Returns the noisy
         sum, shape (S,). ``theta`` and ``clip_norm`` must be public (functions of released
         pseudopoints); the caller divides by ``sample_rate`` itself.
+
+        Implementation: the sum is released in units of ``clip_norm`` (each record contributes
+        ``clip(v / C, 1)``, sensitivity 1, noise ``N(0, noise_multiplier^2)``) and multiplied back
+        by C, which is post-processing. That is the same mechanism as clipping to C and adding
+        noise of sd ``noise_multiplier * C``, and it makes every step of a run the identical
+        unit mechanism whatever C, so :class:`SystemRandomness` may serve the noise from a pool
+        drawn ahead of use (:meth:`expect_clipped_sums`, issue 15).
         """
-        if not (clip_norm > 0 and noise_multiplier > 0):
+        from . import kernel
+
+        if not (clip_norm > 0 and math.isfinite(clip_norm) and noise_multiplier > 0):
             raise MechanismError("clip_norm and noise_multiplier must be positive")
-        num_draws = theta.shape[0]
-        effective = clip_norm - noise.rounding_slack(clip_norm, num_draws)
-        mask = np.asarray(self._randomness.coins(self._points.shape[0], sample_rate), dtype=bool)
-        if mask.shape != (self._points.shape[0],):
-            raise MechanismError("inclusion mask has the wrong shape")
-        batch = self._points[torch.from_numpy(mask)]
-        with torch.no_grad():
-            ll = model.log_likelihood(batch, theta.detach())
-            centred = ll - ll.mean(1, keepdim=True)
-            clipped = clip_rows(centred, effective)
-            # Re-check the invariant the accountant relies on, after clipping.
-            if clipped.shape[0] and bool((clipped.norm(dim=1) > clip_norm).any()):
-                raise MechanismError("a clipped contribution exceeds the clip norm")
-            # Exact fixed-point sum: neighbouring sums differ by one rounded row, norm <= C.
-            total = exact_clipped_sum(clipped.numpy(), clip_norm)
-        noisy = self._randomness.gaussian(total, noise_std=noise_multiplier * clip_norm, clip_norm=clip_norm)
-        return torch.from_numpy(np.asarray(noisy, dtype=np.float64))
+        idx = draw_sample(self._randomness, self._store.num_rows, sample_rate)
+        batch = self._store.gather(idx)
+        return release_clipped_sum(self._randomness, kernel.dppsvi_partial(
+            batch, model, theta, clip_norm=1.0, normalise_by=clip_norm), clip_norm=clip_norm,
+            noise_multiplier=noise_multiplier)
+
+    def expect_clipped_sums(self, *, num_draws: int, noise_multiplier: float, count: int) -> None:
+        """Announce ``count`` upcoming :meth:`noisy_clipped_sum` calls with ``num_draws`` draws
+        (public: the run's T, S and noise multiplier), so the randomness may draw their noise
+        ahead of use (:class:`dpsummary.private.noise.GaussianNoisePool`). Optional for
+        randomness implementations without ``prepare_gaussian``."""
+        prepare = getattr(self._randomness, "prepare_gaussian", None)
+        if prepare is not None:
+            prepare(dim=num_draws, noise_std=noise_multiplier, clip_norm=1.0, count=count)
 
     def noisy_count(self, *, noise_multiplier: float) -> float:
         """The record count plus N(0, noise_multiplier^2) (a Gaussian mechanism, sensitivity 1)."""
-        count = np.array([float(self._points.shape[0])])
-        return float(self._randomness.gaussian(count, noise_std=noise_multiplier, clip_norm=1.0)[0])
+        return release_count(self._randomness, self._store.num_rows, noise_multiplier=noise_multiplier)
 
     def noisy_score_statistics(
         self,
@@ -203,7 +284,7 @@ class PrivateRecords:
         from .score_stats import noisy_score_statistics
 
         return noisy_score_statistics(
-            self._points, self._randomness, model, theta, score_bound=score_bound, curvature_bound=curvature_bound,
+            self._store, self._randomness, model, theta, score_bound=score_bound, curvature_bound=curvature_bound,
             score_noise_multiplier=score_noise_multiplier, curvature_noise_multiplier=curvature_noise_multiplier,
         )
 
@@ -226,10 +307,7 @@ class PrivateRecords:
             raise MechanismError("indicators must be a 2-d (records x rules) array")
         # Any nonzero entry counts as 1: the per-record contribution stays 0/1 whatever it holds.
         counts = (matrix != 0).sum(axis=0).astype(np.float64)
-        k = matrix.shape[1]
-        scale = noise.count_vector_scale(k, k)
-        noisy = self._randomness.gaussian(counts * scale, noise_std=noise_multiplier, clip_norm=1.0)
-        return np.asarray(noisy, dtype=np.float64) / scale
+        return noisy_indicator_totals(self._randomness, counts, noise_multiplier=noise_multiplier)
 
     def noisy_marginals(self, layout: HistogramLayout, *, noise_multiplier: float) -> NoisyMarginals:
         """Per-column histograms over the public bins of ``layout``, one Gaussian mechanism.
@@ -239,18 +317,79 @@ class PrivateRecords:
         record) and noise of standard deviation ``noise_multiplier`` is
         ``GaussianDpEvent(noise_multiplier)``. Returns the noisy counts on the raw count scale.
         """
-        from .marginals import NoisyMarginals
 
         if not (noise_multiplier > 0 and np.isfinite(noise_multiplier)):
             raise MechanismError("noise_multiplier must be positive and finite")
-        if layout.num_features > self._points.shape[1]:
+        if layout.num_features > self._store.dim:
             raise MechanismError("the histogram layout does not match the records")
-        counts = layout.counts(self._points)
-        # Re-check the invariant the accountant relies on: one unit per column per record.
-        if counts.shape != (layout.num_bins,) or not np.allclose(
-            [part.sum() for part in layout.split(counts)], self._points.shape[0]
-        ):
-            raise MechanismError("a record did not fall in exactly one bin per column")
-        scale = layout.scale
-        noisy = self._randomness.gaussian(counts * scale, noise_std=noise_multiplier, clip_norm=1.0)
-        return NoisyMarginals(layout, np.asarray(noisy, dtype=np.float64) / scale, noise_multiplier)
+        counts = np.zeros(layout.num_bins, dtype=np.float64)
+        records = 0
+        for chunk in self._store.chunks():
+            part = layout.counts(torch.from_numpy(np.ascontiguousarray(chunk)))
+            check_marginal_counts(layout, part, chunk.shape[0])
+            counts += part
+            records += chunk.shape[0]
+        return release_marginal_counts(self._randomness, layout, counts, records, noise_multiplier=noise_multiplier)
+
+
+def release_clipped_sum(randomness: PrivacyRandomness, total: np.ndarray, *, clip_norm: float,
+                        noise_multiplier: float) -> torch.Tensor:
+    """DP-PSVI's release from EXACT unit-clipped integer totals (any engine's
+    :func:`kernel.dppsvi_partial` sums with ``clip_norm=1, normalise_by=clip_norm``):
+    ``clip_norm * (total + N(0, noise_multiplier^2 I))``, one Gaussian mechanism of sensitivity 1
+    (the multiplication by the public ``clip_norm`` is post-processing)."""
+    from . import kernel
+
+    unit_sum = kernel.finish(total, 1.0)
+    noisy = randomness.gaussian(unit_sum, noise_std=noise_multiplier, clip_norm=1.0)
+    return torch.from_numpy(np.asarray(noisy, dtype=np.float64) * clip_norm)
+
+
+def release_count(randomness: PrivacyRandomness, count: int, *, noise_multiplier: float) -> float:
+    """An exact record count (any engine) plus N(0, noise_multiplier^2): a Gaussian mechanism
+    with sensitivity 1 (add/remove one record). The exact count stays here."""
+    if not (noise_multiplier > 0 and np.isfinite(noise_multiplier)):
+        raise MechanismError("noise_multiplier must be positive and finite")
+    return float(randomness.gaussian(np.array([float(count)]), noise_std=noise_multiplier, clip_norm=1.0)[0])
+
+
+def check_marginal_counts(layout: HistogramLayout, counts: np.ndarray, num_records: int) -> None:
+    """Re-check the invariant the accountant relies on: one unit per column per record."""
+    if counts.shape != (layout.num_bins,) or not np.array_equal(
+        [p.sum() for p in layout.split(counts)], [float(num_records)] * len(layout.columns)
+    ):
+        raise MechanismError("a record did not fall in exactly one bin per column")
+
+
+def release_marginal_counts(randomness: PrivacyRandomness, layout: HistogramLayout, counts: np.ndarray,
+                            num_records: int, *, noise_multiplier: float) -> NoisyMarginals:
+    """The release of :meth:`PrivateRecords.noisy_marginals` from EXACT summed counts over
+    ``num_records`` records (any engine). ``GaussianDpEvent(noise_multiplier)`` on the counts
+    times ``layout.scale``; returns them on the raw count scale. The exact counts stay here."""
+    from .marginals import NoisyMarginals
+
+    if not (noise_multiplier > 0 and np.isfinite(noise_multiplier)):
+        raise MechanismError("noise_multiplier must be positive and finite")
+    counts = np.asarray(counts, dtype=np.float64)
+    check_marginal_counts(layout, counts, num_records)
+    scale = layout.scale
+    noisy = randomness.gaussian(counts * scale, noise_std=noise_multiplier, clip_norm=1.0)
+    return NoisyMarginals(layout, np.asarray(noisy, dtype=np.float64) / scale, noise_multiplier)
+
+
+def noisy_indicator_totals(randomness: PrivacyRandomness, counts: npt.ArrayLike, *, noise_multiplier: float) -> np.ndarray:
+    """The release of :meth:`PrivateRecords.noisy_indicator_counts` from already summed counts.
+
+    CONTRACT (the caller's, checked by construction in :mod:`dpsummary.private.source`): entry
+    j of ``counts`` is the number of records whose j-th 0/1 indicator is set, so one record
+    changes each entry by at most 1 (L2 sensitivity sqrt(k)). One Gaussian mechanism,
+    ``GaussianDpEvent(noise_multiplier)``; the exact counts never leave this function."""
+    if not (noise_multiplier > 0 and np.isfinite(noise_multiplier)):
+        raise MechanismError("noise_multiplier must be positive and finite")
+    counts = np.asarray(counts, dtype=np.float64)
+    if counts.ndim != 1 or counts.shape[0] < 1:
+        raise MechanismError("counts must be a non-empty vector")
+    k = counts.shape[0]
+    scale = noise.count_vector_scale(k, k)
+    noisy = randomness.gaussian(counts * scale, noise_std=noise_multiplier, clip_norm=1.0)
+    return np.asarray(noisy, dtype=np.float64) / scale

@@ -213,7 +213,9 @@ def _grid_bins(values: np.ndarray) -> np.ndarray:
     """Grid bin of each finite value. Bins are closed on the side away from zero, so round
     maxima such as 1, 100 or 1000 land in the bin they end, not in the next one up."""
     toward = np.searchsorted(GRID_EDGES, values, side="left")  # (a, b] for v > 0
-    away = np.searchsorted(GRID_EDGES, values, side="right")  # [a, b) for v < 0
+    # side="right" differs from side="left" exactly where the value equals an edge: [a, b) for v < 0
+    on_edge = GRID_EDGES[np.minimum(toward, len(GRID_EDGES) - 1)] == values
+    away = toward + on_edge
     return np.where(values == 0.0, _ZERO_BIN, np.where(values > 0, toward, away))
 
 
@@ -264,8 +266,59 @@ def build_count_vector(table: RawTable) -> CountVector:
     return CountVector(keys=keys, counts=counts, touches=touches)
 
 
+class SchemaCounts:
+    """The counts of :func:`build_count_vector` accumulated batch by batch (a streaming pass).
+
+    :meth:`add` takes one batch's normalised text columns (:func:`dpsummary.data.text_column`);
+    :meth:`vector` gives exactly the :class:`CountVector` that :func:`build_count_vector` gives on
+    the whole table (same keys in the same order, same counts), so :func:`estimate_schema`
+    releases the same mechanism. PRIVATE: the exact counts never leave this module except through
+    :func:`estimate_schema`'s noise. Memory: the distinct text values of each column (as the
+    in-memory path); a column of unique identifiers holds one entry per record."""
+
+    def __init__(self, header: list[str]) -> None:
+        if not header:
+            raise DataError("the table has no columns")
+        self.header = list(header)
+        self._types = {h: np.zeros(4, dtype=np.int64) for h in self.header}
+        self._grid = {h: np.zeros(NUM_GRID_BINS, dtype=np.int64) for h in self.header}
+        self._values: dict[str, dict[str, int]] = {h: {} for h in self.header}
+
+    def add(self, name: str, text: Any) -> None:
+        from ..data import dictionary_codes, text_numbers
+
+        values, ok, missing = text_numbers(text)
+        is_text = ~ok & ~missing
+        integral = ok & (values == np.round(values))
+        kinds = np.where(missing, 0, np.where(is_text, 1, np.where(integral, 2, 3)))
+        self._types[name] += np.bincount(kinds, minlength=4)
+        self._grid[name] += np.bincount(_grid_bins(values[ok]), minlength=NUM_GRID_BINS)
+        if is_text.any():
+            import pyarrow as pa
+            import pyarrow.compute as pc
+
+            uniq, codes = dictionary_codes(pc.filter(text, pa.array(is_text)))
+            counts = np.bincount(codes, minlength=len(uniq))
+            table = self._values[name]
+            for v, c in zip(uniq, counts.tolist(), strict=True):
+                table[v] = table.get(v, 0) + c
+
+    def vector(self) -> CountVector:
+        keys: list[tuple[str, str, str]] = []
+        parts: list[np.ndarray] = []
+        for name in self.header:
+            distinct = sorted(self._values[name])
+            keys += [(name, "type", b) for b in TYPE_BINS]
+            keys += [(name, "grid", str(k)) for k in range(NUM_GRID_BINS)]
+            keys += [(name, "value", v) for v in distinct]
+            parts += [self._types[name], self._grid[name],
+                      np.array([self._values[name][v] for v in distinct], dtype=np.int64)]
+        counts = np.concatenate(parts).astype(np.float64)
+        return CountVector(keys=keys, counts=counts, touches=2 * len(self.header))
+
+
 def estimate_schema(
-    table: RawTable,
+    table: RawTable | SchemaCounts,
     *,
     noise_multiplier: float,
     target: str | None,
@@ -302,21 +355,22 @@ def estimate_schema(
         raise ValueError("delta must lie in (0, 1)")
     if max_categories < 1:
         raise ValueError("max_categories must be at least 1")
-    if not table.header:
+    header = list(table.header)
+    if not header:
         raise DataError("the table has no columns")
     if target is None:
-        tgt: str | None = table.header[-1]
+        tgt: str | None = header[-1]
     elif target == NO_TARGET:
         tgt = None
-    elif target not in table.header:
+    elif target not in header:
         raise DataError(f"target column {target!r} is not in the data")
     else:
         tgt = target
 
-    vec = build_count_vector(table)
+    vec = table.vector() if isinstance(table, SchemaCounts) else build_count_vector(table)
     scales = vec.coordinate_scales(tgt, target_share)
     noisy = add_gaussian_noise(vec.counts * scales, noise_std=noise_multiplier, clip_norm=1.0) / scales
-    num_cols = len(table.header)
+    num_cols = len(header)
     z_grid = float(norm.isf(GRID_FALSE_BIN_PROB / (num_cols * NUM_GRID_BINS)))
     z_target = float(norm.isf(TARGET_FALSE_BIN_PROB / NUM_GRID_BINS))
 
@@ -337,7 +391,7 @@ def estimate_schema(
     ]
     dropped: list[str] = []
     totals: list[float] = []
-    for name in table.header:
+    for name in header:
         is_target = name == tgt
         s = raw_std[name]
         tau_col = selection_threshold(s, delta / num_cols)

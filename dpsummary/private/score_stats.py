@@ -21,6 +21,12 @@ This is the statistic Kulkarni, Jaelkoe, Koskela, Kaski and Honkela (2021) priva
 round of the DP Newton method of Ganesh, Haghifam, Steinke and Thakurta (2023). The caller
 (:mod:`dpsummary.noise_aware`) turns the releases into a posterior by post-processing alone.
 
+Exactness: every record's clipped score and clipped curvature upper triangle are rounded toward
+zero onto the public fixed-point grid of their bound and summed as integers
+(:mod:`dpsummary.private.kernel`, the kernel every engine shares), so neighbouring sums differ by
+exactly one rounded record whatever the order or partitioning of the sum; no float summation
+margin is needed.
+
 Privacy caveats: ``theta``, the bounds and the noise multipliers must be public (functions of
 the policy, the schema and earlier DP outputs). Nothing about the records leaves this module
 except the two noisy releases; the record count is never returned. Noise comes from the
@@ -29,27 +35,18 @@ caller's :class:`~dpsummary.private.mechanism.PrivacyRandomness` (OS entropy in 
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
 from ..models import DTYPE, Model
-from . import noise
 
 if TYPE_CHECKING:
     from .mechanism import PrivacyRandomness
-
-#: Records per chunk when forming the (n, d, d) curvature tensor (bounds memory at d ~ 100).
-CHUNK_ROWS = 8192
-#: Relative margin below the curvature bound for float64 summation error of the Gram-matrix sum
-#: (the score sum is exact: :func:`~dpsummary.private.mechanism.exact_clipped_sum`). Blocked
-#: BLAS summation errs by about log2(n) * 2^-53 relative in practice; the worst-case bound
-#: (n * 2^-53 per entry over chunks of 8192 rows) is below 1e-6 of the bound up to ~10^5
-#: records per chunk sum. Known limitation: not a proof for arbitrary n (see SECURITY.md).
-SUM_MARGIN = 1e-6
-
+    from .store import RecordStore
 
 @dataclass(frozen=True)
 class NoisyStatistics:
@@ -59,16 +56,6 @@ class NoisyStatistics:
     curvature: torch.Tensor
     score_noise_std: float
     curvature_noise_std: float
-
-
-def _clip(values: torch.Tensor, bound: float) -> torch.Tensor:
-    """Scale each record's flattened statistic to norm <= bound; non-finite records become 0."""
-    flat = values.reshape(values.shape[0], -1)
-    finite = torch.isfinite(flat).all(1, keepdim=True)
-    flat = torch.where(finite, flat, torch.zeros_like(flat))
-    norms = flat.norm(dim=1, keepdim=True)
-    factor = torch.clamp(bound / torch.clamp(norms, min=1e-300), max=1.0)
-    return (flat * factor).reshape(values.shape)
 
 
 def upper_triangle(matrix: torch.Tensor) -> torch.Tensor:
@@ -87,7 +74,7 @@ def symmetric_from_upper(values: torch.Tensor, dim: int) -> torch.Tensor:
 
 
 def noisy_score_statistics(
-    points: torch.Tensor,
+    points: torch.Tensor | np.ndarray | RecordStore,
     randomness: PrivacyRandomness,
     model: Model,
     theta: torch.Tensor,
@@ -99,9 +86,13 @@ def noisy_score_statistics(
 ) -> NoisyStatistics:
     """Release the clipped score and curvature sums at ``theta`` (see module docstring).
 
+    ``points``: the records (a store read in one full pass, or an in-memory array). The
+    per-record rules and the exact sums are :func:`dpsummary.private.kernel.score_partial`.
     Two Gaussian mechanisms: ``GaussianDpEvent(score_noise_multiplier)`` and
     ``GaussianDpEvent(curvature_noise_multiplier)``; add/remove-one-record adjacency."""
-    from .mechanism import MechanismError, exact_clipped_sum
+    from . import kernel
+    from .mechanism import MechanismError
+    from .store import RecordStore
 
     for name, value in (("score_bound", score_bound), ("curvature_bound", curvature_bound),
                         ("score_noise_multiplier", score_noise_multiplier),
@@ -110,43 +101,50 @@ def noisy_score_statistics(
             raise MechanismError(f"{name} must be positive and finite")
     d = model.param_dim
     theta = theta.detach().to(DTYPE)
-    tri = d * (d + 1) // 2
-    eff_score = score_bound * (1 - SUM_MARGIN) - noise.rounding_slack(score_bound, d)
-    eff_curv = curvature_bound * (1 - SUM_MARGIN) - noise.rounding_slack(curvature_bound, tri)
-    score_sum = torch.zeros(d, dtype=DTYPE)
-    curv_sum = torch.zeros(d, d, dtype=DTYPE)
-    with torch.no_grad():
-        for start in range(0, points.shape[0], CHUNK_ROWS):
-            chunk = points[start:start + CHUNK_ROWS]
-            scores = _clip(model.record_scores(chunk, theta), eff_score)
-            factors = model.record_curvature_factors(chunk, theta)
-            if factors is not None:
-                # Rank-one curvatures c_i z_i z_i^T: Frobenius norm |c_i| |z_i|^2, clipped by
-                # scaling c_i; the sum is one weighted Gram matrix (no (n, d, d) tensor).
-                c, z = factors
-                c = torch.where(torch.isfinite(c) & torch.isfinite(z).all(1), c, torch.zeros_like(c))
-                z = torch.where(torch.isfinite(z), z, torch.zeros_like(z))
-                frob = c.abs() * (z * z).sum(1)
-                c = c * torch.clamp(eff_curv / torch.clamp(frob, min=1e-300), max=1.0)
-                if bool((c.abs() * (z * z).sum(1) > curvature_bound).any()):
-                    raise MechanismError("a clipped statistic exceeds its bound")
-                curv_sum += (z.T * c) @ z
-            else:
-                curvs = model.record_curvatures(chunk, theta)
-                # Symmetrise per record first, so the clipped matrix is the one whose triangle is sent.
-                curvs = _clip(0.5 * (curvs + curvs.transpose(1, 2)), eff_curv)
-                if bool((curvs.flatten(1).norm(dim=1) > curvature_bound).any()):
-                    raise MechanismError("a clipped statistic exceeds its bound")
-                curv_sum += curvs.sum(0)
-            # Re-check the invariant the accountant relies on, after clipping.
-            if bool((scores.norm(dim=1) > score_bound).any()):
-                raise MechanismError("a clipped statistic exceeds its bound")
-            # Exact fixed-point sum (neighbouring sums differ by one rounded row, norm <= bound).
-            score_sum += torch.from_numpy(exact_clipped_sum(scores.numpy(), score_bound))
+    if isinstance(points, RecordStore):
+        chunks: Iterable[np.ndarray] = points.chunks()
+    else:
+        arr = points.detach().to(DTYPE).numpy() if isinstance(points, torch.Tensor) else np.asarray(points)
+        chunks = [np.ascontiguousarray(arr, dtype=np.float64)]
+    total = kernel.ScorePartial.zero(d)
+    for chunk in chunks:
+        total = total + kernel.score_partial(chunk, model, theta, score_bound=score_bound,
+                                             curvature_bound=curvature_bound)
+    return release_statistics(total, randomness, d, score_bound=score_bound, curvature_bound=curvature_bound,
+                              score_noise_multiplier=score_noise_multiplier,
+                              curvature_noise_multiplier=curvature_noise_multiplier)
+
+
+def release_statistics(
+    total: Any,
+    randomness: PrivacyRandomness,
+    dim: int,
+    *,
+    score_bound: float,
+    curvature_bound: float,
+    score_noise_multiplier: float,
+    curvature_noise_multiplier: float,
+) -> NoisyStatistics:
+    """The two Gaussian releases from a round's EXACT integer totals (``kernel.ScorePartial``
+    summed over every record by any engine: local passes or Spark partitions). The one place
+    the noise-aware mechanism adds its noise; the totals never leave it."""
+    from . import kernel
+    from .mechanism import MechanismError
+
+    for name, value in (("score_bound", score_bound), ("curvature_bound", curvature_bound),
+                        ("score_noise_multiplier", score_noise_multiplier),
+                        ("curvature_noise_multiplier", curvature_noise_multiplier)):
+        if not (value > 0 and np.isfinite(value)):
+            raise MechanismError(f"{name} must be positive and finite")
+    d = int(dim)
+    if len(total.score) != d or len(total.curvature) != d * (d + 1) // 2:
+        raise MechanismError("totals do not match the model's dimension")
+    score_sum = kernel.finish(total.score, score_bound)
+    tri_sum = kernel.finish(total.curvature, curvature_bound)
     score_std = score_noise_multiplier * score_bound
     curv_std = curvature_noise_multiplier * curvature_bound
-    noisy_score = randomness.gaussian(score_sum.numpy(), noise_std=score_std, clip_norm=score_bound)
-    noisy_tri = randomness.gaussian(upper_triangle(curv_sum).numpy(), noise_std=curv_std, clip_norm=curvature_bound)
+    noisy_score = randomness.gaussian(score_sum, noise_std=score_std, clip_norm=score_bound)
+    noisy_tri = randomness.gaussian(tri_sum, noise_std=curv_std, clip_norm=curvature_bound)
     return NoisyStatistics(
         score=torch.from_numpy(np.asarray(noisy_score, dtype=np.float64)),
         curvature=symmetric_from_upper(torch.from_numpy(np.asarray(noisy_tri, dtype=np.float64)), d),

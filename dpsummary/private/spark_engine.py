@@ -1,0 +1,716 @@
+"""The Spark engine: ``dpsummary release --engine spark`` on a Parquet path or table.
+
+The ONLY module that imports pyspark (lazily, inside functions; install the ``spark`` extra and
+Java 17). It runs the same mechanisms as the local engine, through the same kernel, on data that
+lives in a Spark cluster (or in ``local[2]``):
+
+* **Full passes** (stage 1's record count and quality counts; the noise-aware mechanism's
+  rounds): ``mapInArrow`` runs, per partition and per Arrow batch, the shared per-batch encoder
+  and kernel, which return exact fixed-point INTEGER partial sums; the driver adds them as Python
+  integers (exact, so the total is bit-identical to the local engine's whatever the partitioning)
+  and then adds the noise ONCE through the mechanism's own noise path.
+* **DP-PSVI**: ONE pass pre-materialises every step's batch. Each row's steps come from keyed
+  PRF coins (:mod:`dpsummary.private.prf`: ChaCha20 under a 256-bit key from OS entropy, at the
+  row's id = (index of its file in the sorted file list, ``_metadata.row_index``)), so the
+  batches are exactly Poisson subsamples with rate q, independent across steps, identical
+  whatever the partitioning. The included (step, encoded row) pairs are shuffled by step into a
+  few Parquet files by Spark's writer (a public number of files, not one per step and input
+  partition), which the driver splits into one Arrow file per step, all under a private 0700
+  temporary directory; per step the driver reads that step's file and runs the local engine's
+  mechanism on it (:meth:`PrivateRecords.noisy_clipped_sum` at rate 1: the same kernel, the
+  same noise, added once), then deletes the file.
+
+Privacy caveats (see SECURITY.md, "The Spark engine"):
+
+* Spark's ``rand(seed)`` is never used; coins come only from the keyed PRF (key from
+  :func:`secrets.token_bytes`), noise only from the mechanism's OS-entropy path on the driver.
+* The step files are raw-equivalent records (model-space rows): the private directory is mode
+  0700, holds Spark's local/spill dirs and the JVM's tmpdir too, and is deleted on every exit
+  path (success, refusal, exception) by :class:`SparkEngine`'s context manager. A SIGKILL can
+  leave it behind: it then has the same access controls as the input.
+* Nothing data-derived is logged: no row counts, batch sizes, step-file sizes or fine timings.
+  Spark's log level is WARN, its UI and console progress bar are off.
+* Task retries cannot double-count a record: full-pass partials are taken from one successful
+  attempt per partition (``collect``), step files go through Spark's output committer.
+* On a cluster, the PRF key travels inside the task closure to the executors: enable Spark's
+  RPC/IO encryption (``--spark-conf spark.network.crypto.enabled=true --spark-conf
+  spark.io.encryption.enabled=true``) and treat the executors like the curator's machine. The
+  private directory must be on a filesystem both driver and executors see (local mode: always).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import sys
+import tempfile
+import warnings
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import Refusal
+
+#: Default master for ``--engine spark`` (tests, CI, one machine).
+DEFAULT_MASTER = "local[2]"
+
+
+class SparkEngineError(Refusal):
+    """The Spark engine cannot run (pyspark or Java missing, bad --spark-conf, no public schema):
+    a public fact, decided before the reservation; one line."""
+
+
+def spark_available() -> str | None:
+    """None if pyspark and a Java runtime are present, else a one-line reason (public)."""
+    try:
+        import pyspark  # noqa: F401
+    except ImportError:
+        return "pyspark is not installed (pip install 'dpsummary[spark]')"
+    java_home = os.environ.get("JAVA_HOME")
+    if not (shutil.which("java") or (java_home and Path(java_home, "bin", "java").exists())):
+        return "no Java runtime found (install Java 17, e.g. openjdk-17-jre-headless)"
+    return None
+
+
+def parse_spark_conf(items: list[str] | None) -> dict[str, str]:
+    """``["k=v", ...]`` from ``--spark-conf`` to a dict; a malformed item is a public error."""
+    out: dict[str, str] = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise SparkEngineError(f"--spark-conf expects key=value, got {item!r}")
+        out[key.strip()] = value.strip()
+    return out
+
+
+def public_header(location: str | Path, policy: Any) -> list[str]:
+    """The checks ``--engine spark`` makes before the reservation, all on public facts: pyspark
+    and Java are installed, the policy gives the schema (zero-configuration schema estimation
+    runs only on the local engine), and the Parquet input's column names (its metadata; no
+    record is read). Returns the header; raises :class:`SparkEngineError` (one line)."""
+    reason = spark_available()
+    if reason is not None:
+        raise SparkEngineError(f"--engine spark: {reason}")
+    if getattr(policy, "data_schema", None) is None:
+        raise SparkEngineError("--engine spark needs the schema in the policy ([schema]); zero-configuration "
+                               "schema estimation runs only with --engine local")
+    path = Path(location)
+    if path.is_dir():
+        files = sorted(f for f in path.rglob("*.parquet") if not any(part.startswith((".", "_"))
+                                                                      for part in f.relative_to(path).parts))
+        if not files:
+            raise SparkEngineError(f"no Parquet files under {path}")
+        path = files[0]
+    elif path.suffix.lower() not in (".parquet", ".pq"):
+        raise SparkEngineError("--engine spark reads Parquet (a .parquet file or a directory of them)")
+    from ..data import read_header
+
+    return read_header(path)
+
+
+@dataclass(frozen=True)
+class SparkOptions:
+    """Public engine options from the CLI: the master URL and extra Spark configuration."""
+
+    master: str = DEFAULT_MASTER
+    conf: Mapping[str, str] = field(default_factory=dict)
+
+
+def private_dir(prefix: str = "dpsummary-spark-") -> Path:
+    """A fresh directory readable only by this user (0700) for step files and Spark's spill."""
+    path = Path(tempfile.mkdtemp(prefix=prefix))
+    os.chmod(path, stat.S_IRWXU)
+    return path
+
+
+def _quiet_spark(spark: Any) -> None:
+    spark.sparkContext.setLogLevel("WARN")
+
+
+def build_session(options: SparkOptions, scratch: Path) -> Any:
+    """A SparkSession whose temp and spill dirs are inside ``scratch``, logs at WARN, no UI.
+
+    If a session is already active (tests share one), it is reused as is: its local dirs were
+    fixed when it was created (the tests' fixture puts them in a private temp dir too)."""
+    reason = spark_available()
+    if reason is not None:
+        raise SparkEngineError(f"--engine spark: {reason}")
+    warnings.filterwarnings("ignore", category=FutureWarning, module=r"pyspark\..*")
+    from pyspark.sql import SparkSession
+
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        _quiet_spark(active)
+        return active
+    spill = scratch / "spark-local"
+    spill.mkdir(mode=0o700, exist_ok=True)
+    java_opts = f"-Djava.io.tmpdir={spill}"
+    builder = (SparkSession.builder.master(options.master).appName("dpsummary")
+               .config("spark.local.dir", str(spill))
+               .config("spark.driver.extraJavaOptions", java_opts)
+               .config("spark.executor.extraJavaOptions", java_opts)
+               .config("spark.ui.enabled", "false")
+               .config("spark.ui.showConsoleProgress", "false")
+               .config("spark.speculation", "false")
+               .config("spark.sql.execution.arrow.maxRecordsPerBatch", "65536")
+               .config("spark.sql.sources.partitionOverwriteMode", "static"))
+    if options.master.startswith("local"):
+        builder = builder.config("spark.pyspark.python", sys.executable).config(
+            "spark.pyspark.driver.python", sys.executable)
+    for key, value in options.conf.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    _quiet_spark(spark)
+    return spark
+
+
+@contextmanager
+def spark_scope(options: SparkOptions) -> Iterator[tuple[Any, Path]]:
+    """(session, private dir) for one release; the dir (step files, spill) is deleted and a
+    session created here is stopped on every exit path."""
+    reason = spark_available()
+    if reason is not None:
+        raise SparkEngineError(f"--engine spark: {reason}")
+    from pyspark.sql import SparkSession
+
+    scratch = private_dir()
+    created = SparkSession.getActiveSession() is None
+    spark = None
+    try:
+        spark = build_session(options, scratch)
+        yield spark, scratch
+    finally:
+        try:
+            if created and spark is not None:
+                spark.stop()
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+
+
+# =============================================================================================
+# Row ids and passes (the functions below run on executors: pure, no logging, no randomness
+# other than the keyed PRF)
+# =============================================================================================
+#: Names of the position columns added to the input (never data columns).
+FILE_COLUMN = "__dpsummary_file"
+ROW_COLUMN = "__dpsummary_row"
+STEP_COLUMN = "step"
+
+
+def _row_ids(batch: Any, file_index: Mapping[str, int]) -> Any:
+    """int64 row ids of an Arrow batch from its position columns (file, row index in file)."""
+    import numpy as np
+
+    from .prf import parquet_row_id
+
+    files = batch.column(batch.schema.get_field_index(FILE_COLUMN)).to_pylist()
+    rows = batch.column(batch.schema.get_field_index(ROW_COLUMN)).to_numpy(zero_copy_only=False)
+    known: dict[str, int] = {}
+    for f in set(files):
+        known[f] = file_index[_norm_uri(f)]
+    idx = np.fromiter((known[f] for f in files), dtype=np.int64, count=len(files))
+    return parquet_row_id(idx, rows.astype(np.int64))
+
+
+def _data_columns(batch: Any) -> Any:
+    """The batch without the position columns (what the encoder sees)."""
+    keep = [i for i, name in enumerate(batch.schema.names) if name not in (FILE_COLUMN, ROW_COLUMN)]
+    return batch.select(keep)
+
+
+def _ints_json(values: Any) -> str:
+    import json
+
+    return json.dumps([int(v) for v in list(values)])
+
+
+def _ints_from_json(text: str) -> Any:
+    import json
+
+    import numpy as np
+
+    values = json.loads(text)
+    out = np.empty(len(values), dtype=object)
+    out[:] = [int(v) for v in values]
+    return out
+
+
+@dataclass(frozen=True)
+class BatchEncoder:
+    """The shared per-batch encoder with the release's public transform and data-quality rules
+    (picklable: it travels to the executors)."""
+
+    transform: Any
+    missing_numeric: str
+    unseen_category: str
+
+    def __call__(self, batch: Any) -> tuple[Any, Any, Any]:
+        """``(rows (m, point_dim) float64 of the KEPT records, kept (m,) int64 positions in the
+        batch, quality (n, 4) bool per record in :data:`~dpsummary.private.source.QUALITY_COUNTS`
+        order)`` for one Arrow batch of data columns, by :func:`dpsummary.data.encode_batch`
+        (the encoder the local engine uses)."""
+        import numpy as np
+
+        from ..data import QUALITY_RULES, encode_batch
+
+        enc = encode_batch(batch, self.transform, missing_numeric=self.missing_numeric,  # type: ignore[arg-type]
+                           unseen_category=self.unseen_category)  # type: ignore[arg-type]
+        ind = np.asarray(enc.indicators, dtype=bool)
+
+        def rule(name: str) -> Any:
+            return ind[:, QUALITY_RULES.index(name)]
+
+        # The rule encode_batch keeps records by (tested against its row count on every batch).
+        dropped = rule("dropped_target") | rule("dropped_numeric") | rule("dropped_category")
+        kept = np.flatnonzero(~dropped).astype(np.int64)
+        if kept.shape[0] != enc.rows.shape[0]:
+            from .mechanism import MechanismError
+
+            raise MechanismError("the encoder's kept rows do not match its drop indicators")
+        # source.QUALITY_COUNTS order: ragged_or_unreadable (Parquet has no ragged rows),
+        # imputed_numeric, other_category, dropped.
+        quality = np.stack([np.asarray(enc.undecodable, dtype=bool), rule("imputed_numeric"),
+                            rule("other_category"), dropped], axis=1)
+        return np.ascontiguousarray(enc.rows, dtype=np.float64), kept, quality
+
+
+PAYLOAD_SCHEMA = "name string, ints string"
+
+
+@dataclass(frozen=True)
+class QualityPass:
+    """Per partition: records read and how many records each public quality rule touched, as
+    exact integers (one output row per partition)."""
+
+    encoder: BatchEncoder
+
+    def __call__(self, batches: Iterator[Any]) -> Iterator[Any]:
+        import numpy as np
+        import pyarrow as pa
+
+        read = 0
+        touched: Any = None
+        for batch in batches:
+            _, _, indicators = self.encoder(_data_columns(batch))
+            read += batch.num_rows
+            sums = (np.asarray(indicators) != 0).sum(axis=0).astype(np.int64)
+            touched = sums if touched is None else touched + sums
+        rows = [("read", _ints_json([read]))]
+        if touched is not None:
+            rows.append(("quality", _ints_json(touched.tolist())))
+        yield pa.RecordBatch.from_pydict({"name": [r[0] for r in rows], "ints": [r[1] for r in rows]})
+
+
+@dataclass(frozen=True)
+class ScorePass:
+    """Per partition: the noise-aware kernel's exact partial sums at one public ``theta``."""
+
+    encoder: BatchEncoder
+    model: Any
+    theta: Any
+    score_bound: float
+    curvature_bound: float
+
+    def __call__(self, batches: Iterator[Any]) -> Iterator[Any]:
+        import pyarrow as pa
+
+        from .kernel import ScorePartial, score_partial
+
+        total = ScorePartial.zero(self.model.param_dim)
+        for batch in batches:
+            rows, _, _ = self.encoder(_data_columns(batch))
+            total = total + score_partial(rows, self.model, self.theta, score_bound=self.score_bound,
+                                          curvature_bound=self.curvature_bound)
+        yield pa.RecordBatch.from_pydict({"name": ["score", "curvature"],
+                                          "ints": [_ints_json(total.score), _ints_json(total.curvature)]})
+
+
+@dataclass(frozen=True)
+class MarginalsPass:
+    """Per partition: the initialisation histograms' exact counts over the public bins."""
+
+    encoder: BatchEncoder
+    layout: Any
+
+    def __call__(self, batches: Iterator[Any]) -> Iterator[Any]:
+        import numpy as np
+        import pyarrow as pa
+        import torch
+
+        total = np.zeros(self.layout.num_bins, dtype=np.int64)
+        kept = 0
+        for batch in batches:
+            rows, _, _ = self.encoder(_data_columns(batch))
+            counts = np.asarray(self.layout.counts(torch.from_numpy(np.ascontiguousarray(rows))))
+            total += np.rint(counts).astype(np.int64)
+            kept += rows.shape[0]
+        yield pa.RecordBatch.from_pydict({"name": ["counts", "kept"],
+                                          "ints": [_ints_json(total.tolist()), _ints_json([kept])]})
+
+
+@dataclass(frozen=True)
+class MaterialisePass:
+    """Every (step, encoded row) pair of the DP-PSVI run: row ``r`` is in step ``t`` iff its
+    keyed PRF coin says so (:class:`~dpsummary.private.prf.StepCoins`). Output rows go to the
+    step files; nothing else leaves the executor."""
+
+    encoder: BatchEncoder
+    coins: Any
+    file_index: Mapping[str, int]
+    point_dim: int
+
+    def __call__(self, batches: Iterator[Any]) -> Iterator[Any]:
+        import numpy as np
+        import pyarrow as pa
+
+        names = [STEP_COLUMN, *point_columns(self.point_dim)]
+        for batch in batches:
+            ids = _row_ids(batch, self.file_index)
+            rows, kept, _ = self.encoder(_data_columns(batch))
+            pos, steps = self.coins.membership(ids[np.asarray(kept, dtype=np.int64)])
+            picked = np.asarray(rows, dtype=np.float64)[pos]
+            arrays = [pa.array(steps.astype(np.int32))] + [pa.array(picked[:, j]) for j in range(self.point_dim)]
+            yield pa.RecordBatch.from_arrays(arrays, names=names)
+
+
+def point_columns(point_dim: int) -> list[str]:
+    return [f"p{j}" for j in range(point_dim)]
+
+
+def _split_by_step(spark_out: Path, steps_dir: Path, point_dim: int) -> None:
+    """Spark's output (each file sorted by step, every step in exactly one file) -> one Arrow
+    IPC file per run of one step, ``<step>-<seq>.arrow``, mode 0600 (any order of the input stays
+    exact). Streams batch by batch (memory: one batch)."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    cols = point_columns(point_dim)
+    schema = pa.schema([(c, pa.float64()) for c in cols])
+    writer: Any = None
+    sink: Any = None
+    current = -1
+    counter = iter(range(1 << 62))
+
+    def close() -> None:
+        if writer is not None:
+            writer.close()
+        if sink is not None:
+            sink.close()
+
+    try:
+        for path in sorted(spark_out.glob("*.parquet")):
+            current = -1  # a new file starts new step files
+            for batch in pq.ParquetFile(path).iter_batches(batch_size=1 << 16):
+                steps = batch.column(batch.schema.get_field_index(STEP_COLUMN)).to_numpy()
+                cuts = np.flatnonzero(np.diff(steps)) + 1
+                for a, b in zip(np.concatenate([[0], cuts]).tolist(), np.concatenate([cuts, [len(steps)]]).tolist(),
+                                strict=True):
+                    step = int(steps[a])
+                    if step != current:
+                        close()
+                        # A step normally lies in one file; ``-<seq>`` keeps it exact if not.
+                        seq = next(counter)
+                        target = steps_dir / f"{step}-{seq}.arrow"
+                        os.close(os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+                        sink = pa.OSFile(str(target), "wb")
+                        writer = pa.ipc.new_file(sink, schema)
+                        current = step
+                    writer.write_batch(batch.slice(a, b - a).select(cols))
+    finally:
+        close()
+
+
+# =============================================================================================
+# Driver side
+# =============================================================================================
+def _norm_uri(uri: str) -> str:
+    """One spelling for a file URI (``file:/x`` and ``file:///x``, percent-encoding removed)."""
+    from urllib.parse import unquote, urlsplit
+
+    parts = urlsplit(uri)
+    return f"{parts.scheme}://{parts.netloc}{unquote(parts.path)}"
+
+
+def _file_index_of(files: list[str]) -> dict[str, int]:
+    """Files sorted by their normalised URI -> index (public: file names, never content)."""
+    return {f: i for i, f in enumerate(sorted({_norm_uri(f) for f in files}))}
+
+
+def read_positions(spark: Any, location: str | Path) -> tuple[Any, dict[str, int]]:
+    """The input as a DataFrame with two position columns (file URI, row index in the file),
+    and the file index. ``location``: a Parquet file or directory, or a table name."""
+    from pyspark.sql import functions as F
+
+    loc = str(location)
+    df = spark.read.parquet(loc) if Path(loc).exists() or "://" in loc else spark.table(loc)
+    files = df.inputFiles()
+    index = _file_index_of(files)
+    out = df.select("*", F.col("_metadata.file_path").alias(FILE_COLUMN),
+                    F.col("_metadata.row_index").alias(ROW_COLUMN))
+    return out, index
+
+
+def _collect(df: Any, fn: Any) -> dict[str, Any]:
+    """Run one full pass (``mapInArrow`` of ``fn`` per partition) and add the integer partials
+    of every name exactly (Python integers: the total does not depend on the partitioning)."""
+    from .kernel import combine
+    from .mechanism import MechanismError
+
+    try:
+        rows = df.mapInArrow(fn, PAYLOAD_SCHEMA).collect()
+    except Exception as exc:  # noqa: BLE001 - a Spark failure: one line, no worker traceback
+        raise MechanismError(f"a Spark job failed ({type(exc).__name__}); see the Spark logs") from None
+    parts: dict[str, list[Any]] = {}
+    for row in rows:
+        parts.setdefault(row["name"], []).append(_ints_from_json(row["ints"]))
+    return {name: combine(*values) for name, values in parts.items()}
+
+
+class SparkSource:
+    """The private Parquet data of a release on Spark: the same interface as
+    :class:`~dpsummary.private.source.PrivateSource` (noisy count; :meth:`encode`), answering only
+    through accounted mechanisms. Open it after the reservation (opening reads only metadata:
+    the schema and the file list)."""
+
+    __slots__ = ("_coins", "_df", "_file_index", "_owned", "_randomness", "_scratch", "_spark", "_steps")
+
+    def __init__(self, spark: Any, location: str | Path, scratch: Path, *, steps: int,
+                 randomness: Any = None, coins: Any = None, partitions: int | None = None) -> None:
+        from .mechanism import SystemRandomness
+
+        self._spark = spark
+        self._scratch = scratch
+        self._df, self._file_index = read_positions(spark, location)
+        if partitions is not None:
+            # Any partitioning gives the same totals and the same step batches (row ids travel
+            # with the rows); exposed for tests and for tuning on a cluster.
+            self._df = self._df.repartition(partitions)
+        self._steps = steps
+        self._randomness = randomness if randomness is not None else SystemRandomness()
+        #: Tests replay with a given :class:`StepCoins`; a release draws a fresh key.
+        self._coins = coins
+        self._owned: Any = None
+
+    @classmethod
+    def open(cls, location: str | Path, options: SparkOptions, *, steps: int) -> SparkSource:
+        """For a release, after the reservation: a private 0700 directory, a SparkSession (or
+        the active one) whose temp/spill dirs live inside it, and the input's metadata (schema,
+        file list; no record). :meth:`close` (or the context manager) stops a session started
+        here and deletes the directory: step files never outlive the release."""
+        scope = spark_scope(options)
+        spark, scratch = scope.__enter__()
+        try:
+            source = cls(spark, location, scratch, steps=steps)
+        except BaseException:
+            scope.__exit__(None, None, None)
+            raise
+        source._owned = scope
+        return source
+
+    def close(self) -> None:
+        scope, self._owned = self._owned, None
+        stop = getattr(self._randomness, "close", None)
+        if stop is not None:
+            stop()  # noise pools drawn ahead (unused vectors discarded)
+        if scope is not None:
+            scope.__exit__(None, None, None)
+
+    def __enter__(self) -> SparkSource:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def prepare(self, transform: Any, *, missing_numeric: str, unseen_category: str) -> None:
+        """Nothing to do: every Spark pass encodes on the executors."""
+
+    def noisy_record_count(self, *, noise_multiplier: float) -> float:
+        """Records read (Parquet rows) plus Gaussian noise: sensitivity 1, noise on the driver."""
+        from .mechanism import release_count
+
+        try:
+            count = int(self._df.count())
+        except Exception as exc:  # noqa: BLE001
+            raise _job_failed(exc) from None
+        return release_count(self._randomness, count, noise_multiplier=noise_multiplier)
+
+    def estimate_schema(self, **_: Any) -> Any:
+        raise SparkEngineError("--engine spark needs the schema in the policy ([data_schema]); "
+                               "zero-configuration schema estimation runs only with --engine local")
+
+    def encode(self, transform: Any, *, missing_numeric: str, unseen_category: str) -> SparkEncoded:
+        encoder = BatchEncoder(transform, missing_numeric, unseen_category)
+        return SparkEncoded(self, encoder)
+
+
+def _job_failed(exc: BaseException) -> Exception:
+    from .mechanism import MechanismError
+
+    return MechanismError(f"a Spark job failed ({type(exc).__name__}); see the Spark logs")
+
+
+class SparkEncoded:
+    """Records in model space on Spark (encoded per batch on the executors, never collected)."""
+
+    __slots__ = ("_encoder", "_source", "records")
+
+    def __init__(self, source: SparkSource, encoder: BatchEncoder) -> None:
+        self._source = source
+        self._encoder = encoder
+        self.records = SparkRecords(source, encoder)
+
+    def noisy_score_statistics(self, model: Any, theta: Any, **mechanism: float) -> Any:
+        return self.records.noisy_score_statistics(model, theta, **mechanism)
+
+    def close(self) -> None:
+        """Step files go with the source's private directory (:meth:`SparkSource.close`)."""
+
+    def noisy_quality_counts(self, *, noise_multiplier: float) -> Any:
+        """One full pass: the exact per-rule counts, then one Gaussian mechanism on the driver
+        (:func:`~dpsummary.private.mechanism.noisy_indicator_totals`, the local engine's path)."""
+        from .mechanism import noisy_indicator_totals
+        from .source import QUALITY_COUNTS, QualityCounts
+
+        totals = _collect(self._source._df, QualityPass(self._encoder))
+        import numpy as np
+
+        counts = np.array([float(int(v)) for v in totals["quality"]] if "quality" in totals
+                          else [0.0] * len(QUALITY_COUNTS))
+        noisy = noisy_indicator_totals(self._source._randomness, counts, noise_multiplier=noise_multiplier)
+        return QualityCounts(dict(zip(QUALITY_COUNTS, (float(v) for v in noisy), strict=True)), noise_multiplier)
+
+
+class SparkRecords:
+    """The mechanisms of :class:`~dpsummary.private.mechanism.PrivateRecords` on Spark: the same
+    kernel (:mod:`dpsummary.private.kernel`) on the executors, the same noise on the driver."""
+
+    __slots__ = ("_encoder", "_next_step", "_source", "_step_dir", "_step_rate")
+
+    def __init__(self, source: SparkSource, encoder: BatchEncoder) -> None:
+        self._source = source
+        self._encoder = encoder
+        self._step_dir: Path | None = None
+        self._step_rate: float | None = None
+        self._next_step = 0
+
+    # ---- full passes ------------------------------------------------------------------------
+    def noisy_score_statistics(self, model: Any, theta: Any, *, score_bound: float, curvature_bound: float,
+                               score_noise_multiplier: float, curvature_noise_multiplier: float) -> Any:
+        """One full pass of the noise-aware kernel, then the two Gaussian releases on the driver
+        (:func:`~dpsummary.private.score_stats.release_statistics`, the local engine's release)."""
+        from .score_stats import release_statistics
+
+        total = self.score_totals(model, theta, score_bound=score_bound, curvature_bound=curvature_bound)
+        return release_statistics(total, self._source._randomness, model.param_dim, score_bound=score_bound,
+                                  curvature_bound=curvature_bound, score_noise_multiplier=score_noise_multiplier,
+                                  curvature_noise_multiplier=curvature_noise_multiplier)
+
+    def score_totals(self, model: Any, theta: Any, *, score_bound: float, curvature_bound: float) -> Any:
+        """PRIVATE exact totals of one noise-aware round (a ``kernel.ScorePartial``): for the
+        mechanism above and for replay tests only."""
+        from .kernel import ScorePartial
+
+        fn = ScorePass(self._encoder, model, theta.detach(), float(score_bound), float(curvature_bound))
+        totals = _collect(self._source._df, fn)
+        if not totals:
+            return ScorePartial.zero(model.param_dim)
+        return ScorePartial(totals["score"], totals["curvature"])
+
+    def noisy_marginals(self, layout: Any, *, noise_multiplier: float) -> Any:
+        """One full pass of exact histogram counts, then one Gaussian mechanism on the driver
+        (:func:`~dpsummary.private.mechanism.release_marginal_counts`, the local engine's release)."""
+        import numpy as np
+
+        from .mechanism import MechanismError, release_marginal_counts
+
+        if layout.num_features > self._encoder.transform.point_dim:
+            raise MechanismError("the histogram layout does not match the records")
+        totals = _collect(self._source._df, MarginalsPass(self._encoder, layout))
+        kept = int(totals["kept"][0]) if "kept" in totals else 0
+        counts = (np.array([float(int(v)) for v in totals["counts"]]) if "counts" in totals
+                  else np.zeros(layout.num_bins))
+        return release_marginal_counts(self._source._randomness, layout, counts, kept,
+                                       noise_multiplier=noise_multiplier)
+
+    # ---- DP-PSVI: steps from the pre-materialised step files ---------------------------------
+    def _materialise(self, sample_rate: float) -> None:
+        """The one pass: every (step, encoded row) pair, shuffled by step into a few Parquet
+        files (Spark's committer: a retried task never duplicates a row), then split on the
+        driver into one Arrow file per step. All inside the private directory."""
+        from .prf import StepCoins
+
+        src = self._source
+        coins = src._coins if src._coins is not None else StepCoins.generate(sample_rate, src._steps)
+        if coins.sample_rate != sample_rate or coins.steps != src._steps:
+            raise SparkEngineError("internal: the step coins do not match the planned rate and steps")
+        spark_out = src._scratch / "pairs"
+        steps_dir = src._scratch / "steps"
+        steps_dir.mkdir(mode=0o700)
+        dim = self._encoder.transform.point_dim
+        fn = MaterialisePass(self._encoder, coins, src._file_index, dim)
+        schema = ", ".join([f"{STEP_COLUMN} int", *(f"{c} double" for c in point_columns(dim))])
+        # A public number of output files (not one per step and input partition).
+        files = max(1, min(src._steps, int(src._spark.sparkContext.defaultParallelism)))
+        try:
+            (src._df.mapInArrow(fn, schema).repartition(files, STEP_COLUMN)
+             .sortWithinPartitions(STEP_COLUMN).write.mode("overwrite").parquet(spark_out.as_uri()))
+        except Exception as exc:  # noqa: BLE001
+            raise _job_failed(exc) from None
+        if not (spark_out / "_SUCCESS").exists():  # always written: a public fact about storage
+            raise SparkEngineError("the step files written by the executors are not visible on the driver; "
+                                   "point TMPDIR at storage that driver and executors share")
+        try:
+            _split_by_step(spark_out, steps_dir, dim)
+        finally:
+            shutil.rmtree(spark_out, ignore_errors=True)
+        self._step_dir = steps_dir
+        self._step_rate = sample_rate
+
+    def step_rows(self, step: int) -> Any:
+        """Model-space rows of one step's batch (PRIVATE; from the step's file)."""
+        import numpy as np
+        import pyarrow as pa
+
+        assert self._step_dir is not None
+        dim = self._encoder.transform.point_dim
+        parts = [np.zeros((0, dim), dtype=np.float64)]
+        for path in sorted(self._step_dir.glob(f"{step}-*.arrow")):
+            with pa.memory_map(str(path)) as source:
+                table = pa.ipc.open_file(source).read_all()
+            if table.num_rows:
+                parts.append(np.column_stack([table.column(c).to_numpy() for c in point_columns(dim)]))
+            path.unlink()  # each step's batch is used once
+        return np.ascontiguousarray(np.concatenate(parts), dtype=np.float64)
+
+    def expect_clipped_sums(self, *, num_draws: int, noise_multiplier: float, count: int) -> None:
+        """As :meth:`PrivateRecords.expect_clipped_sums`: the steps' noise may be drawn ahead."""
+        prepare = getattr(self._source._randomness, "prepare_gaussian", None)
+        if prepare is not None:
+            prepare(dim=num_draws, noise_std=noise_multiplier, clip_norm=1.0, count=count)
+
+    def noisy_clipped_sum(self, model: Any, theta: Any, *, sample_rate: float, clip_norm: float,
+                          noise_multiplier: float) -> Any:
+        """Step t of DP-PSVI (t = 0, 1, ... in call order): that step's pre-materialised Poisson
+        batch through the shared kernel, then the noise once (the local engine's path)."""
+        from .mechanism import MechanismError, PrivateRecords
+
+        if not (clip_norm > 0 and noise_multiplier > 0):
+            raise MechanismError("clip_norm and noise_multiplier must be positive")
+        if self._step_dir is None:
+            self._materialise(sample_rate)
+        if sample_rate != self._step_rate or self._next_step >= self._source._steps:
+            raise MechanismError("more steps, or another rate, than the materialised batches")
+        rows = self.step_rows(self._next_step)
+        self._next_step += 1
+        # The local engine's mechanism on the step's batch, already Poisson-sampled by the PRF
+        # coins: at rate 1 its sampler includes every row (exactly), then kernel + noise once.
+        batch = PrivateRecords(rows, randomness=self._source._randomness)
+        try:
+            return batch.noisy_clipped_sum(model, theta, sample_rate=1.0, clip_norm=clip_norm,
+                                           noise_multiplier=noise_multiplier)
+        finally:
+            batch.close()

@@ -1,0 +1,88 @@
+"""``dpsummary release --engine spark`` end to end (typer CliRunner, shared local[2] session):
+both mechanisms, the public refusal without a schema, the private directory removed and the PRF
+key never shown or written."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from release_support import ledger_lines, write_policy
+from spark_helpers import table, write_parquet
+from typer.testing import CliRunner
+
+from dpsummary.cli import app
+from dpsummary.private import prf, spark_engine
+
+pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")
+runner = CliRunner()
+
+
+@pytest.fixture()
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    h = tmp_path / "home"
+    monkeypatch.setenv("DPSUMMARY_HOME", str(h))
+    return h
+
+
+def _release(*args: str) -> Any:
+    return runner.invoke(app, ["release", *args], catch_exceptions=False)
+
+
+def test_release_engine_spark_both_mechanisms(spark: Any, tmp_path: Path, home: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    data = write_parquet(tmp_path / "records.parquet", table(900, 11))
+    pol = write_policy(tmp_path / "policy.toml", n=None)
+    keys: list[bytes] = []
+    dirs: list[Path] = []
+    real_generate, real_dir = prf.StepCoins.generate, spark_engine.private_dir
+
+    def generate(sample_rate: float, steps: int) -> prf.StepCoins:
+        coins = real_generate(sample_rate, steps)
+        keys.append(coins._key)
+        return coins
+
+    def tracked(prefix: str = "dpsummary-spark-") -> Path:
+        dirs.append(real_dir(prefix))
+        return dirs[-1]
+
+    monkeypatch.setattr(prf.StepCoins, "generate", staticmethod(generate))
+    monkeypatch.setattr(spark_engine, "private_dir", tracked)
+    out1 = tmp_path / "na.json"
+    r = _release("--engine", "spark", "--epsilon", "1.0", "--policy", str(pol), "--out", str(out1), "--json",
+                 str(data))
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["mechanism"] == "noise-aware-newton"
+    out2 = tmp_path / "psvi.json"
+    r2 = _release("--engine", "spark", "--mechanism", "dp-psvi", "--steps", "12", "--size", "5", "--epsilon", "1.0",
+                  "--policy", str(pol), "--out", str(out2), "--json", str(data))
+    assert r2.exit_code == 0, r2.output
+    body = json.loads(r2.stdout)
+    assert body["mechanism"] == "dp-psvi" and body["steps"] == 12
+    assert len(keys) == 1  # one fresh OS-entropy key for the DP-PSVI release
+    assert dirs and not any(d.exists() for d in dirs)  # step files and spill removed
+    published = [r.output, r2.output, out1.read_text(), out2.read_text(), (home / "ledger.jsonl").read_text()]
+    for text in published:
+        assert keys[0].hex() not in text and keys[0].hex().upper() not in text
+    for path in (out1, out2, home / "ledger.jsonl"):
+        assert keys[0] not in path.read_bytes()
+
+
+def test_engine_spark_needs_a_public_schema(spark: Any, tmp_path: Path, home: Path) -> None:
+    data = write_parquet(tmp_path / "records.parquet", table(300, 2))
+    pol = write_policy(tmp_path / "policy.toml", n=None, schema=False)
+    r = _release("--engine", "spark", "--epsilon", "0.5", "--policy", str(pol), str(data))
+    assert r.exit_code == 2
+    errors = [line for line in r.output.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "schema" in errors[0] and r.output.strip().endswith(errors[0])
+    assert ledger_lines(home) == []  # public refusal: nothing reserved
+
+
+def test_spark_options_need_engine_spark(tmp_path: Path, home: Path) -> None:
+    data = write_parquet(tmp_path / "records.parquet", table(300, 2))
+    r = _release("--spark-conf", "a=b", "--epsilon", "0.5", str(data))
+    assert r.exit_code == 2 and r.output.startswith("error:")
+    r = _release("--engine", "spark", "--spark-conf", "novalue", "--epsilon", "0.5", str(data))
+    assert r.exit_code == 2 and "key=value" in r.output
