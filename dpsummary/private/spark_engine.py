@@ -41,6 +41,7 @@ Privacy caveats (see SECURITY.md, "The Spark engine"):
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import stat
 import sys
@@ -111,12 +112,26 @@ def public_header(location: str | Path, policy: Any) -> list[str]:
     return read_header(path)
 
 
+#: The master URL forms Spark accepts (local modes, standalone, YARN, Kubernetes, Mesos).
+MASTER_URL = re.compile(r"local(\[(\d+|\*)(,\s*\d+)?\])?|local-cluster\[\d+,\s*\d+,\s*\d+\]"
+                        r"|spark://[^\s/]+(:\d+)?(,[^\s/]+(:\d+)?)*|yarn|k8s://\S+|mesos://\S+")
+
+
 @dataclass(frozen=True)
 class SparkOptions:
-    """Public engine options from the CLI: the master URL and extra Spark configuration."""
+    """Public engine options from the CLI: the master URL and extra Spark configuration.
+
+    The master URL's form is checked here, before the reservation (a typo is a public fact);
+    whether the cluster answers is known only when the session starts, after it."""
 
     master: str = DEFAULT_MASTER
     conf: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not MASTER_URL.fullmatch(self.master):
+            raise SparkEngineError(f"--spark-master {self.master!r} is not a Spark master URL (local, local[N], "
+                                   "local[*], spark://HOST:PORT, yarn, k8s://URL)")
+
 
 
 def private_dir(prefix: str = "dpsummary-spark-") -> Path:

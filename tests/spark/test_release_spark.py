@@ -86,3 +86,9 @@ def test_spark_options_need_engine_spark(tmp_path: Path, home: Path) -> None:
     assert r.exit_code == 2 and r.output.startswith("error:")
     r = _release("--engine", "spark", "--spark-conf", "novalue", "--epsilon", "0.5", str(data))
     assert r.exit_code == 2 and "key=value" in r.output
+    # A malformed master URL is refused before the reservation (nothing in the ledger).
+    r = _release("--engine", "spark", "--spark-master", "sprak://head:7077", "--epsilon", "0.5", str(data))
+    assert r.exit_code == 2 and r.output.startswith("error:") and "master" in r.output
+    assert not (home / "ledger.jsonl").exists() or "reserve" not in (home / "ledger.jsonl").read_text()
+    for ok in ("local", "local[2]", "local[*]", "spark://head:7077", "spark://a:7077,b:7077", "yarn", "k8s://https://h:443"):
+        assert spark_engine.SparkOptions(master=ok).master == ok
