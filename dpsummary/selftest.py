@@ -1121,6 +1121,37 @@ def _replay_deltas(in0: list[np.ndarray], in1: list[np.ndarray], noise_stds: lis
 REPLAY_NOISE_MULTIPLIER = 1.0
 
 
+def _recording_dppsvi(log: list[float], *, sample_rate: float, records: int, steps: int,
+                      num_samples: int) -> Any:
+    """The replays' DP-PSVI constructor, logging every step's clip norm into ``log``."""
+    from .private.dppsvi import DPPSVI
+
+    class Recording(DPPSVI):
+        def clip_norm(self, model: Model, state: Any, theta: torch.Tensor) -> float:
+            c = super().clip_norm(model, state, theta)
+            log.append(c)
+            return c
+
+    return Recording(noise_multiplier=REPLAY_NOISE_MULTIPLIER, sample_rate=sample_rate,
+                     record_count=float(records), steps=steps, num_samples=num_samples)
+
+
+def _replay_verdict(in0: list[np.ndarray], in1: list[np.ndarray], stds: list[float], clips: list[list[float]],
+                    lock_ratios: list[float], steps: int) -> ReplayResult:
+    """The replay's checks (see :func:`gray_box_replay`), whatever engine produced the inputs."""
+    deltas = _replay_deltas(in0, in1, stds, clips[0], REPLAY_NOISE_MULTIPLIER)
+    shapes = len(in0) == len(in1) and all(a.shape == b.shape for a, b in zip(in0, in1, strict=True))
+    first_clip_equal = bool(clips[0] and clips[1] and clips[0][0] == clips[1][0])
+    first_ok = bool(deltas) and deltas[0] <= clips[0][0] + 1e-9
+    lock_max = max(lock_ratios) if lock_ratios else math.inf
+    ok = len(in0) == len(in1) == steps and shapes and first_clip_equal and first_ok and lock_max <= 1 + 1e-9
+    return ReplayResult(
+        steps=steps, calls=(len(in0), len(in1)), shapes_equal=shapes, first_step_clip_equal=first_clip_equal,
+        first_step_delta=deltas[0] if deltas else math.nan, first_step_clip=clips[0][0] if clips[0] else math.nan,
+        per_step_delta=deltas, per_step_clip=list(clips[0]), lockstep_max_ratio=lock_max, ok=bool(ok),
+    )
+
+
 def gray_box_replay(
     *, inject: Injection = "none", records: int = 400, steps: int = 8, num_samples: int = 20,
     seed: int = 2, progress: Progress | None = None,
@@ -1149,14 +1180,7 @@ def gray_box_replay(
     clips: list[list[float]] = [[], []]
 
     def constructor(log: list[float]) -> DPPSVI:
-        class Recording(DPPSVI):
-            def clip_norm(self, model: Model, state: Any, theta: torch.Tensor) -> float:
-                c = super().clip_norm(model, state, theta)
-                log.append(c)
-                return c
-
-        return Recording(noise_multiplier=REPLAY_NOISE_MULTIPLIER, sample_rate=q, record_count=float(records),
-                         steps=steps, num_samples=num_samples)
+        return _recording_dppsvi(log, sample_rate=q, records=records, steps=steps, num_samples=num_samples)
 
     inputs = []
     stds: list[float] = []
@@ -1179,17 +1203,7 @@ def gray_box_replay(
     if progress is not None:
         progress("replay", 3, 3)
     # main_rnd records its (noise-free) input before adding noise, so inputs are comparable.
-    deltas = _replay_deltas(in0, in1, stds, clips[0], REPLAY_NOISE_MULTIPLIER)
-    shapes = len(in0) == len(in1) and all(a.shape == b.shape for a, b in zip(in0, in1, strict=True))
-    first_clip_equal = bool(clips[0] and clips[1] and clips[0][0] == clips[1][0])
-    first_ok = bool(deltas) and deltas[0] <= clips[0][0] + 1e-9
-    lock_max = max(lock.ratios) if lock.ratios else math.inf
-    ok = len(in0) == len(in1) == steps and shapes and first_clip_equal and first_ok and lock_max <= 1 + 1e-9
-    return ReplayResult(
-        steps=steps, calls=(len(in0), len(in1)), shapes_equal=shapes, first_step_clip_equal=first_clip_equal,
-        first_step_delta=deltas[0] if deltas else math.nan, first_step_clip=clips[0][0] if clips[0] else math.nan,
-        per_step_delta=deltas, per_step_clip=list(clips[0]), lockstep_max_ratio=lock_max, ok=bool(ok),
-    )
+    return _replay_verdict(in0, in1, stds, clips, lock.ratios, steps)
 
 
 class _SparkReplayRandomness:
@@ -1261,14 +1275,7 @@ def spark_gray_box_replay(spark: Any = None, *, records: int = 400, steps: int =
     clips: list[list[float]] = [[], []]
 
     def constructor(log: list[float]) -> DPPSVI:
-        class Recording(DPPSVI):
-            def clip_norm(self, model: Model, state: Any, theta: torch.Tensor) -> float:
-                c = super().clip_norm(model, state, theta)
-                log.append(c)
-                return c
-
-        return Recording(noise_multiplier=REPLAY_NOISE_MULTIPLIER, sample_rate=q, record_count=float(records),
-                         steps=steps, num_samples=num_samples)
+        return _recording_dppsvi(log, sample_rate=q, records=records, steps=steps, num_samples=num_samples)
 
     scope: Any = nullcontext((spark, work)) if spark is not None else spark_scope(SparkOptions(master=master))
     try:
@@ -1298,17 +1305,7 @@ def spark_gray_box_replay(spark: Any = None, *, records: int = 400, steps: int =
     finally:
         shutil.rmtree(work, ignore_errors=True)
     in0, in1 = inputs
-    deltas = _replay_deltas(in0, in1, stds, clips[0], REPLAY_NOISE_MULTIPLIER)
-    shapes = len(in0) == len(in1) and all(a.shape == b.shape for a, b in zip(in0, in1, strict=True))
-    first_clip_equal = bool(clips[0] and clips[1] and clips[0][0] == clips[1][0])
-    first_ok = bool(deltas) and deltas[0] <= clips[0][0] + 1e-9
-    lock_max = max(lock.ratios) if lock.ratios else math.inf
-    ok = len(in0) == len(in1) == steps and shapes and first_clip_equal and first_ok and lock_max <= 1 + 1e-9
-    return ReplayResult(
-        steps=steps, calls=(len(in0), len(in1)), shapes_equal=shapes, first_step_clip_equal=first_clip_equal,
-        first_step_delta=deltas[0] if deltas else math.nan, first_step_clip=clips[0][0] if clips[0] else math.nan,
-        per_step_delta=deltas, per_step_clip=list(clips[0]), lockstep_max_ratio=lock_max, ok=bool(ok),
-    )
+    return _replay_verdict(in0, in1, stds, clips, lock.ratios, steps)
 
 
 # =========================================================================== driver

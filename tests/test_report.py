@@ -27,32 +27,10 @@ def write_csv(path: Path, n: int = N, seed: int = 0, *, bad_targets: int = 0) ->
 
 
 def write_policy(path: Path, n: int = N) -> Path:
-    path.write_text(f"""source_id = "report-test"
-total_epsilon = 3.0
-total_delta = 1e-6
-max_epsilon_per_release = 2.0
-min_records = 50
-n_max = 100000
-record_count_public = true
-record_count = {n}
+    """The shared test policy (public schema x1, x2, y and public count ``n``)."""
+    from release_support import write_policy as shared_policy
 
-[schema]
-target = "y"
-[[schema.columns]]
-name = "x1"
-kind = "numeric"
-lower = 0
-upper = 10
-[[schema.columns]]
-name = "x2"
-kind = "categorical"
-categories = ["a", "b", "c"]
-[[schema.columns]]
-name = "y"
-kind = "categorical"
-categories = ["no", "yes"]
-""")
-    return path
+    return shared_policy(path, n=n)
 
 
 def make_release(tmp_path: Path, *, bad_targets: int = 0) -> tuple[Path, Path]:

@@ -73,6 +73,15 @@ def symmetric_from_upper(values: torch.Tensor, dim: int) -> torch.Tensor:
     return out
 
 
+def _check_positive(**values: float) -> None:
+    """Every public mechanism parameter must be positive and finite (else a bug: abort)."""
+    from .mechanism import MechanismError
+
+    for name, value in values.items():
+        if not (value > 0 and np.isfinite(value)):
+            raise MechanismError(f"{name} must be positive and finite")
+
+
 def noisy_score_statistics(
     points: torch.Tensor | np.ndarray | RecordStore,
     randomness: PrivacyRandomness,
@@ -91,14 +100,11 @@ def noisy_score_statistics(
     Two Gaussian mechanisms: ``GaussianDpEvent(score_noise_multiplier)`` and
     ``GaussianDpEvent(curvature_noise_multiplier)``; add/remove-one-record adjacency."""
     from . import kernel
-    from .mechanism import MechanismError
     from .store import RecordStore
 
-    for name, value in (("score_bound", score_bound), ("curvature_bound", curvature_bound),
-                        ("score_noise_multiplier", score_noise_multiplier),
-                        ("curvature_noise_multiplier", curvature_noise_multiplier)):
-        if not (value > 0 and np.isfinite(value)):
-            raise MechanismError(f"{name} must be positive and finite")
+    _check_positive(score_bound=score_bound, curvature_bound=curvature_bound,
+                    score_noise_multiplier=score_noise_multiplier,
+                    curvature_noise_multiplier=curvature_noise_multiplier)
     d = model.param_dim
     theta = theta.detach().to(DTYPE)
     if isinstance(points, RecordStore):
@@ -131,11 +137,9 @@ def release_statistics(
     from . import kernel
     from .mechanism import MechanismError
 
-    for name, value in (("score_bound", score_bound), ("curvature_bound", curvature_bound),
-                        ("score_noise_multiplier", score_noise_multiplier),
-                        ("curvature_noise_multiplier", curvature_noise_multiplier)):
-        if not (value > 0 and np.isfinite(value)):
-            raise MechanismError(f"{name} must be positive and finite")
+    _check_positive(score_bound=score_bound, curvature_bound=curvature_bound,
+                    score_noise_multiplier=score_noise_multiplier,
+                    curvature_noise_multiplier=curvature_noise_multiplier)
     d = int(dim)
     if len(total.score) != d or len(total.curvature) != d * (d + 1) // 2:
         raise MechanismError("totals do not match the model's dimension")
