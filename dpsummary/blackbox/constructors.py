@@ -36,8 +36,31 @@ def _random_records(data: torch.Tensor, size: int, generator: torch.Generator) -
     return torch.randperm(n, generator=generator)[: min(size, n)]
 
 
+class _OuterLoop:
+    """The outer loop BB-PSVI and batch BB-SparseVI share: ``steps`` outer iterations of
+    :func:`outer_step` (they differ only in what ``init`` makes learnable)."""
+
+    steps: int
+    inner: InnerConfig
+    batch_size: int
+    outer_samples: int
+
+    def num_steps(self, size: int) -> int:
+        return self.steps
+
+    def step(self, state: BBState, data: torch.Tensor, model: Model, generator: torch.Generator) -> BBState:
+        return outer_step(state, data, model, generator, inner=self.inner, batch_size=self.batch_size,
+                          outer_samples=self.outer_samples)
+
+    def result(self, state: BBState) -> tuple[torch.Tensor, torch.Tensor]:
+        return state.points.detach().clone(), state.weights.detach().clone()
+
+    def variational(self, state: BBState) -> tuple[torch.Tensor, torch.Tensor]:
+        return state.mu, state.rho
+
+
 @dataclass(frozen=True)
-class BBPSVI:
+class BBPSVI(_OuterLoop):
     """Black-box PSVI. Defaults: 100 outer steps of 20 unrolled inner steps, minibatch 128."""
 
     steps: int = 100
@@ -63,22 +86,9 @@ class BBPSVI:
                           inner=self.inner, init_sd=self.init_sd, warmup_steps=self.warmup_steps,
                           lr_decay=self.lr_decay, steps=self.steps)
 
-    def num_steps(self, size: int) -> int:
-        return self.steps
-
-    def step(self, state: BBState, data: torch.Tensor, model: Model, generator: torch.Generator) -> BBState:
-        return outer_step(state, data, model, generator, inner=self.inner, batch_size=self.batch_size,
-                          outer_samples=self.outer_samples)
-
-    def result(self, state: BBState) -> tuple[torch.Tensor, torch.Tensor]:
-        return state.points.detach().clone(), state.weights.detach().clone()
-
-    def variational(self, state: BBState) -> tuple[torch.Tensor, torch.Tensor]:
-        return state.mu, state.rho
-
 
 @dataclass(frozen=True)
-class BBSparseVI:
+class BBSparseVI(_OuterLoop):
     """Batch black-box Sparse VI (Algorithm 4): weights on M fixed random records."""
 
     steps: int = 100
@@ -98,19 +108,6 @@ class BBSparseVI:
         return make_state(model, data[idx], weight, n, generator, learn_points=False, learn_labels=False,
                           points_lr=0.0, weights_lr=self.weights_lr, total_lr=0.0, inner=self.inner,
                           init_sd=self.init_sd, warmup_steps=self.warmup_steps)
-
-    def num_steps(self, size: int) -> int:
-        return self.steps
-
-    def step(self, state: BBState, data: torch.Tensor, model: Model, generator: torch.Generator) -> BBState:
-        return outer_step(state, data, model, generator, inner=self.inner, batch_size=self.batch_size,
-                          outer_samples=self.outer_samples)
-
-    def result(self, state: BBState) -> tuple[torch.Tensor, torch.Tensor]:
-        return state.points.detach().clone(), state.weights.detach().clone()
-
-    def variational(self, state: BBState) -> tuple[torch.Tensor, torch.Tensor]:
-        return state.mu, state.rho
 
 
 @dataclass
