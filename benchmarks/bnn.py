@@ -45,7 +45,7 @@ from dpsummary.blackbox.evaluate import (  # noqa: E402
     predictive_metrics,
 )
 from dpsummary.models import DTYPE, Model  # noqa: E402
-from dpsummary.models.bnn import BNN  # noqa: E402
+from dpsummary.models.bnn import BNN, MeanFieldGaussian  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 GERMAN = Path("/work/shared/data/german_credit.csv")
@@ -53,11 +53,13 @@ GERMAN = Path("/work/shared/data/german_credit.csv")
 
 # ---- data --------------------------------------------------------------------------------------
 def load(name: str, seed: int, width: int) -> tuple[torch.Tensor, torch.Tensor, Model]:
-    if name in ("halfmoon", "four_blobs"):
+    if name in ("halfmoon", "halfmoon_ref", "four_blobs"):
         from sklearn.datasets import make_blobs, make_moons
 
-        if name == "halfmoon":
-            x, y = make_moons(1000, noise=0.1, random_state=seed)
+        if name in ("halfmoon", "halfmoon_ref"):
+            # halfmoon_ref: the authors' data (random_state=42 for every seed; first 800 / last
+            # 200), with our network and settings; isolates the data from the other differences.
+            x, y = make_moons(1000, noise=0.1, random_state=42 if name == "halfmoon_ref" else seed)
             pts = torch.tensor(np.c_[x, y], dtype=DTYPE)
             model: Model = BNN(2, widths=(width,))
         else:
@@ -93,8 +95,9 @@ def make(method: str, steps: int, inner: InnerConfig) -> Any:
 
 
 def run(method: str, train: torch.Tensor, test: torch.Tensor, model: Model, size: int, seed: int, steps: int,
-        inner: InnerConfig, *, on_step: Callable[[int, Any, Any], None] | None = None) -> dict[str, Any]:
-    ctor = make(method, steps, inner)
+        inner: InnerConfig, *, on_step: Callable[[int, Any, Any], None] | None = None, ctor: Any = None
+        ) -> dict[str, Any]:
+    ctor = make(method, steps, inner) if ctor is None else ctor
     gen = torch.Generator().manual_seed(seed)
     w0, c0 = time.perf_counter(), time.process_time()
     state = ctor.init(train, model, size, gen)
@@ -105,8 +108,8 @@ def run(method: str, train: torch.Tensor, test: torch.Tensor, model: Model, size
         if on_step is not None:
             on_step(t + 1, ctor, state)
     w2, c2 = time.perf_counter(), time.process_time()
-    points, weights = ctor.result(state)
-    mu, rho = ctor.variational(state)
+    points, weights = (a.detach().to(DTYPE) for a in ctor.result(state))
+    mu, rho = (a.detach().to(DTYPE) for a in ctor.variational(state))
     imp = method.startswith("bb-")
     m = evaluate_variational(model, mu, rho, test, torch.Generator().manual_seed(10_000 + seed),
                              points=points if imp else None, weights=weights if imp else None)
@@ -176,14 +179,17 @@ def curve(args: argparse.Namespace) -> None:
     rows: list[dict[str, Any]] = []
     for ds in args.datasets:
         for seed in range(args.seeds):
-            train, test, model = load(ds, seed, args.width)
+            # "reference": the authors' data and settings (see ``reference``), float32 training.
+            ref = ds == "reference"
+            train, test, model = load_reference() if ref else load(ds, seed, args.width)
+            test = test.to(DTYPE)
             for size in args.sizes:
                 def on_step(t: int, ctor: Any, state: Any, ds: str = ds, seed: int = seed, size: int = size,
                             model: Model = model, test: torch.Tensor = test) -> None:
                     if t % args.every and t != 1:
                         return
-                    pts, w = ctor.result(state)
-                    mu, rho = ctor.variational(state)
+                    pts, w = (a.detach().to(DTYPE) for a in ctor.result(state))
+                    mu, rho = (a.detach().to(DTYPE) for a in ctor.variational(state))
                     g = torch.Generator().manual_seed(10_000 + seed)
                     theta, wt = draws_and_weights(model, mu, rho, g, num_samples=200, points=pts, weights=w)
                     m = predictive_metrics(model, theta, wt, test)
@@ -191,7 +197,8 @@ def curve(args: argparse.Namespace) -> None:
                     rows.append({"dataset": ds, "seed": seed, "M": size, "step": t, **m,
                                  **{f"{k}_r": v for k, v in r.items()}, "weight_sum": float(w.sum())})
                     print(rows[-1], flush=True)
-                run("bb-psvi", train, test, model, size, seed, args.steps, inner, on_step=on_step)
+                run("bb-psvi", train, test, model, size, seed, args.steps, inner, on_step=on_step,
+                    ctor=reference_ctor("bb-psvi", 1.0, args.steps) if ref else None)
             path = RESULTS / args.out
             with path.open("w", newline="") as fh:
                 wr = csv.DictWriter(fh, ["dataset", "seed", "M", "step", "accuracy", "test_ll", "ece", "accuracy_r",
@@ -295,20 +302,112 @@ def private(args: argparse.Namespace) -> None:
 
 
 def speed(args: argparse.Namespace) -> None:
-    """Seconds per BB-PSVI outer iteration at the reference's settings (halfmoon, 100 units,
-    M = 50, minibatch 128, 10 draws) for several unrolled inner-loop lengths; wall and CPU."""
-    train, _test, model = load("halfmoon", 0, args.width)
-    for inner_steps in (10, 20, 50):
-        ctor = BBPSVI(steps=args.steps, inner=InnerConfig(steps=inner_steps), warmup_steps=0)
-        gen = torch.Generator().manual_seed(0)
-        state = ctor.init(train, model, 50, gen)
-        state = ctor.step(state, train, model, gen)  # first call pays one-off set-up
-        w0, c0 = time.perf_counter(), time.process_time()
-        for _ in range(args.steps):
-            state = ctor.step(state, train, model, gen)
-        print(f"inner {inner_steps:>3}: {(time.perf_counter() - w0) / args.steps:.3f} s wall, "
-              f"{(time.process_time() - c0) / args.steps:.3f} s CPU per outer iteration "
-              f"(load average {os.getloadavg()[0]:.1f})", flush=True)
+    """Seconds per BB-PSVI outer iteration at the reference's settings (its halfmoon, 100 units,
+    2-class softmax, M = 50, minibatch 128, 10 draws, inner lr 1e-3, fresh inner moments) for
+    several unrolled inner-loop lengths (the reference's default and measured setting is 100),
+    in float64 (our default) and float32 (the reference's dtype); wall and CPU time, load."""
+    from dataclasses import replace
+
+    train32, _test, model = load_reference()
+    for dtype in (torch.float64, torch.float32):
+        train = train32.to(dtype)
+        for inner_steps in args.inner_list:
+            base = reference_ctor("bb-psvi", 1.0, args.steps)
+            ctor = replace(base, inner=replace(base.inner, steps=inner_steps))
+            gen = torch.Generator().manual_seed(0)
+            state = ctor.init(train, model, 50, gen)
+            state = ctor.step(state, train, model, gen)  # first call pays one-off set-up
+            load0 = os.getloadavg()[0]
+            w0, c0 = time.perf_counter(), time.process_time()
+            for _ in range(args.steps):
+                state = ctor.step(state, train, model, gen)
+            print(f"{str(dtype)[6:]} inner {inner_steps:>3}: {(time.perf_counter() - w0) / args.steps:.3f} s wall, "
+                  f"{(time.process_time() - c0) / args.steps:.3f} s CPU per outer iteration "
+                  f"(load average {load0:.2f} -> {os.getloadavg()[0]:.2f})", flush=True)
+
+
+# ---- the reference's settings (issue 16 targets; rule in benchmarks/results/bnn.md) ------------
+def load_reference() -> tuple[torch.Tensor, torch.Tensor, BNN]:
+    """The authors' halfmoon: make_moons(1000, noise=0.1, random_state=42) in float32, train =
+    first 800, test = last 200, two one-hot label columns for the 2-class softmax network."""
+    from sklearn.datasets import make_moons
+
+    x, y = make_moons(n_samples=1000, noise=0.1, random_state=42)
+    pts = torch.tensor(np.c_[x, np.eye(2)[y]], dtype=torch.float32)
+    return pts[:800], pts[800:], BNN(2, widths=(100,), likelihood="softmax", num_classes=2)
+
+
+def reference_ctor(method: str, kl_weight: float, outer: int) -> Any:
+    """Constructors at the reference's settings (authors' code defaults, see the rule)."""
+    inner = InnerConfig(steps=100, lr=1e-3, num_samples=10, kl_weight=kl_weight)
+    if method == "bb-psvi":
+        return BBPSVI(steps=outer, inner=inner, batch_size=128, outer_samples=10, points_lr=1e-4, weights_lr=1e-3,
+                      learn_labels=False, learn_total=False, init_sd=1e-6, warmup_steps=0, reset_inner_moments=True,
+                      init_scheme="uniform")
+    two = InnerConfig(steps=outer, lr=1e-3, num_samples=10, kl_weight=kl_weight)  # 2 x outer Adam steps
+    if method == "full-vi":
+        return FullDataVI(steps=2, inner=two, batch_size=128, init_sd=1e-6, init_scheme="uniform")
+    if method == "random-subset":
+        return RandomSubsetVI(steps=2, inner=two, init_sd=1e-6, init_scheme="uniform")
+    raise ValueError(method)
+
+
+def reference_metrics(model: BNN, mu: torch.Tensor, rho: torch.Tensor, test: torch.Tensor, seed: int, *,
+                      points: torch.Tensor | None, weights: torch.Tensor | None, mean_logit: bool) -> dict[str, float]:
+    """Test metrics computed as the authors' code does: per test batch of 128, 10 fresh draws;
+    BB-PSVI: importance-weighted mixture of the draws' class probabilities (psvi_classes
+    ``evaluate``); VI baselines: softmax of the draws' mean logit (baselines ``run_mfvi``)."""
+    gen = torch.Generator().manual_seed(20_000 + seed)
+    ll, correct = [], []
+    for start in range(0, test.shape[0], 128):
+        chunk = test[start:start + 128]
+        theta, wt = draws_and_weights(model, mu, rho, gen, num_samples=10, points=points, weights=weights)
+        x, lab = chunk[:, :2], chunk[:, 2:].argmax(1)
+        if mean_logit:
+            logp = torch.log_softmax(model.forward(x, theta).mean(0), -1)
+        else:
+            logp = torch.einsum("s,snk->nk", wt, model.predictive_probs(x, theta)).clamp(min=1e-300).log()
+        ll.append(logp.gather(1, lab[:, None])[:, 0])
+        correct.append((logp.argmax(1) == lab).to(DTYPE))
+    return {"accuracy_ref": float(torch.cat(correct).mean()), "test_ll_ref": float(torch.cat(ll).mean())}
+
+
+def reference(args: argparse.Namespace) -> None:
+    """BB-PSVI (M = 50), full-data VI and random subset (M = 50) at the reference's settings,
+    on the reference's data split; metrics both as the authors' code computes them (10 draws)
+    and as the grid does (200 draws, float64). ``--kl-weights 1 0.1``: 1 is the paper's ELBO,
+    0.1 reproduces the authors' code's sum over its 10 draws."""
+    train32, test32, model = load_reference()
+    test = test32.to(DTYPE)
+    rows: list[dict[str, Any]] = []
+    for kl_weight in args.kl_weights:
+        for seed in range(args.first_seed, args.first_seed + args.seeds):
+            for method in args.methods:
+                ctor = reference_ctor(method, kl_weight, args.steps)
+                gen = torch.Generator().manual_seed(seed)
+                w0, c0 = time.perf_counter(), time.process_time()
+                state = ctor.init(train32, model, 50, gen)
+                for _ in range(ctor.num_steps(50)):
+                    state = ctor.step(state, train32, model, gen)
+                wall, cpu = time.perf_counter() - w0, time.process_time() - c0
+                pts, w = (a.detach().to(DTYPE) for a in ctor.result(state))
+                mu, rho = (a.detach().to(DTYPE) for a in ctor.variational(state))
+                bb = method == "bb-psvi"
+                ref = reference_metrics(model, mu, rho, test, seed, points=pts if bb else None,
+                                        weights=w if bb else None, mean_logit=not bb)
+                ours = evaluate_variational(model, mu, rho, test, torch.Generator().manual_seed(10_000 + seed),
+                                            points=pts if bb else None, weights=w if bb else None)
+                sd = MeanFieldGaussian.sd(rho)
+                rows.append({"method": method, "kl_weight": kl_weight, "seed": seed, **ref, "accuracy": ours["accuracy"],
+                             "test_ll": ours["test_ll"], "ece": ours["ece"], "ess": ours["ess"],
+                             "sd_median": float(sd.median()), "wall_s": wall, "cpu_s": cpu,
+                             "load": os.getloadavg()[0]})
+                print({k: (round(v, 4) if isinstance(v, float) else v) for k, v in rows[-1].items()}, flush=True)
+                with (RESULTS / args.out).open("w", newline="") as fh:
+                    wr = csv.DictWriter(fh, list(rows[0]))
+                    wr.writeheader()
+                    for r in rows:
+                        wr.writerow({k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in r.items()})
 
 
 def table(args: argparse.Namespace) -> None:
@@ -340,7 +439,7 @@ def table(args: argparse.Namespace) -> None:
 def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(1)
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("mode", choices=["grid", "curve", "table", "private", "speed"])
+    p.add_argument("mode", choices=["grid", "curve", "table", "private", "speed", "reference"])
     p.add_argument("--datasets", nargs="+", default=["halfmoon", "four_blobs", "german_credit"])
     p.add_argument("--sizes", nargs="+", type=int, default=[10, 20, 50, 100])
     p.add_argument("--seeds", type=int, default=5)
@@ -358,8 +457,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--sgd-clip", type=float, default=1.0)
     p.add_argument("--sgd-lr", type=float, default=0.5)
     p.add_argument("--size", type=int, default=50)
+    p.add_argument("--inner-list", nargs="+", type=int, default=[20, 50, 100], help="speed mode: inner steps")
+    p.add_argument("--kl-weights", nargs="+", type=float, default=[1.0], help="reference mode: InnerConfig.kl_weight")
+    p.add_argument("--methods", nargs="+", default=["bb-psvi", "full-vi", "random-subset"], help="reference mode")
     args = p.parse_args(argv)
-    {"grid": grid, "curve": curve, "table": table, "private": private, "speed": speed}[args.mode](args)
+    {"grid": grid, "curve": curve, "table": table, "private": private, "speed": speed,
+     "reference": reference}[args.mode](args)
 
 
 if __name__ == "__main__":

@@ -27,6 +27,16 @@ and matched mean inside the reference's 1-sigma ellipsoid), held-out log predict
 point (Student-t predictive, 10% held out / 10^4 fresh points), and wall time (coreset
 construction + CAVI) against full-data CAVI on the same machine (2 shared cores: read times as
 rough).
+
+Private mode (``--private``; results in mixtures_private.md/csv):
+
+    OMP_NUM_THREADS=1 nice -n 10 python benchmarks/mixtures.py --private --n 100000 --seeds 3 \
+        --epsilons 0.5,1,2,4,16
+
+runs the noisy kd-tree summary (dpsummary.private.mixture, default plan) and DP-EM at the same
+(epsilon, delta = 0.1/N) on ``outlying``, ``central``, ``outlying5`` (a 5-d version of
+``outlying``) and ``adult``, with real OS-entropy noise, ``--seeds`` repeats, and compares them
+with non-private full-data CAVI under the same public prior (``run_private``).
 """
 
 from __future__ import annotations
@@ -43,6 +53,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -57,6 +68,7 @@ from dpsummary.mixtures import (  # noqa: E402
     log_predictive_density,
 )
 from dpsummary.mixtures.table import read_numeric_table  # noqa: E402
+from dpsummary.models.gmm import mixture_model  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 ADULT = ROOT.parent / "shared" / "data" / "adult.csv"
@@ -95,6 +107,13 @@ def truth(scenario: str) -> Truth:
     elif scenario == "central":
         means = np.array([[-5.0, 0.0], [5.0, 0.0], [0.0, 6.0], [0.0, 1.8], [0.0, -2.5]])
         sds = np.array([[1.0, 0.6], [0.8, 0.5], [0.7, 0.7], [0.3, 0.2], [0.25, 0.25]])
+    elif scenario == "outlying5":
+        # 5-d version of ``outlying`` (diagonal covariances): two small components far out.
+        means = np.array([[0.0, 0.0, 0.0, 0.0, 0.0], [4.0, 0.5, -1.0, 0.0, 1.0], [1.5, 4.0, 1.0, -1.0, 0.0],
+                          [11.0, 9.0, 4.0, -3.0, 5.0], [-8.0, 7.0, -3.0, 4.0, -4.0]])
+        sds = np.array([[1.0, 0.6, 0.8, 0.7, 0.9], [0.8, 0.5, 0.6, 0.6, 0.5], [0.7, 0.7, 0.5, 0.8, 0.6],
+                        [0.5, 0.3, 0.4, 0.4, 0.3], [0.4, 0.4, 0.3, 0.5, 0.4]])
+        return Truth(weights, means, np.array([np.diag(s**2) for s in sds]))
     else:
         raise ValueError(f"unknown scenario {scenario!r}")
     angles = np.array([0.3, -0.6, 1.0, 0.2, 0.0])
@@ -156,7 +175,11 @@ def run_dataset(name: str, train: np.ndarray, test: np.ndarray, ref: Truth | Non
             for method in METHODS:
                 for seed in range(seeds):
                     start = time.perf_counter()
-                    core = build_coreset(method, train, size, np.random.default_rng([seed, 1]))
+                    # Shared GLM constructor via constructors.fit on the mixture model (torch stream:
+                    # since the numpy sampler was removed, coresets differ from the recorded runs').
+                    core = build_coreset(method, train, size, torch.Generator().manual_seed(seed),
+                                         model=mixture_model(train.shape[1], n_components=N_COMPONENTS,
+                                                               process=MODEL_PROCESSES[model]))
                     fit = _fit(core.points, core.weights, model, seed)
                     seconds = time.perf_counter() - start
                     rows.append({**base, "method": method, "fraction": fraction, "size": size, "seed": seed,
@@ -220,72 +243,127 @@ class _NoNoise:
         return np.asarray(values, dtype=np.float64)
 
 
-def run_private(n: int, repeats: int, epsilons: list[float], rounds: int, radius: float) -> list[dict[str, object]]:
-    """DP-EM (dpsummary.private.mixture) on the synthetic sets, in the public standardised space
-    given by the generator's true mixture mean and sd (public: the generator is public).
-    Privacy noise is real (OS entropy): rows vary between repeats and runs."""
-    from dpsummary.private.mixture import private_mixture
+def _private_data(name: str, n: int) -> tuple[np.ndarray, np.ndarray, Truth | None]:
+    """Training and held-out points in the public standardised space. Synthetic: the generator's
+    true mixture mean and sd (public: the generator is public). adult: the data's own mean and sd
+    (NOT public: a release must take them from the policy's bounds; a benchmark caveat)."""
+    if name == "adult":
+        table = read_numeric_table(ADULT)
+        perm = np.random.default_rng(DATA_SEED).permutation(table.values.shape[0])
+        n_test = table.values.shape[0] // 10
+        return table.values[perm[n_test:]], table.values[perm[:n_test]], None
+    t = truth(name)
+    mu = t.weights @ t.means
+    cov = sum(w * (c + np.outer(m - mu, m - mu)) for w, m, c in zip(t.weights, t.means, t.covariances, strict=True))
+    sd = np.sqrt(np.diag(cov))
+    ref = Truth(t.weights, (t.means - mu) / sd, t.covariances / np.outer(sd, sd))
+    return (sample(t, n, DATA_SEED) - mu) / sd, (sample(t, 10_000, TEST_SEED) - mu) / sd, ref
+
+
+def run_private(n: int, repeats: int, epsilons: list[float], datasets: list[str], rounds: int, radius: float,
+                methods: list[str]) -> list[dict[str, object]]:
+    """The noisy kd-tree summary (dpsummary.private.mixture.release_mixture_summary, default plan)
+    and DP-EM (private_mixture, ``rounds`` rounds, ball ``radius``) at the same (epsilon, delta),
+    against non-private full-data CAVI with the same public prior. Privacy noise is real (OS
+    entropy): rows vary between repeats and runs. ``inf`` = the same algorithm without noise
+    (NON-PRIVATE; the tree uses the epsilon = 1 plan's thresholds)."""
+    from dpsummary.private.mechanism import PrivateRecords
+    from dpsummary.private.mixture import (
+        fit_release,
+        plan_tree,
+        private_mixture,
+        release_mixture_summary,
+    )
 
     rows: list[dict[str, object]] = []
-    for name in ("outlying", "central"):
-        t = truth(name)
-        mu = t.weights @ t.means
-        cov = sum(w * (c + np.outer(m - mu, m - mu)) for w, m, c in zip(t.weights, t.means, t.covariances, strict=True))
-        sd = np.sqrt(np.diag(cov))
-        ref = Truth(t.weights, (t.means - mu) / sd, t.covariances / np.outer(sd, sd))
-        train, test = (sample(t, n, DATA_SEED) - mu) / sd, (sample(t, 10_000, TEST_SEED) - mu) / sd
-        d = train.shape[1]
+    for name in datasets:
+        train, test, ref = _private_data(name, n)
+        size, d = train.shape
         prior = MixturePrior("dirichlet_process", N_COMPONENTS, 1.0 / N_COMPONENTS, 1.0, np.zeros(d), float(d),
                              COVARIANCE_SCALE * np.eye(d))
-        delta = 0.1 / n
+        delta = 0.1 / size
+        start = time.process_time()
+        full = fit_cavi(train, None, prior, np.random.default_rng([0, 2]), max_iter=MAX_ITER, tol=TOL)
+        full_cpu = time.process_time() - start
+        if ref is None:  # real data: the full fit's components with >= 1% of the mass are the reference
+            post = full.posterior
+            keep = post.expected_weights() >= REF_MIN
+            ref = Truth(post.expected_weights()[keep], post.means[keep], post.covariances()[keep])
+        base0 = {"dataset": name, "d": d, "n": size, "delta": delta}
+        full_scores = _scores(full, ref, test)
+        rows.append({**base0, "epsilon": "non-private", "method": "full-data CAVI", "sigma": 0.0, "repeat": 0,
+                     "leaves": 0, "points": size, "total_weight": float(size), "cpu_seconds": full_cpu,
+                     **full_scores, "lpd_gap": 0.0})
+        print(f"{name} full {full_scores['heldout_lpd']:.4f} cpu {full_cpu:.1f}s", flush=True)
         for eps in [*epsilons, math.inf]:
             for rep in range(repeats if math.isfinite(eps) else 1):
-                start = time.perf_counter()
-                summary = private_mixture(train, prior, epsilon=eps if math.isfinite(eps) else 1.0, delta=delta,
-                                          radius=radius, rounds=rounds, init_rng=np.random.default_rng([rep, 3]),
-                                          randomness=None if math.isfinite(eps) else _NoNoise())
-                seconds = time.perf_counter() - start
-                base = {"dataset": name, "n": n, "epsilon": eps, "delta": delta, "rounds": rounds, "radius": radius,
-                        "sigma": summary.noise_multiplier if math.isfinite(eps) else 0.0, "repeat": rep,
-                        "seconds": seconds}
-                dp_em = MixtureFit(summary.posterior, np.array([np.nan]), True, seconds)
-                rows.append({**base, "output": "dp-em posterior", "distinct": 0, **_scores(dp_em, ref, test)})
-                refit = fit_cavi(summary.points, summary.weights, prior, np.random.default_rng([rep, 4]),
-                                 max_iter=MAX_ITER, tol=TOL)
-                rows.append({**base, "output": "pseudo-data -> CAVI", "distinct": int(summary.weights.shape[0]),
-                             **_scores(refit, ref, test)})
-                print(f"private {name} eps={eps} rep={rep} {rows[-2]['heldout_lpd']:.3f} {rows[-1]['heldout_lpd']:.3f}",
-                      flush=True)
-        full = fit_cavi(train, None, prior, np.random.default_rng([0, 2]), max_iter=MAX_ITER, tol=TOL)
-        rows.append({"dataset": name, "n": n, "epsilon": "non-private", "delta": 0.0, "rounds": 0, "radius": 0.0,
-                     "sigma": 0.0, "repeat": 0, "seconds": full.seconds, "output": "full-data CAVI", "distinct": n,
-                     **_scores(full, ref, test)})
+                noiseless = None if math.isfinite(eps) else _NoNoise()
+                base = {**base0, "epsilon": eps, "repeat": rep}
+                for variant in [v for v in ("tree", "tree-moments") if v in methods]:
+                    moments = variant == "tree-moments"
+                    plan = plan_tree(d, epsilon=eps if math.isfinite(eps) else 1.0, delta=delta, leaf_moments=moments)
+                    start = time.process_time()
+                    records = PrivateRecords(train, randomness=noiseless)
+                    release = release_mixture_summary(records, plan=plan)
+                    records.close()
+                    post = fit_release(release, prior, np.random.default_rng([rep, 4]), max_iter=MAX_ITER, tol=TOL)
+                    cpu = time.process_time() - start
+                    sc = _scores(MixtureFit(post, np.array([np.nan]), True, cpu), ref, test)
+                    rows.append({**base, "method": "kd-tree+moments -> CAVI" if moments else "kd-tree -> CAVI",
+                                 "sigma": plan.noise_multiplier,
+                                 "leaves": release.notes["leaves"], "points": int(release.weights.shape[0]),
+                                 "total_weight": float(release.weights.sum()), "cpu_seconds": cpu, **sc,
+                                 "lpd_gap": sc["heldout_lpd"] - full_scores["heldout_lpd"]})
+                    print(f"{name} eps={eps} rep={rep} {variant} {sc['heldout_lpd']:.4f} small {sc['small_recovered']}"
+                          f" cpu {cpu:.1f}s", flush=True)
+                if "dp-em" in methods:
+                    start = time.process_time()
+                    summary = private_mixture(train, prior, epsilon=eps if math.isfinite(eps) else 1.0, delta=delta,
+                                              radius=radius, rounds=rounds, init_rng=np.random.default_rng([rep, 3]),
+                                              randomness=noiseless)
+                    cpu = time.process_time() - start
+                    sc = _scores(MixtureFit(summary.posterior, np.array([np.nan]), True, cpu), ref, test)
+                    rows.append({**base, "method": "dp-em posterior",
+                                 "sigma": summary.noise_multiplier if math.isfinite(eps) else 0.0,
+                                 "leaves": 0, "points": int(summary.weights.shape[0]),
+                                 "total_weight": float(summary.weights.sum()), "cpu_seconds": cpu, **sc,
+                                 "lpd_gap": sc["heldout_lpd"] - full_scores["heldout_lpd"]})
+                    print(f"{name} eps={eps} rep={rep} dp-em {sc['heldout_lpd']:.4f} cpu {cpu:.1f}s", flush=True)
     return rows
 
 
 def summarise_private(rows: list[dict[str, object]], command: str) -> str:
     groups: dict[tuple[object, ...], list[dict[str, object]]] = defaultdict(list)
     for r in rows:
-        groups[(r["dataset"], r["epsilon"], r["output"])].append(r)
+        groups[(r["dataset"], r["epsilon"], r["method"])].append(r)
     lines = [
-        "# Private mixture summary: DP-EM noisy statistics (dpsummary/private/mixture.py)",
+        "# Private mixture summaries: noisy kd-tree vs DP-EM (dpsummary/private/mixture.py)",
         "",
-        f"Generated by `{command}`. DPGMM, T = {N_COMPONENTS}, public prior (m0 = 0, W0^-1 = "
-        f"{COVARIANCE_SCALE} I in the public standardised space), delta = 0.1/N, Opacus RDP calibration,",
-        "real OS-entropy noise (numbers vary run to run); mean ± sd over repeats. `inf` = the same",
-        "algorithm without noise (NON-PRIVATE, separates algorithm from noise). Metrics as in mixtures.md.",
+        f"Generated by `{command}` (benchmarks/mixtures.py, `run_private`). DPGMM, T = {N_COMPONENTS},",
+        f"public prior (m0 = 0, W0^-1 = {COVARIANCE_SCALE} I, nu0 = D in the public standardised space),",
+        "delta = 0.1/N, Opacus RDP calibration, real OS-entropy noise (numbers vary run to run); mean ± sd",
+        "over repeats. kd-tree: default plan (B = 4, depth min(6D, 36), split at 3 sigma, keep at 2 sigma),",
+        "its pseudo-points fitted by weighted CAVI; +moments: one more release (same sigma) of per-leaf",
+        "means and variances. DP-EM: 20 rounds, ball radius 6, its posterior.",
+        "`inf` = the same algorithm without noise (NON-PRIVATE). `lpd gap` = held-out lpd minus that of",
+        "non-private full-data CAVI (same prior). `small rec.` summed over repeats. CPU seconds (2 shared",
+        f"cores; load average at the end {os.getloadavg()[0]:.2f}). adult: standardised with the data's",
+        "own mean/sd (a release must use public bounds), reference = full-data CAVI components >= 1%.",
         "",
-        "| data | epsilon | output | sigma | mean err | cov err (rel) | small rec. | all rec. | lpd |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| data | D | epsilon | method | sigma | leaves | mean err | cov err (rel) | small rec. | all rec. "
+        "| lpd | lpd gap | CPU s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for (dataset, eps, output), rs in groups.items():
-        def ms(key: str, rs: list[dict[str, object]] = rs) -> str:
+    for (dataset, eps, method), rs in groups.items():
+        def ms(key: str, fmt: str = ".3f", rs: list[dict[str, object]] = rs) -> str:
             vals = [float(r[key]) for r in rs]  # type: ignore[arg-type]
-            return f"{statistics.mean(vals):.3f}" + (f" ± {statistics.stdev(vals):.3f}" if len(vals) > 1 else "")
+            m = format(statistics.mean(vals), fmt)
+            return m + (f" ± {format(statistics.stdev(vals), fmt)}" if len(vals) > 1 else "")
         small = sum(int(r["small_recovered"]) for r in rs)  # type: ignore[call-overload]
         small_total = sum(int(r["small_total"]) for r in rs)  # type: ignore[call-overload]
-        lines.append(f"| {dataset} | {eps} | {output} | {ms('sigma')} | {ms('mean_error')} | {ms('cov_error')} "
-                     f"| {small}/{small_total} | {ms('all_recovered')} | {ms('heldout_lpd')} |")
+        lines.append(f"| {dataset} | {rs[0]['d']} | {eps} | {method} | {ms('sigma', '.2f')} | {ms('leaves', '.0f')} "
+                     f"| {ms('mean_error')} | {ms('cov_error')} | {small}/{small_total} | {ms('all_recovered', '.1f')} "
+                     f"| {ms('heldout_lpd')} | {ms('lpd_gap')} | {ms('cpu_seconds', '.1f')} |")
     return "\n".join(lines) + "\n"
 
 
@@ -308,13 +386,18 @@ def main() -> None:
     parser.add_argument("--out", default=None, help="results file stem in benchmarks/results/")
     parser.add_argument("--fractions", default=",".join(map(str, FRACTIONS)), help="M/N values")
     parser.add_argument("--private", action="store_true", help="run the DP-EM comparison instead")
-    parser.add_argument("--epsilons", default="1,4,16")
+    parser.add_argument("--epsilons", default="0.5,1,2,4,16")
+    parser.add_argument("--private-methods", default="tree,dp-em",
+                        help="private mode: any of tree, tree-moments, dp-em")
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--radius", type=float, default=6.0)
     args = parser.parse_args()
     command = "OMP_NUM_THREADS=1 nice -n 10 python benchmarks/mixtures.py " + " ".join(sys.argv[1:])
     if args.private:
-        rows_p = run_private(args.n, args.seeds, [float(e) for e in args.epsilons.split(",")], args.rounds, args.radius)
+        datasets = args.datasets.split(",") if args.datasets != parser.get_default("datasets") \
+            else ["outlying", "central", "outlying5", "adult"]
+        rows_p = run_private(args.n, args.seeds, [float(e) for e in args.epsilons.split(",")], datasets, args.rounds,
+                             args.radius, args.private_methods.split(","))
         _write(rows_p, args.out or "mixtures_private", summarise_private(rows_p, command.strip()))
         return
     models = args.models.split(",")

@@ -42,13 +42,14 @@ from .models import (
     Model,
     PoissonRegression,
 )
+from .models.bnn import BNN
 
 __all__ = ["RELEASE_FORMAT", "Release", "ReleaseFormatError", "load"]
 
 #: The ``format`` of a release body (see ``dpsummary.release``).
 RELEASE_FORMAT = "dpsummary.release/v1"
 
-SampleMethod = Literal["auto", "exact", "laplace", "hmc"]
+SampleMethod = Literal["auto", "exact", "laplace", "hmc", "vi"]
 PredictiveKind = Literal["mean", "sample", "log_likelihood"]
 
 
@@ -265,6 +266,37 @@ class Release:
         return self.model.log_likelihood(self.points, theta.to(DTYPE).reshape(-1, self.dim))
 
     # ---- sampling ---------------------------------------------------------------------------
+    @property
+    def mixture(self) -> dict[str, Any] | None:
+        """Mixture releases (``--model gmm|dpgmm``): the published weighted-CAVI fit on the
+        pseudo-points, in the CSV's units (``columns``, ``weights``, ``means``,
+        ``covariances``), or None for other models."""
+        info = self.summary.info.get("mixture")
+        return dict(info) if info else None
+
+    def fit_mixture(self, *, n_components: int | None = None, seed: int = 0, covariance_scale: float = 0.01,
+                    max_iter: int = 500) -> Any:
+        """Weighted CAVI (:func:`dpsummary.mixtures.vi.fit_cavi`) on a mixture release's
+        pseudo-points, in its model space (the transform's; ``transform.scales`` map back to the
+        CSV), with the release's weight process and the public prior the release itself used
+        (``covariance_scale`` x identity); costs no privacy. Returns the
+        :class:`~dpsummary.mixtures.vi.MixtureFit`."""
+        import numpy as np
+
+        from .mixtures.vi import MixturePrior, fit_cavi
+
+        model = self.model
+        process = getattr(model, "process", None)
+        if process is None:
+            raise ValueError("fit_mixture is for mixture releases (--model gmm|dpgmm)")
+        k = int(n_components) if n_components is not None else int(getattr(model, "n_components", 10))
+        d = model.num_features
+        prior = MixturePrior(process=process, n_components=k, weight_concentration=1.0 / k, mean_precision=1.0,
+                             mean=np.zeros(d), degrees_of_freedom=float(d),
+                             covariance=covariance_scale * np.eye(d))
+        points, weights = self.nonzero()
+        return fit_cavi(points.numpy(), weights.numpy(), prior, np.random.default_rng(seed), max_iter=max_iter)
+
     def sample(
         self,
         num_samples: int = 1000,
@@ -280,16 +312,31 @@ class Release:
         ``"laplace"`` (Gaussian approximation at the mode; exact for conjugate models),
         ``"hmc"`` (:func:`dpsummary.mcmc.sample_posterior`, asymptotically exact for every
         model; extra keyword arguments such as ``chains=4`` go to it, and ``chains`` chains give
-        ``chains * num_samples`` draws, chain after chain), ``"auto"``: exact if available, else
-        HMC.
+        ``chains * num_samples`` draws, chain after chain), ``"vi"`` (Bayesian neural networks:
+        mean-field Gaussian VI fitted on the weighted pseudodata, :meth:`fit_variational`; keyword
+        ``vi_steps``), ``"auto"``: exact if available, VI for a BNN, else HMC.
         Sampling costs no privacy, whatever the number of draws.
         """
         if num_samples < 1:
             raise ValueError("num_samples must be at least 1")
+        if not getattr(self.model, "parameter_draws", True):
+            raise ValueError(f"a {self.model.name} release is fitted by weighted variational inference, not sampled: "
+                             "use Release.fit_mixture() (or read Release.mixture for the published fit)")
         gen = torch.Generator().manual_seed(seed if seed is not None else int(torch.seed() % (2**63)))
         if method == "auto":
-            method = "exact" if self.model.conjugate else "hmc"
+            method = "exact" if self.model.conjugate else ("vi" if isinstance(self.model, BNN) else "hmc")
         points, weights = self.nonzero()
+        if method == "vi":
+            if not isinstance(self.model, BNN):
+                raise ValueError("method='vi' is for BNN releases; use 'hmc' or 'laplace'")
+            mu, sd = self.fit_variational(seed=int(torch.randint(2**62, (1,), generator=gen)),
+                                          steps=int(kwargs.pop("vi_steps", 2000)))
+            if kwargs:
+                raise TypeError(f"unexpected keyword arguments for method='vi': {', '.join(kwargs)}")
+            eps = torch.randn(num_samples, self.dim, generator=gen, dtype=DTYPE)
+            return mu + sd * eps
+        if method == "laplace" and isinstance(self.model, BNN):
+            raise ValueError("a BNN posterior is multimodal; use method='vi' or 'hmc'")
         if method == "exact":
             if not self.model.conjugate:
                 raise ValueError(f"{self.model.name} has no exact posterior; use method='hmc'")
@@ -308,6 +355,41 @@ class Release:
             )
             return draws.reshape(-1, self.dim)
         raise ValueError(f"unknown method {method!r}; use 'auto', 'exact', 'laplace' or 'hmc'")
+
+    def fit_variational(self, *, steps: int = 2000, seed: int = 0, lr: float = 0.01, num_draws: int = 10,
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Mean-field Gaussian VI on the weighted pseudodata (BNN releases): ``steps`` Adam steps
+        on ``-ELBO = KL(r || prior) - E_r[sum_m w_m log p(x_m | theta)]`` with ``num_draws``
+        reparameterised draws each (:func:`dpsummary.blackbox.objective.inner_fit`), started
+        from the released variational posterior when the artifact has one. Returns ``(mean, sd)``
+        of the fitted Gaussian, each ``(d,)``. Deterministic for a given ``seed``; no privacy."""
+        from .blackbox.objective import InnerConfig, inner_fit
+        from .models.bnn import MeanFieldGaussian
+
+        model = self.model
+        if not isinstance(model, BNN):
+            raise ValueError("fit_variational is for BNN releases")
+        if steps < 0:
+            raise ValueError("steps must be non-negative")
+        gen = torch.Generator().manual_seed(seed)
+        family = MeanFieldGaussian(model.prior_scale)
+        start = self.summary.info.get("variational") or {}
+        if "mu" in start and "rho" in start:
+            mu = torch.tensor(start["mu"], dtype=DTYPE).reshape(self.dim)
+            rho = torch.tensor(start["rho"], dtype=DTYPE).reshape(self.dim)
+        else:
+            mu, rho = MeanFieldGaussian.init(model, gen)
+        points, weights = self.nonzero()
+        moments = None
+        done = 0
+        with torch.no_grad():
+            while done < steps:
+                chunk = min(100, steps - done)
+                eps = torch.randn(chunk, num_draws, self.dim, generator=gen, dtype=DTYPE)
+                mu, rho, moments = inner_fit(mu, rho, points, weights, eps, model, family,
+                                             InnerConfig(steps=chunk, lr=lr, num_samples=num_draws), moments)
+                done += chunk
+        return mu.clone(), MeanFieldGaussian.sd(rho).clone()
 
     def posterior_mode(self) -> torch.Tensor:
         """The mode of the weighted posterior (Newton's method; exact for conjugate models)."""
@@ -369,6 +451,8 @@ class Release:
         if kind == "log_likelihood":
             assert y is not None
             return model.log_likelihood(torch.cat([x, y[:, None]], 1), th).T
+        if isinstance(model, BNN):
+            return self._bnn_predictive(model, x, th, kind, gen)
         assert isinstance(model, GLM | LinearRegression)
         eta = (model.design(torch.cat([x, torch.zeros(x.shape[0], 1, dtype=DTYPE)], 1)) @ th.T).T
         if isinstance(model, LogisticRegression):
@@ -386,6 +470,25 @@ class Release:
         if kind not in ("mean", "sample"):
             raise ValueError(f"unknown kind {kind!r}")
         return out
+
+    def _bnn_predictive(self, model: BNN, x: torch.Tensor, th: torch.Tensor, kind: str,
+                        gen: torch.Generator) -> torch.Tensor:
+        """BNN: ``mean`` is P(y = 1 | x, theta) (Bernoulli) or the network's output in the
+        target's units (Gaussian); ``sample`` one simulated target per draw and record."""
+        if kind not in ("mean", "sample"):
+            raise ValueError(f"unknown kind {kind!r}")
+        with torch.no_grad():
+            if model.likelihood == "bernoulli":
+                mean = model.predictive_probs(x, th)[..., 1]
+                return mean if kind == "mean" else (torch.rand(mean.shape, generator=gen, dtype=DTYPE) < mean).to(DTYPE)
+            if model.likelihood == "gaussian":
+                out = model.forward(x, th)[..., 0]
+                if kind == "sample":
+                    out = out + model.noise_scale * torch.randn(out.shape, generator=gen, dtype=DTYPE)
+                if self.transform is not None and self.transform.target_kind == "real":
+                    out = self.transform.inverse_target(out)
+                return out
+        raise NotImplementedError("posterior_predictive for softmax BNN releases: use model.predictive_probs")
 
     def _features_and_target(self, new: Any, *, need_target: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         f = self.model.num_features

@@ -21,6 +21,12 @@ ledger has reserved the budget of every mechanism they run:
 ====  =========================  =====================================================  ==========
 
 With a public record count and schema, stage 1 is empty and one reservation covers everything.
+
+Model families with their own stage-2 mechanism (today the Bayesian neural network, ``--model
+bnn``, mechanism ``dp-bb-psvi``) plug in through :data:`FAMILY_MECHANISMS`: a
+:class:`FamilyMechanism` supplies the public checks, the stage-2 plan, the stage-2 run and the
+claim's ``mechanism`` block; stages 0, 1, the reservations, the signing and the ledger commit are
+the ones above, unchanged.
 The ledger session (:meth:`dpsummary.ledger.Ledger.session`) settles every reservation and hold
 on every exit path: a refusal or crash after a reservation leaves its events charged and its
 hold released. Every time the release publishes (ledger entries, the artifact's ``created``) is
@@ -65,8 +71,13 @@ DEFAULT_THETA_SCALE = 0.3
 #: logistic tables it lowers KL; on synthetic Poisson tables it did not, so Poisson and the
 #: untested models keep the uniform public start and their share goes to optimisation).
 DP_INITIALISATION_MODELS = frozenset({"logistic"})
-#: Stage-2 mechanisms: the default first.
+#: Stage-2 mechanisms of the GLM family: the default first. Family mechanisms (one per model
+#: family with its own mechanism, chosen automatically by ``--model``) are in
+#: :data:`FAMILY_MECHANISMS`.
 MECHANISMS = ("noise-aware-newton", "dp-psvi")
+#: Stage-2 mechanisms whose optimisation is T Poisson-subsampled Gaussian releases (one
+#: ``subsampled_gaussian_event``): DP-PSVI and the family mechanisms built like it.
+SUBSAMPLED_MECHANISMS = frozenset({"dp-psvi", "dp-bb-psvi"})
 #: Share of a release's delta given to the partition selection of DP schema estimation.
 DELTA_SELECTION_SHARE = 0.1
 
@@ -101,13 +112,21 @@ class ReleaseRequest:
     ledger: Path | None = None
     key: Path | None = None
     calibrate_to: Accountant | None = None
-    #: ``noise-aware-newton`` (default: noisy score statistics, noise-aware posterior, see
-    #: :mod:`dpsummary.noise_aware`) or ``dp-psvi`` (the paper's mechanism, for reproduction).
-    mechanism: str = "noise-aware-newton"
+    #: ``noise-aware-newton`` (default for GLMs: noisy score statistics, noise-aware posterior,
+    #: see :mod:`dpsummary.noise_aware`), ``dp-psvi`` (the paper's mechanism, for reproduction),
+    #: or a family mechanism (``dp-bb-psvi`` for ``model="bnn"``). None: chosen from the model
+    #: (:func:`resolve_mechanism`).
+    mechanism: str | None = None
     #: ``local`` or ``spark`` (:mod:`dpsummary.private.spark_engine`; ``spark`` holds its
     #: :class:`~dpsummary.private.spark_engine.SparkOptions`).
     engine: str = "local"
     spark: Any = None
+    #: ``--model bnn`` only: hidden layer widths (public; default
+    #: :data:`dpsummary.private.bnn.DEFAULT_WIDTHS`).
+    bnn_widths: tuple[int, ...] | None = None
+    #: ``--model gmm|dpgmm`` only: the number of components K (gmm) or the truncation T (dpgmm),
+    #: public (default :data:`MIXTURE_DEFAULT_COMPONENTS`).
+    components: int | None = None
 
 
 @dataclass
@@ -178,8 +197,8 @@ def _check_request(req: ReleaseRequest) -> None:
         raise ReleaseError("--num-samples must be at least 2")
     if req.sample_rate is not None and not (0 < req.sample_rate <= 1):
         raise ReleaseError("--sample-rate must lie in (0, 1]")
-    if req.mechanism not in MECHANISMS:
-        raise ReleaseError(f"--mechanism must be one of {', '.join(MECHANISMS)}")
+    if req.mechanism not in MECHANISMS and req.mechanism not in FAMILY_MECHANISMS:
+        raise ReleaseError(f"--mechanism must be one of {', '.join((*MECHANISMS, *FAMILY_MECHANISMS))}")
     if not req.data.exists():
         raise ReleaseError(f"data file not found: {req.data}")
     if req.engine not in ("local", "spark"):
@@ -206,31 +225,40 @@ def run_release(
     say = notice or (lambda _msg: None)
     mark = checkpoint or (lambda _name: None)
     public = plan_public(req, say)
+    req = public.req  # the mechanism resolved from the model (resolve_mechanism)
+    family = FAMILY_MECHANISMS.get(req.mechanism or "")
     mark("planned-public")
     with public.ledger.session(source_id=public.source_id, policy=public.policy, release_id=public.release_id,
                                started=public.started, content_id=public.content_id) as session, \
             contextlib.ExitStack() as opened:
         # The private source (and its record store) is closed on every exit path.
         source = None
+        if req.engine == "spark":
+            # Before any reservation: starting the session and listing the Parquet files are
+            # public facts (no record is read), so an unreachable cluster refuses for free.
+            source = opened.enter_context(read_source(req.data, req))
+            mark("read")
         if public.stage1.events:
             stage1 = session.reserve(events=public.stage1.events, delta=public.delta, stage="count-and-schema",
                                      hold_epsilon=req.epsilon, extra_delta=public.delta_selection)
             mark("reserved-stage1")
-            source = opened.enter_context(read_source(req.data, req))
-            mark("read")
+            if source is None:
+                source = opened.enter_context(read_source(req.data, req))
+                mark("read")
             released = run_stage1(public, source)
             stage1.commit(artifact_digest=None)
             mark("stage1")
         else:
             released = public_stage1(public)
-        plan = plan_stage2(public, released)
+        plan = family.plan(public, released) if family is not None else plan_stage2(public, released)
         mark("planned-stage2")
         stage2 = session.reserve(events=plan.events, delta=public.delta, stage=plan.mechanism)
         mark("reserved-stage2")
         if source is None:
             source = opened.enter_context(read_source(req.data, req))
             mark("read")
-        output = run_stage2(public, released, plan, source, progress=progress, checkpoint=mark)
+        stage2_run = family.run if family is not None else run_stage2
+        output = stage2_run(public, released, plan, source, progress=progress, checkpoint=mark)
         source.close()
         digest = write_release(public, released, plan, output)
         try:
@@ -304,6 +332,7 @@ def plan_public(req: ReleaseRequest, say: NoticeFn) -> PublicPlan:
 
     # Captured before anything else: the only time the release publishes.
     started = _dt.datetime.now(_dt.UTC).replace(microsecond=0).isoformat()
+    req = resolve_mechanism(req)
     _check_request(req)
     policy_path = req.policy if req.policy is not None else pmod.default_policy_path()
     pol = pmod.load_policy(policy_path)
@@ -329,6 +358,9 @@ def plan_public(req: ReleaseRequest, say: NoticeFn) -> PublicPlan:
             "set source_id in the policy to name it)")
     if req.model is not None:
         pol.check_model(req.model)
+    family = FAMILY_MECHANISMS.get(req.mechanism or "")
+    if family is not None:
+        family.check_public(req)
     if req.engine == "spark":
         from .private.spark_engine import public_header
 
@@ -341,7 +373,10 @@ def plan_public(req: ReleaseRequest, say: NoticeFn) -> PublicPlan:
         if missing:
             raise ReleaseError(f"the data has no column {missing[0]!r} named in the policy's schema; "
                                "fix the header or the policy's schema")
-        _check_model_for_schema(req.model, pol.data_schema)
+        if family is not None:
+            family.check_schema(req, pol.data_schema)
+        else:
+            _check_model_for_schema(req.model, pol.data_schema)
     elif req.target is not None and req.target not in header:
         raise ReleaseError(f"target column {req.target!r} is not in the data's header")
 
@@ -446,7 +481,11 @@ def run_stage1(public: PublicPlan, source: Any) -> Released:
     else:
         assert plan.schema_sigma is not None
         try:
-            est = source.estimate_schema(noise_multiplier=plan.schema_sigma, target=public.req.target,
+            from .data import NO_TARGET
+
+            # A mixture models the numeric columns jointly: no column is a target.
+            target = NO_TARGET if public.req.model in MIXTURE_MODELS else public.req.target
+            est = source.estimate_schema(noise_multiplier=plan.schema_sigma, target=target,
                                          delta=public.delta_selection,
                                          target_classes=2 if public.req.model == "logistic" else None)
         except DataError as exc:
@@ -494,6 +533,12 @@ class OptimisationPlan:
     #: Gaussian calibration the schedule's per-statistic multipliers derive from.
     mechanism: str = "dp-psvi"
     schedule: Any = None
+    #: Family mechanisms only: their public settings (e.g. the BNN's widths, clip norm, inner
+    #: loop), written to the claim by the family's ``claim`` function.
+    settings: dict[str, Any] = field(default_factory=dict)
+    #: Family mechanisms whose optimisation is neither DP-PSVI's subsampled Gaussian nor a
+    #: noise-aware schedule (the mixture's noisy kd-tree): their whole stage-2 event.
+    event: Any = None
 
     def init_events(self) -> list[Any]:
         from .private.marginals import marginals_event
@@ -512,7 +557,9 @@ class OptimisationPlan:
 
         from . import accounting as acc
 
-        if self.mechanism == "dp-psvi":
+        if self.event is not None:
+            return self.event
+        if self.mechanism in SUBSAMPLED_MECHANISMS:
             return acc.subsampled_gaussian_event(self.noise_multiplier, self.sample_rate, self.steps)
         return dpe.ComposedDpEvent(self.schedule.events(self.noise_multiplier))
 
@@ -580,7 +627,7 @@ def plan_stage2(public: PublicPlan, released: Released) -> OptimisationPlan:
         na_sigma, _ = noise_aware.calibrate(schedule, target_epsilon=eps - slack, delta=public.delta,
                                             prior_events=before, accountant=public.accountant)
         return OptimisationPlan(model, transform, 1.0, na_sigma, init_sigma, layout, quality_sigma, 1,
-                                mechanism=req.mechanism, schedule=schedule)
+                                mechanism=req.mechanism or MECHANISMS[0], schedule=schedule)
     sigma = acc.calibrate_noise_multiplier(
         target_epsilon=eps - slack, delta=public.delta, sample_rate=q, steps=req.steps,
         prior_events=before, accountant=public.accountant,
@@ -698,7 +745,7 @@ def _noise_aware_summaries(plan: OptimisationPlan, records: Any, size: int, gene
     :mod:`dpsummary.constructors.gaussian_target`)."""
     from . import noise_aware
     from .constructors.base import Summary
-    from .constructors.gaussian_target import match_gaussian
+    from .constructors.gaussian_target import match_gaussians
 
     model, tf = plan.model, plan.transform
     feature_norm, target_bound = noise_aware.schema_bounds(tf)
@@ -713,9 +760,11 @@ def _noise_aware_summaries(plan: OptimisationPlan, records: Any, size: int, gene
     result = noise_aware.fit(model, release, bounds, schedule=plan.schedule, sigma=plan.noise_multiplier)
     summaries = {}
     losses = {}
-    for name, target in (("noise_aware", result.posterior), ("raw", result.raw_posterior)):
-        feats = tf.sample_public_features(size, generator)
-        points, weights, loss = match_gaussian(model, target, size=size, initial_features=feats, generator=generator)
+    targets = {"noise_aware": result.posterior, "raw": result.raw_posterior}
+    feats = [tf.sample_public_features(size, generator) for _ in targets]
+    # Both Gaussians in one batched fit (the same per-target result, about half the time).
+    matched = match_gaussians(model, list(targets.values()), size=size, initial_features=feats, generator=generator)
+    for name, (points, weights, loss) in zip(targets, matched, strict=True):
         summaries[name] = Summary(points, weights, model, noise_aware.MECHANISM, tf.to_dict(),
                                   {"posterior": name, "match_symmetric_kl": loss})
         losses[name] = loss
@@ -751,12 +800,15 @@ def write_release(public: PublicPlan, released: Released, plan: OptimisationPlan
                          "delta_partition_selection to delta and -log(1 - delta_partition_selection) "
                          "(about the same, negligible) to epsilon") if sel else None,
         "adjacency": "add/remove one record",
-        "sampling": "poisson",
+        # What the stage-2 mechanism's accountant assumes (the audit re-checks it from events).
+        "sampling": "poisson" if plan.mechanism in SUBSAMPLED_MECHANISMS else "none (every record)",
         "accountant_of_record": public.accountant,
         "accountants": {a: acc.accountant_description(a) for a in ("rdp", "prv", "pld")},
         "accountant_versions": acc.accountant_versions(),
         "events": acc.events_to_json(all_events),
-        "mechanism": _noise_aware_claim(public, plan, output) if plan.mechanism != "dp-psvi" else {
+        "mechanism": FAMILY_MECHANISMS[plan.mechanism].claim(public, plan, output)
+        if plan.mechanism in FAMILY_MECHANISMS else
+        _noise_aware_claim(public, plan, output) if plan.mechanism != "dp-psvi" else {
             "name": "dp-psvi",
             "noise_multiplier": plan.noise_multiplier,
             "sample_rate": plan.sample_rate,
@@ -993,3 +1045,518 @@ def _budget_split(count_sigma, pre_sigma, quality_sigma, init_sigma, psvi_event,
             out[part] = acc.epsilon([dpe.GaussianDpEvent(sig)], delta, accountant)
     out["optimisation"] = acc.epsilon([psvi_event], delta, accountant)
     return out
+
+
+# =============================================================================================
+# Model families with their own stage-2 mechanism (extension point)
+# =============================================================================================
+@dataclass(frozen=True)
+class FamilyMechanism:
+    """A model family's stage-2 mechanism, plugged into :func:`run_release`.
+
+    ``run_release`` keeps stages 0 and 1, both reservations, the ledger session, the signing and
+    the commit; the family supplies only what differs:
+
+    * ``check_public(req)``: refusals on the options alone (public, before any reservation;
+      raise :class:`ReleaseError`);
+    * ``check_schema(req, schema)``: refusals on a PUBLIC schema (before any reservation);
+    * ``plan(public, released) -> OptimisationPlan``: model, transform, q and the noise
+      multipliers calibrated with the accountant of record to the release's epsilon, from public
+      or released values only (refuse with ``PolicyRefusal`` when stage 1 was empty, else
+      :class:`ChargedRefusal`); ``plan.events`` is what the ledger reserves;
+    * ``run(public, released, plan, source, *, progress, checkpoint) -> Stage2Output``: reads
+      records only through ``source`` (:mod:`dpsummary.private`), runs exactly ``plan.events``;
+    * ``claim(public, plan, output) -> dict``: the claim's ``mechanism`` block (public
+      parameters only).
+
+    ``models`` are the registry names that select the mechanism automatically (``--model``);
+    the GLM mechanisms refuse them and this mechanism refuses every other model."""
+
+    name: str
+    models: frozenset[str]
+    check_public: Callable[[ReleaseRequest], None]
+    check_schema: Callable[[ReleaseRequest, Any], None]
+    plan: Callable[[PublicPlan, Released], OptimisationPlan]
+    run: Callable[..., Stage2Output]
+    claim: Callable[[PublicPlan, OptimisationPlan, Stage2Output], dict[str, Any]]
+
+
+def resolve_mechanism(req: ReleaseRequest) -> ReleaseRequest:
+    """The request with its stage-2 mechanism fixed from the model (public, before anything
+    else): a family's model gets its family mechanism, every other model ``noise-aware-newton``
+    unless ``--mechanism`` says otherwise. A GLM mechanism for a family model, a family mechanism
+    for another model, or family options without the family's model refuse (one line)."""
+    import dataclasses
+
+    family_of = {m: name for name, fam in FAMILY_MECHANISMS.items() for m in fam.models}
+    own = family_of.get(req.model or "")
+    mech = req.mechanism
+    if own is not None:
+        if mech is not None and mech != own:
+            raise ReleaseError(f"--mechanism {mech} does not run --model {req.model}; "
+                               f"--model {req.model} uses {own} (leave --mechanism out)")
+        mech = own
+    else:
+        if mech in FAMILY_MECHANISMS:
+            models = ", ".join(sorted(FAMILY_MECHANISMS[mech].models))
+            raise ReleaseError(f"--mechanism {mech} is only for --model {models}; leave --mechanism out")
+        if req.bnn_widths is not None:
+            raise ReleaseError("--bnn-widths needs --model bnn")
+        mech = mech if mech is not None else MECHANISMS[0]
+    if req.components is not None and own != "dp-kd-tree":
+        raise ReleaseError("--components needs --model gmm or --model dpgmm")
+    return req if mech == req.mechanism else dataclasses.replace(req, mechanism=mech)
+
+
+# ---- the Bayesian neural network family: dp-bb-psvi (dpsummary/private/bnn.py) -------------
+#: Target kind -> BNN likelihood (categorical targets with more than two classes are not yet
+#: encodable by the public transform; count targets have no BNN likelihood here).
+BNN_LIKELIHOODS = {"binary": "bernoulli", "real": "gaussian"}
+#: Public caps on the network (options are public; the caps bound the statistic's dimension).
+BNN_MAX_LAYERS = 4
+BNN_MAX_WIDTH = 512
+
+
+def _bnn_widths(req: ReleaseRequest) -> tuple[int, ...]:
+    from .private import bnn as pb
+
+    return tuple(req.bnn_widths) if req.bnn_widths is not None else pb.DEFAULT_WIDTHS
+
+
+def _bnn_check_public(req: ReleaseRequest) -> None:
+    if req.engine != "local":
+        raise ReleaseError("--model bnn runs on the local engine only; use --engine local")
+    widths = _bnn_widths(req)
+    if not (1 <= len(widths) <= BNN_MAX_LAYERS and all(1 <= int(w) <= BNN_MAX_WIDTH for w in widths)):
+        raise ReleaseError(f"--bnn-widths must be 1 to {BNN_MAX_LAYERS} hidden widths, each in 1..{BNN_MAX_WIDTH}")
+
+
+def _bnn_check_schema(req: ReleaseRequest, schema: Any) -> None:
+    from . import data as dmod
+
+    kind = dmod.target_kind(schema)
+    if kind not in BNN_LIKELIHOODS:
+        raise ReleaseError(f"--model bnn needs a binary or real target; the schema's target is {kind}; "
+                           "choose another --model or fix the schema")
+
+
+def plan_bnn(public: PublicPlan, released: Released) -> OptimisationPlan:
+    """Stage-2 plan of ``dp-bb-psvi``: the network (public widths, ReLU, N(0, 1) prior,
+    likelihood from the target kind), the public transform, q (default 200 / released count),
+    the quality counts' noise as for the GLMs, and the noise multiplier of T Poisson-subsampled
+    Gaussian steps calibrated so that everything composes to the release's epsilon."""
+    from . import accounting as acc
+    from . import data as dmod
+    from .models.bnn import BNN
+    from .private import bnn as pb
+    from .private.noise import quantize_sample_rate
+
+    req, pol, schema = public.req, public.policy, released.schema
+    refuse: type[Refusal] = PolicyRefusal if public.stage1.events == [] else ChargedRefusal
+    kind = dmod.target_kind(schema)
+    pol.check_model("bnn")
+    judged = "public record count" if released.count_is_public else "noisy record count"
+    if released.record_count < pol.min_records:
+        raise refuse(f"too few records for the policy's min_records {pol.min_records} (judged on the {judged})")
+    if pol.n_max is not None and released.record_count > pol.n_max:
+        raise refuse(f"more records than the policy's public bound n_max (judged on the {judged}); raise n_max")
+    if kind not in BNN_LIKELIHOODS:
+        raise refuse(f"--model bnn needs a binary or real target; the target is {kind}; choose another --model")
+    transform = dmod.Transform.from_schema(schema)
+    model = BNN(transform.num_features, widths=_bnn_widths(req), likelihood=BNN_LIKELIHOODS[kind], activation="relu")
+    if model.point_dim != transform.point_dim:
+        raise refuse("model 'bnn' does not match the data's target; choose another --model")
+    q = quantize_sample_rate(
+        req.sample_rate if req.sample_rate is not None
+        else min(1.0, DEFAULT_EXPECTED_BATCH / max(released.record_count, 1.0))
+    )
+    split = public.split  # no initialisation share: the start is public (plan_public)
+    eps = req.epsilon
+    before = list(public.stage1.events)
+    quality_sigma = None
+    if split["quality"] > 0:
+        quality_sigma = acc.calibrate_gaussian(
+            target_epsilon=(split["count"] + split["preprocessing"] + split["quality"]) * eps,
+            delta=public.delta, prior_events=before, accountant=public.accountant)
+        before = [*before, _gaussian(quality_sigma)]
+    slack = acc.selection_slack([public.delta_selection])
+    sigma = acc.calibrate_noise_multiplier(
+        target_epsilon=eps - slack, delta=public.delta, sample_rate=q, steps=req.steps,
+        prior_events=before, accountant=public.accountant,
+    )
+    settings = {
+        "clip_norm": pb.DEFAULT_CLIP_NORM, "outer_samples": pb.DEFAULT_OUTER_SAMPLES,
+        "inner_steps": pb.DEFAULT_INNER_STEPS, "warmup_steps": pb.DEFAULT_WARMUP_STEPS,
+        "points_lr": pb.DEFAULT_POINTS_LR, "weights_lr": pb.DEFAULT_WEIGHTS_LR,
+    }
+    return OptimisationPlan(model, transform, q, sigma, None, None, quality_sigma, req.steps,
+                            mechanism=pb.MECHANISM, settings=settings)
+
+
+def run_bnn_stage2(
+    public: PublicPlan,
+    released: Released,
+    plan: OptimisationPlan,
+    source: Any,
+    *,
+    progress: ProgressFn | None = None,
+    checkpoint: CheckpointFn | None = None,
+) -> Stage2Output:
+    """Stage 2 of ``dp-bb-psvi`` (reads records, charged): total encoding, the noisy quality
+    counts and the data-quality refusal (as for the GLMs), then DP BB-PSVI
+    (:func:`dpsummary.private.bnn.fit_private`) on the encoded
+    :class:`~dpsummary.private.mechanism.PrivateRecords` from the public start."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from . import accounting as acc
+    from .blackbox.objective import InnerConfig
+    from .constructors.base import Summary
+    from .private import bnn as pb
+
+    mark = checkpoint or (lambda _name: None)
+    req, pol = public.req, public.policy
+    all_events = [*public.stage1.events, *plan.events]
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dpsummary-accounting")
+    claimed = pool.submit(acc.epsilons, all_events, public.delta)
+    pool.shutdown(wait=False)
+
+    rules = pol.data_quality
+    encoded = source.encode(plan.transform, missing_numeric=rules.missing_numeric,
+                            unseen_category=rules.unseen_category)
+    mark("encoded")
+    notes: list[str] = []
+    record_count = released.record_count
+    quality = None
+    if plan.quality_noise_multiplier is not None:
+        quality = encoded.noisy_quality_counts(noise_multiplier=plan.quality_noise_multiplier)
+        share = quality.dropped_fraction(released.record_count)
+        if share > rules.max_dropped_fraction:
+            raise ChargedRefusal(
+                f"about {100 * share:.0f}% of the records are unusable under the policy's data_quality rules "
+                f"(more than max_dropped_fraction {rules.max_dropped_fraction:g}); fix the data or the rules"
+            )
+        record_count = max(released.record_count - max(quality.noisy["dropped"], 0.0), 1.0)
+        notes.append("data quality: noisy counts of the records each public rule touched are in the artifact")
+    mark("quality")
+    nonpriv = torch.Generator().manual_seed(req.seed if req.seed is not None else secrets.randbits(63))
+    model, st = plan.model, plan.settings
+    initial = pb.public_init_from_schema(model, req.size, nonpriv, plan.transform.sample_public_features)
+    notes.append("initial pseudopoints from public information only (features uniform over the policy's "
+                 "bounds and categories, labels uniform)")
+    mark("initialised")
+    fit = pb.fit_private(
+        encoded.records, model, size=req.size, steps=plan.steps, sample_rate=plan.sample_rate,
+        noise_multiplier=plan.noise_multiplier, clip_norm=st["clip_norm"], record_count=record_count,
+        initial_points=initial, generator=nonpriv, inner=InnerConfig(steps=st["inner_steps"]),
+        outer_samples=st["outer_samples"], warmup_steps=st["warmup_steps"], points_lr=st["points_lr"],
+        weights_lr=st["weights_lr"], progress=progress,
+    )
+    mark("optimised")
+    summary = Summary(fit.points, fit.weights, model, pb.MECHANISM, plan.transform.to_dict(),
+                      {"variational": {"family": "mean-field Gaussian, sd = softplus(rho)",
+                                       "mu": fit.mu.tolist(), "rho": fit.rho.tolist()}})
+    epsilons = claimed.result()
+    if public.delta_selection:
+        epsilons = {k: v + acc.selection_slack([public.delta_selection]) for k, v in epsilons.items()}
+    split_eps = _budget_split(public.stage1.count_sigma, public.stage1.schema_sigma, plan.quality_noise_multiplier,
+                              None, plan.optimisation_event, public.delta, public.accountant)
+    return Stage2Output(summary, epsilons, split_eps, quality, None, notes)
+
+
+def _bnn_claim(public: PublicPlan, plan: OptimisationPlan, output: Stage2Output) -> dict[str, Any]:
+    from .models.bnn import BNN
+    from .private import bnn as pb
+
+    model = plan.model
+    assert isinstance(model, BNN)
+    st = plan.settings
+    return {
+        "name": pb.MECHANISM,
+        "description": ("differentially private black-box PSVI (Manousakas, Ritter, Karaletsos 2022, "
+                        "extended): at each of T steps every record is Poisson-sampled with rate q, its "
+                        "statistic [log p(x|theta_k), grad_theta log p(x|theta_k)]_{k=1..K} at K public "
+                        "draws of the coreset's variational posterior is divided by C and clipped to L2 norm 1, "
+                        "the exact fixed-point sum gets Gaussian noise of sd sigma once and is multiplied "
+                        "by C; the coreset takes an Adam step on the surrogate outer gradient "
+                        "(post-processing)"),
+        "noise_multiplier": plan.noise_multiplier,
+        "sample_rate": plan.sample_rate,
+        "steps": plan.steps,
+        "clip_norm": st["clip_norm"],
+        "statistic_dimension": st["outer_samples"] * (model.param_dim + 1),
+        "outer_samples": st["outer_samples"],
+        "inner": {"steps": st["inner_steps"], "warmup_steps": st["warmup_steps"]},
+        "learning_rates": {"points": st["points_lr"], "weights": st["weights_lr"]},
+        "network": {"widths": list(model.widths), "activation": model.activation, "likelihood": model.likelihood,
+                    "prior": {"family": "normal", "mean": 0.0, "scale": model.prior_scale}},
+        "initialisation": ("public: features uniform over the policy's bounds and categories, labels uniform "
+                           "(Bernoulli) or 0 (Gaussian); no privacy cost"),
+        "noise": "OpenDP discrete Gaussian from OS entropy",
+        "count_noise_multiplier": public.stage1.count_sigma,
+        "preprocessing_noise_multiplier": public.stage1.schema_sigma,
+        "quality_noise_multiplier": plan.quality_noise_multiplier,
+    }
+
+
+# ---- Gaussian mixtures: the noisy kd-tree (``--model gmm|dpgmm``, mechanism ``dp-kd-tree``) ----
+#: Public defaults and caps of a mixture release (docs/MIXTURES.md, "The private release").
+MIXTURE_DEFAULT_COMPONENTS = 10
+MIXTURE_MAX_COMPONENTS = 50
+#: The mixture's space: each numeric column's public bounds map onto [-BOUND, BOUND]
+#: (``z = BOUND (x - centre) / half_range``), the noisy kd-tree's public box
+#: (:data:`dpsummary.private.mixture.DEFAULT_BOUND`).
+MIXTURE_BOUND = 4.0
+#: Public cap on the released pseudo-points weighted CAVI is run on (post-processing cost only;
+#: a larger release keeps the points of the leaves with the largest noisy counts for the fit,
+#: all of them stay in the artifact).
+MIXTURE_FIT_MAX_POINTS = 20000
+#: The public prior of the published fit (the benchmarks' prior, docs/MIXTURES.md): component
+#: covariance scale 0.01 of the unit box, mean 0, one degree of freedom more than D - 1.
+MIXTURE_PRIOR_COVARIANCE = 0.01
+
+
+#: The registry names a mixture release serves.
+MIXTURE_MODELS = frozenset({"gmm", "dpgmm"})
+
+
+def _mixture_columns(schema: Any) -> list[str]:
+    """The columns a mixture release models: every numeric column (with its public bounds; a
+    target included: a mixture models the columns jointly). Categorical columns are not
+    Gaussian and are left out."""
+    return [col.name for col in schema.columns if col.kind == "numeric"]
+
+
+def _mixture_transform(req: ReleaseRequest, schema: Any) -> Any:
+    """The public transform of a mixture release: the numeric columns only, no target, each
+    column's public bounds mapped onto the kd-tree's box ``[-MIXTURE_BOUND, MIXTURE_BOUND]``
+    (``z = MIXTURE_BOUND (x - centre) / half_range``; values outside the bounds are clipped, the
+    total per-record rule of :class:`~dpsummary.data.Transform`). Pseudo-points live in this
+    space. A numeric column without public bounds is a one-line refusal (:class:`ReleaseError`;
+    the caller re-raises it with its own kind)."""
+    import dataclasses
+
+    from .data import DataError, Schema, Transform
+
+    columns = [c.model_copy(update={"positive": None}) for c in schema.columns if c.kind == "numeric"]
+    if not columns:
+        raise ReleaseError(f"--model {req.model} needs at least one numeric column; the schema has none")
+    try:
+        base = Transform.from_schema(Schema(columns=columns, target=None))
+    except DataError as exc:
+        raise ReleaseError(f"--model {req.model}: {exc}") from None
+    return dataclasses.replace(base, scales={k: v / MIXTURE_BOUND for k, v in base.scales.items()})
+
+
+def _mixture_check_public(req: ReleaseRequest) -> None:
+    if req.target is not None:
+        raise ReleaseError(f"--target has no meaning for --model {req.model} (a mixture models the numeric "
+                           "columns jointly); leave it out")
+    if req.engine != "local":
+        raise ReleaseError(f"--model {req.model} runs on the local engine only; use --engine local")
+    k = req.components if req.components is not None else MIXTURE_DEFAULT_COMPONENTS
+    if not 1 <= k <= MIXTURE_MAX_COMPONENTS:
+        raise ReleaseError(f"--components must lie in 1..{MIXTURE_MAX_COMPONENTS}")
+
+
+def _mixture_check_schema(req: ReleaseRequest, schema: Any) -> None:
+    if not _mixture_columns(schema):
+        raise ReleaseError(f"--model {req.model} needs at least one numeric column with public bounds in the "
+                           "schema; declare lower and upper, or choose another --model")
+    _mixture_transform(req, schema)
+
+
+def plan_mixture(public: PublicPlan, released: Released) -> OptimisationPlan:
+    """Stage-2 plan of ``dp-kd-tree``: the numeric columns (public bounds mapped onto the
+    kd-tree's box), the tree's public design (depth min(6 D, 36), split at 3 sigma, keep at 2
+    sigma; :func:`dpsummary.private.mixture.default_max_depth`) and its noise multiplier,
+    calibrated with the accountant of record so that everything composes to the release's
+    epsilon. Nothing here reads a record."""
+    from dp_accounting import dp_event as dpe
+
+    from . import accounting as acc
+    from .models.gmm import mixture_model
+    from .private import mixture as pm
+
+    req, pol, schema = public.req, public.policy, released.schema
+    refuse: type[Refusal] = PolicyRefusal if public.stage1.events == [] else ChargedRefusal
+    assert req.model is not None
+    pol.check_model(req.model)
+    judged = "public record count" if released.count_is_public else "noisy record count"
+    if released.record_count < pol.min_records:
+        raise refuse(f"too few records for the policy's min_records {pol.min_records} (judged on the {judged})")
+    if pol.n_max is not None and released.record_count > pol.n_max:
+        raise refuse(f"more records than the policy's public bound n_max (judged on the {judged}); raise n_max")
+    columns = _mixture_columns(schema)
+    if not columns:
+        raise refuse(f"--model {req.model} needs at least one numeric column; the schema has none; choose "
+                     "another --model")
+    try:
+        transform = _mixture_transform(req, schema)
+    except ReleaseError as exc:
+        raise refuse(str(exc)) from None
+    k = req.components if req.components is not None else MIXTURE_DEFAULT_COMPONENTS
+    process: Literal["dirichlet_process", "dirichlet_distribution"] = (
+        "dirichlet_process" if req.model == "dpgmm" else "dirichlet_distribution")
+    model = mixture_model(len(columns), n_components=k, process=process)
+    split = public.split
+    eps = req.epsilon
+    before = list(public.stage1.events)
+    quality_sigma = None
+    if split["quality"] > 0:
+        quality_sigma = acc.calibrate_gaussian(
+            target_epsilon=(split["count"] + split["preprocessing"] + split["quality"]) * eps,
+            delta=public.delta, prior_events=before, accountant=public.accountant)
+        before = [*before, _gaussian(quality_sigma)]
+    depth = pm.default_max_depth(len(columns))
+    slack = acc.selection_slack([public.delta_selection])
+    sigma = acc.calibrate_noise_multiplier(target_epsilon=eps - slack, delta=public.delta, sample_rate=1.0,
+                                           steps=depth + 1, prior_events=before, accountant=public.accountant)
+    tree = pm.TreePlan(dim=len(columns), bound=MIXTURE_BOUND, max_depth=depth, noise_multiplier=sigma)
+    event = dpe.SelfComposedDpEvent(dpe.GaussianDpEvent(sigma), depth + 1)
+    settings = {"columns": columns, "tree": tree, "process": process, "components": k}
+    return OptimisationPlan(model, transform, 1.0, sigma, None, None, quality_sigma, depth + 1,
+                            mechanism="dp-kd-tree", settings=settings, event=event)
+
+
+def run_mixture_stage2(
+    public: PublicPlan,
+    released: Released,
+    plan: OptimisationPlan,
+    source: Any,
+    *,
+    progress: ProgressFn | None = None,
+    checkpoint: CheckpointFn | None = None,
+) -> Stage2Output:
+    """Stage 2 of ``dp-kd-tree`` (reads records, charged): total encoding, the noisy quality
+    counts and the data-quality refusal (as for the GLMs), the numeric columns mapped by their
+    public bounds onto the tree's box (:meth:`PrivateRecords.select_columns`), the noisy kd-tree
+    (:func:`dpsummary.private.mixture.release_mixture_summary`), then weighted CAVI on the
+    released pseudo-points with a public prior (post-processing)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import numpy as np
+
+    from . import accounting as acc
+    from .constructors.base import Summary
+    from .mixtures.vi import MixturePrior, fit_cavi
+    from .private import mixture as pm
+
+    mark = checkpoint or (lambda _name: None)
+    req, pol = public.req, public.policy
+    all_events = [*public.stage1.events, *plan.events]
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dpsummary-accounting")
+    claimed = pool.submit(acc.epsilons, all_events, public.delta)
+    pool.shutdown(wait=False)
+
+    rules = pol.data_quality
+    encoded = source.encode(plan.transform, missing_numeric=rules.missing_numeric,
+                            unseen_category=rules.unseen_category)
+    mark("encoded")
+    notes: list[str] = []
+    quality = None
+    if plan.quality_noise_multiplier is not None:
+        quality = encoded.noisy_quality_counts(noise_multiplier=plan.quality_noise_multiplier)
+        share = quality.dropped_fraction(released.record_count)
+        if share > rules.max_dropped_fraction:
+            raise ChargedRefusal(
+                f"about {100 * share:.0f}% of the records are unusable under the policy's data_quality rules "
+                f"(more than max_dropped_fraction {rules.max_dropped_fraction:g}); fix the data or the rules"
+            )
+        notes.append("data quality: noisy counts of the records each public rule touched are in the artifact")
+    mark("quality")
+    columns = plan.settings["columns"]
+    mark("initialised")
+    # The records are already in the tree's box (the mixture transform maps bounds onto it).
+    rel = pm.release_mixture_summary(encoded.records, plan=plan.settings["tree"])
+    if progress is not None:
+        progress(plan.steps, plan.steps)
+    mark("optimised")
+    model = plan.model
+    d, k = len(columns), plan.settings["components"]
+    components: dict[str, Any] | None = None
+    if rel.weights.shape[0]:
+        # Weighted CAVI on the released pseudo-points (post-processing): public prior, public or
+        # OS-random start. A very large release is fitted on its heaviest leaves (a public cap on
+        # the cost; the artifact keeps every point).
+        seed = req.seed if req.seed is not None else secrets.randbits(63)
+        order = np.argsort(-rel.weights, kind="stable")[:MIXTURE_FIT_MAX_POINTS]
+        prior = MixturePrior(process=plan.settings["process"], n_components=k, weight_concentration=1.0 / k,
+                             mean_precision=1.0, mean=np.zeros(d), degrees_of_freedom=float(d),
+                             covariance=MIXTURE_PRIOR_COVARIANCE * np.eye(d))
+        fit = fit_cavi(rel.points[order], rel.weights[order], prior, np.random.default_rng(seed)).posterior
+        components = _mixture_components(fit, plan.transform, columns)
+        notes.append(f"mixture fitted by weighted CAVI on the released pseudo-points ({len(components['weights'])} "
+                     "components above 0.1% of the mass)")
+    else:
+        notes.append("every kd-tree leaf fell below the public keep threshold: the release holds no pseudo-point "
+                     "(too few records for this epsilon)")
+    summary = Summary(torch.from_numpy(np.ascontiguousarray(rel.points)), torch.from_numpy(rel.weights.copy()),
+                      model, "dp-kd-tree", plan.transform.to_dict(),
+                      {"space": ("the transform's model space: z = (x - centre) / scale per numeric column, "
+                                 f"the public bounds mapped onto [-{MIXTURE_BOUND:g}, {MIXTURE_BOUND:g}]"),
+                       "tree": {"leaves": rel.notes.get("leaves"),
+                                "released_per_depth": rel.notes.get("released_per_depth")},
+                       "mixture": components})
+    epsilons = claimed.result()
+    if public.delta_selection:
+        epsilons = {kk: v + acc.selection_slack([public.delta_selection]) for kk, v in epsilons.items()}
+    split_eps = _budget_split(public.stage1.count_sigma, public.stage1.schema_sigma, plan.quality_noise_multiplier,
+                              None, plan.optimisation_event, public.delta, public.accountant)
+    return Stage2Output(summary, epsilons, split_eps, quality, None, notes)
+
+
+def _mixture_components(fit: Any, transform: Any, columns: list[str]) -> dict[str, Any]:
+    """The fitted mixture in the CSV's units (components above 0.1% of the mass)."""
+    import numpy as np
+
+    centres = np.array([transform.centres[c] for c in columns])
+    unit = np.array([transform.scales[c] for c in columns])
+    weights = fit.expected_weights()
+    keep = np.flatnonzero(weights > 1e-3)
+    means = fit.means[keep] * unit + centres
+    covs = fit.covariances()[keep] * np.outer(unit, unit)
+    return {"columns": columns, "weights": weights[keep].tolist(), "means": means.tolist(),
+            "covariances": covs.tolist()}
+
+
+def _mixture_claim(public: PublicPlan, plan: OptimisationPlan, output: Stage2Output) -> dict[str, Any]:
+    tree = plan.settings["tree"]
+    return {
+        "name": "dp-kd-tree",
+        "description": ("noisy adaptive kd-tree (a Gaussian-noise, fixed-depth relative of PrivTree, Zhang, Xiao "
+                        "and Xie 2016): the public box of the numeric columns (public bounds mapped onto "
+                        f"[-{MIXTURE_BOUND:g}, {MIXTURE_BOUND:g}]) is split at midpoints cycling over the columns; "
+                        "at each depth the counts of the released nodes get Gaussian noise of sd sigma once "
+                        "(each record lies in one node per depth: L2 sensitivity 1), a node is split iff its noisy "
+                        "count is at least split_threshold x sigma, kept leaves (noisy count at least "
+                        "keep_threshold x sigma) become 2D weighted pseudo-points with the cell's mean and "
+                        "covariance; weighted CAVI on them is post-processing"),
+        "noise_multiplier": plan.noise_multiplier,
+        "levels": tree.max_depth + 1,
+        "max_depth": tree.max_depth,
+        "split_threshold": tree.split_threshold,
+        "keep_threshold": tree.keep_threshold,
+        "bound": tree.bound,
+        "columns": plan.settings["columns"],
+        "model": {"name": plan.model.name, "components": plan.settings["components"],
+                  "process": plan.settings["process"],
+                  "prior": {"weight_concentration": 1.0 / plan.settings["components"], "mean_precision": 1.0,
+                            "mean": 0.0, "degrees_of_freedom": len(plan.settings["columns"]),
+                            "covariance": f"{MIXTURE_PRIOR_COVARIANCE:g} I (in the box's units)"}},
+        "noise": "OpenDP discrete Gaussian from OS entropy",
+        "count_noise_multiplier": public.stage1.count_sigma,
+        "preprocessing_noise_multiplier": public.stage1.schema_sigma,
+        "quality_noise_multiplier": plan.quality_noise_multiplier,
+    }
+
+
+FAMILY_MECHANISMS: dict[str, FamilyMechanism] = {
+    "dp-bb-psvi": FamilyMechanism(
+        name="dp-bb-psvi", models=frozenset({"bnn"}), check_public=_bnn_check_public,
+        check_schema=_bnn_check_schema, plan=plan_bnn, run=run_bnn_stage2, claim=_bnn_claim,
+    ),
+    "dp-kd-tree": FamilyMechanism(
+        name="dp-kd-tree", models=MIXTURE_MODELS, check_public=_mixture_check_public,
+        check_schema=_mixture_check_schema, plan=plan_mixture, run=run_mixture_stage2, claim=_mixture_claim,
+    ),
+}

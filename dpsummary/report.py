@@ -121,6 +121,11 @@ def build_report(
         raise dmod.DataError("the artifact carries no summary with a public transform")
     summary = Summary.from_dict(sdict)
     model = summary.model
+    if not getattr(model, "parameter_draws", True):
+        # The report compares Gaussian posteriors over the parameters; a mixture's is multimodal.
+        raise dmod.DataError(f"dpsummary report compares GLM and BNN releases with their full-data posterior; a "
+                             f"{model.name} release is compared in benchmarks/mixtures.py (held-out log predictive "
+                             "density, components after matching)")
     tf = dmod.Transform.from_dict(sdict["transform"])
     # Drop what cannot be mapped (invalid targets); impute invalid numerics, as the release does.
     tf = dataclasses.replace(tf, invalid_numeric="missing", invalid_target="drop")

@@ -52,6 +52,12 @@ Audits
    identical (recorded, non-private) randomness: same control flow, same shapes, and the
    pre-noise sum moves by at most C (:func:`gray_box_replay`).
 
+4. The BNN mechanism (``dp-bb-psvi``, :mod:`dpsummary.private.bnn`; :func:`bnn_checks`): the
+   released noise's standard deviation against the analytic ``sigma * C`` through the release
+   path (noise pool included), the accountant's epsilon for its events reproduced by Opacus's
+   own RDP accountant, and the gray-box replay of the full private BB-PSVI loop on D and
+   D + canary in sensitivity units (:func:`bnn_gray_box_replay`, the same verdict as 3).
+
 Batching runs
 -------------
 A run is T calls of ``noisy_clipped_sum``. To make tens of thousands of runs affordable, K runs
@@ -559,6 +565,10 @@ class SelfTestConfig:
     #: "histogram" scenario: categorical columns (two categories each) of the audited layout.
     histogram_columns: int = 9
     replay: bool = True
+    #: Run the BNN mechanism's checks (:func:`bnn_checks`).
+    bnn: bool = True
+    #: Run the mixture mechanism's checks (:func:`mixture_checks`).
+    mixture: bool = True
     #: Torch threads during the audit (restored afterwards); 1 is fastest for these tiny calls.
     torch_threads: int | None = 1
 
@@ -662,6 +672,10 @@ class SelfTestResult:
     verdict: str
     certifies: str = CERTIFIES
     does_not_certify: str = DOES_NOT_CERTIFY
+    #: The BNN mechanism's checks (None when ``config.bnn`` is false).
+    bnn: BNNCheckResult | None = None
+    #: The mixture mechanism's checks (None when ``config.mixture`` is false).
+    mixture: MixtureCheckResult | None = None
 
     @property
     def max_lower_bound(self) -> float:
@@ -1308,6 +1322,309 @@ def spark_gray_box_replay(spark: Any = None, *, records: int = 400, steps: int =
     return _replay_verdict(in0, in1, stds, clips, lock.ratios, steps)
 
 
+# =========================================================================== the BNN mechanism
+
+
+@dataclass(frozen=True)
+class BNNCheckResult:
+    """:func:`bnn_checks`: noise scale, accountant reproduction, gray-box replay of dp-bb-psvi."""
+
+    noise_multiplier: float
+    clip_norm: float
+    #: Sample sd of the released noise over ``noise_samples`` coordinates / the analytic sigma*C.
+    noise_sd_ratio: float
+    noise_samples: int
+    #: Two-sided tolerance on the ratio (6 standard errors: false failure below 2e-9).
+    noise_tolerance: float
+    noise_ok: bool
+    accountant_epsilon: float
+    opacus_epsilon: float
+    accountant_ok: bool
+    replay: ReplayResult
+    ok: bool
+    failed: list[str]
+
+
+class _BNNLockstep:
+    """The BNN twin of :class:`_LockstepRecords`: D's mechanism drives the trajectory; at the
+    same public (theta, C) and the same coins, D + canary is released with zero noise, and the
+    move of the pre-noise sum is recorded in sensitivity units. ``inflate`` > 1 injects the
+    no-clip bug (clip norm times ``inflate``, noise multiplier divided by it: same noise sd)."""
+
+    def __init__(self, main: PrivateRecords, main_rnd: ReplayRandomness, twin: PrivateRecords,
+                 twin_rnd: ReplayRandomness, inflate: float = 1.0) -> None:
+        self.main, self.main_rnd, self.twin, self.twin_rnd = main, main_rnd, twin, twin_rnd
+        self.inflate = inflate
+        self.ratios: list[float] = []
+
+    def noisy_bnn_statistic(self, model: Model, theta: torch.Tensor, *, sample_rate: float, clip_norm: float,
+                            noise_multiplier: float) -> Any:
+        from .private.bnn import records_statistic
+
+        kw = {"sample_rate": sample_rate, "clip_norm": clip_norm * self.inflate,
+              "noise_multiplier": noise_multiplier / self.inflate}
+        out = records_statistic(self.main, model, theta, **kw)
+        records_statistic(self.twin, model, theta, **kw)
+        moved = float(np.linalg.norm(self.twin_rnd.inputs[-1] - self.main_rnd.inputs[-1]))
+        self.ratios.append(_moved_in_sensitivities(moved, self.main_rnd.noise_stds[-1], noise_multiplier))
+        return out
+
+
+class _BNNInflated:
+    """The no-clip bug on one record set (independent replays): see :class:`_BNNLockstep`."""
+
+    def __init__(self, records: PrivateRecords, inflate: float) -> None:
+        self.records, self.inflate = records, inflate
+
+    def noisy_bnn_statistic(self, model: Model, theta: torch.Tensor, *, sample_rate: float, clip_norm: float,
+                            noise_multiplier: float) -> Any:
+        from .private.bnn import records_statistic
+
+        return records_statistic(self.records, model, theta, sample_rate=sample_rate,
+                                 clip_norm=clip_norm * self.inflate, noise_multiplier=noise_multiplier / self.inflate)
+
+
+def _bnn_replay_design(records: int) -> tuple[Any, torch.Tensor, torch.Tensor]:
+    """A small public BNN, D (simulated from a prior draw) and an extreme canary record whose
+    statistic is far above C before clipping."""
+    from .models.bnn import BNN
+
+    model = BNN(3, widths=(4,))
+    g = torch.Generator().manual_seed(5)
+    points = model.simulate(model.sample_prior(1, g)[0], records, g)
+    canary = torch.tensor([[40.0, -40.0, 40.0, 1.0]], dtype=DTYPE)
+    return model, points, canary
+
+
+def bnn_gray_box_replay(*, inject: Injection = "none", records: int = 200, steps: int = 4, size: int = 5,
+                        seed: int = 2, clip_norm: float = 1.0) -> ReplayResult:
+    """:func:`gray_box_replay` for the BNN mechanism: the full private BB-PSVI loop
+    (:func:`dpsummary.private.bnn.fit_private` on :class:`PrivateRecords`) on D and D + canary
+    with identical recorded randomness (same calls and shapes, a first-step move <= C at the
+    identical public state), and in lockstep along D's trajectory ``||delta sum|| <= C`` at every
+    step, all in units of the sensitivity the accountant is told
+    (:func:`_moved_in_sensitivities`). Only ``no-clip`` of the injections acts here."""
+    from .blackbox.objective import InnerConfig
+    from .private import bnn as pb
+
+    model, points, canary = _bnn_replay_design(records)
+    q = noise.quantize_sample_rate(0.25)
+    inflate = NoClipRecords.INFLATION if inject == "no-clip" else 1.0
+    inner = InnerConfig(steps=2, num_samples=3)
+
+    def run(recs: Any) -> None:
+        init = pb.public_init(model, size, torch.Generator().manual_seed(11))
+        pb.fit_private(recs, model, size=size, steps=steps, sample_rate=q, noise_multiplier=REPLAY_NOISE_MULTIPLIER,
+                       clip_norm=clip_norm, record_count=float(records), initial_points=init,
+                       generator=torch.Generator().manual_seed(9), inner=inner, outer_samples=3, warmup_steps=4)
+
+    inputs: list[list[np.ndarray]] = []
+    stds: list[float] = []
+    for data in (points, torch.cat([points, canary])):
+        rnd = ReplayRandomness(seed, shared=records)
+        recs = PrivateRecords(data, randomness=rnd)
+        run(_BNNInflated(recs, inflate) if inflate != 1.0 else recs)
+        inputs.append(rnd.inputs)
+        stds = stds or rnd.noise_stds
+    main_rnd = ReplayRandomness(seed, shared=records)
+    twin_rnd = ReplayRandomness(seed, shared=records, zero_noise=True)
+    twin_rnd.replay_masks = main_rnd.masks
+    lock = _BNNLockstep(PrivateRecords(points, randomness=main_rnd), main_rnd,
+                        PrivateRecords(torch.cat([points, canary]), randomness=twin_rnd), twin_rnd, inflate)
+    run(lock)
+    clips = [[clip_norm] * len(inputs[0]), [clip_norm] * len(inputs[1])]
+    return _replay_verdict(inputs[0], inputs[1], stds, clips, lock.ratios, steps)
+
+
+def bnn_noise_check(*, inject: Injection = "none", noise_multiplier: float = 1.3, clip_norm: float = 0.7,
+                    calls: int = 30) -> tuple[float, int, float]:
+    """The BNN release path's noise against the analytic sd ``sigma * C``: ``calls`` releases at
+    q = 1 (every record included, so the pre-noise sum is known exactly from the same per-record
+    rule) through :func:`dpsummary.private.bnn.records_statistic` with the product's
+    :class:`SystemRandomness` (its noise pool announced as in a release; ``half-noise``
+    halves it). Returns ``(sample sd / (sigma C), coordinates, tolerance)``; the tolerance is 6
+    standard errors of the ratio, ``6 / sqrt(2 n)`` (false failure below 2e-9)."""
+    from .private import bnn as pb
+    from .private.kernel import finish
+
+    model, points, _ = _bnn_replay_design(50)
+    theta = model.sample_prior(3, torch.Generator().manual_seed(3))
+    base = SystemRandomness()
+    rnd: Any = HalfNoiseRandomness(base) if inject == "half-noise" else base
+    recs = PrivateRecords(points, randomness=rnd)
+    try:
+        recs.expect_clipped_sums(num_draws=3 * (model.param_dim + 1), noise_multiplier=noise_multiplier, count=calls)
+        exact = torch.from_numpy(finish(pb.unit_clipped_total(pb.record_statistics(model, points, theta),
+                                                              clip_norm), 1.0) * clip_norm)
+        noise_draws = []
+        for _ in range(calls):
+            st = pb.records_statistic(recs, model, theta, sample_rate=1.0, clip_norm=clip_norm,
+                                      noise_multiplier=noise_multiplier)
+            noise_draws.append((torch.cat([st.L, st.G.flatten()]) - exact).numpy())
+    finally:
+        recs.close()
+        base.close()
+    z = np.concatenate(noise_draws)
+    ratio = float(np.sqrt(np.mean(z * z))) / (noise_multiplier * clip_norm)
+    return ratio, int(z.size), 6.0 / math.sqrt(2.0 * z.size)
+
+
+def bnn_checks(*, inject: Injection = "none", progress: Progress | None = None) -> BNNCheckResult:
+    """The BNN mechanism's self-test: noise scale (:func:`bnn_noise_check`), accountant
+    reproduction (the events of :func:`dpsummary.private.bnn.privacy_events` at a calibrated
+    sigma, epsilon by dpsummary's RDP evaluation and by Opacus's own ``RDPAccountant`` loop on
+    the same orders, relative difference <= 1e-6), and :func:`bnn_gray_box_replay`."""
+    from .accounting import RDP_ORDERS
+    from .private import bnn as pb
+
+    sigma, clip = 1.3, 0.7
+    ratio, n, tol = bnn_noise_check(inject=inject, noise_multiplier=sigma, clip_norm=clip)
+    if progress is not None:
+        progress("bnn", 1, 3)
+    q, steps, delta = noise.quantize_sample_rate(0.05), 200, 1e-5
+    sig = calibrate_noise_multiplier(target_epsilon=1.0, delta=delta, sample_rate=q, steps=steps, accountant="rdp")
+    ours = epsilon(pb.privacy_events(sig, q, steps), delta, "rdp")
+    from opacus.accountants import RDPAccountant
+
+    opacus_acc = RDPAccountant()
+    opacus_acc.history = [(sig, q, steps)]
+    theirs = float(opacus_acc.get_epsilon(delta, alphas=list(RDP_ORDERS)))
+    acc_ok = abs(ours - theirs) <= 1e-6 * theirs and ours <= 1.0 + 1e-3
+    if progress is not None:
+        progress("bnn", 2, 3)
+    replay = bnn_gray_box_replay(inject=inject)
+    if progress is not None:
+        progress("bnn", 3, 3)
+    noise_ok = abs(ratio - 1.0) <= tol
+    failed = [name for name, good in (("noise scale", noise_ok), ("accountant", acc_ok),
+                                      ("gray-box replay", replay.ok)) if not good]
+    return BNNCheckResult(
+        noise_multiplier=sigma, clip_norm=clip, noise_sd_ratio=ratio, noise_samples=n, noise_tolerance=tol,
+        noise_ok=noise_ok, accountant_epsilon=ours, opacus_epsilon=theirs, accountant_ok=bool(acc_ok),
+        replay=replay, ok=not failed, failed=failed,
+    )
+
+
+# =========================================================================== mixture mechanism
+
+
+@dataclass(frozen=True)
+class MixtureCheckResult:
+    """:func:`mixture_checks`: noise scale, accountant reproduction and the coupled neighbour
+    replay of ``dp-kd-tree`` (:mod:`dpsummary.private.mixture`)."""
+
+    noise_multiplier: float
+    #: Sample sd of the released count noise over ``noise_samples`` coordinates / sigma.
+    noise_sd_ratio: float
+    noise_samples: int
+    #: Two-sided tolerance on the ratio (6 standard errors: false failure below 2e-9).
+    noise_tolerance: float
+    noise_ok: bool
+    accountant_epsilon: float
+    opacus_epsilon: float
+    accountant_ok: bool
+    #: Coupled replay: the neighbour (one extreme record added) run returns the first run's noisy
+    #: outputs; the largest L2 move of a released exact count vector, in sensitivity units (1).
+    replay_max_move: float
+    #: The neighbour run released the same nodes and the same pseudo-points (decisions read only
+    #: the noisy counts).
+    replay_same_output: bool
+    replay_ok: bool
+    ok: bool
+    failed: list[str]
+
+
+class _CountRecorder:
+    """Privacy randomness wrapper for the mixture replay: noise from ``base`` (or, with
+    ``outputs``, the first run's noisy vectors, which couples the neighbour's noise); records
+    every exact vector it is asked to noise. The tree samples nothing (no coins)."""
+
+    def __init__(self, base: PrivacyRandomness, outputs: list[np.ndarray] | None = None) -> None:
+        self.base = base
+        self.outputs = outputs
+        self.given: list[np.ndarray] = []
+        self.returned: list[np.ndarray] = []
+
+    def coins(self, num_records: int, sample_rate: float) -> np.ndarray:
+        raise RuntimeError("the kd-tree samples nothing")
+
+    def sample_indices(self, num_records: int, sample_rate: float) -> np.ndarray:
+        raise RuntimeError("the kd-tree samples nothing")
+
+    def gaussian(self, values: np.ndarray, *, noise_std: float, clip_norm: float) -> np.ndarray:
+        self.given.append(np.array(values, dtype=np.float64))
+        if self.outputs is not None:
+            k = len(self.given) - 1
+            out = self.outputs[k] if k < len(self.outputs) else np.full(np.shape(values), np.nan)
+        else:
+            out = np.asarray(self.base.gaussian(values, noise_std=noise_std, clip_norm=clip_norm), dtype=np.float64)
+        self.returned.append(np.array(out))
+        return out
+
+
+def mixture_checks(*, inject: Injection = "none", noise_path: NoisePath = "opendp") -> MixtureCheckResult:
+    """The mixture mechanism's self-test (``dp-kd-tree``):
+
+    1. noise scale: the tree's count release (:func:`dpsummary.private.mixture.release_counts`)
+       on 4,000 zero counts, sample sd / sigma within 6 standard errors of 1 (``half-noise``
+       fails it);
+    2. accountant: ``SelfComposedDpEvent(GaussianDpEvent(sigma), L + 1)`` by dpsummary's RDP
+       evaluation against Opacus's own ``RDPAccountant`` (sample rate 1, L + 1 steps), relative
+       difference <= 1e-6;
+    3. coupled neighbour replay: a synthetic 2-d mixture D and D + one extreme record (a corner
+       of the box); the run on D + record gets D's noisy outputs back, so it releases the same
+       nodes iff every split/keep decision reads only noisy counts; every released exact count
+       vector may move by at most the sensitivity 1 (L2), and the pseudo-points must be equal.
+    """
+    from dp_accounting import dp_event as dpe
+    from opacus.accountants import RDPAccountant
+
+    from .accounting import RDP_ORDERS
+    from .private import mixture as pm
+
+    base = base_randomness(noise_path)
+    noise_rnd: PrivacyRandomness = HalfNoiseRandomness(base) if inject == "half-noise" else base
+    sigma = 3.0
+    n = 4000
+    noisy = pm.release_counts(noise_rnd, np.zeros(n), sigma)
+    ratio = float(np.std(noisy) / sigma)
+    tol = 6.0 / math.sqrt(2.0 * n)
+    noise_ok = abs(ratio - 1.0) <= tol
+
+    levels, delta = 13, 1e-5
+    sig = calibrate_noise_multiplier(target_epsilon=1.0, delta=delta, sample_rate=1.0, steps=levels,
+                                     accountant="rdp")
+    event = dpe.SelfComposedDpEvent(dpe.GaussianDpEvent(sig), levels)
+    ours = epsilon([event], delta, "rdp")
+    opacus_acc = RDPAccountant()
+    opacus_acc.history = [(sig, 1.0, levels)]
+    theirs = float(opacus_acc.get_epsilon(delta, alphas=list(RDP_ORDERS)))
+    acc_ok = abs(ours - theirs) <= 1e-6 * theirs and ours <= 1.0 + 1e-3
+
+    rng = np.random.default_rng(7)  # the synthetic data set (public, fixed)
+    blobs = np.concatenate([rng.normal([-1.5, -1.0], 0.4, (600, 2)), rng.normal([1.5, 1.0], 0.3, (400, 2))])
+    plan = pm.TreePlan(dim=2, bound=4.0, max_depth=10, noise_multiplier=sigma)
+    first = _CountRecorder(noise_rnd)
+    out_d = pm.release_mixture_summary(PrivateRecords(blobs, randomness=first), plan=plan)
+    second = _CountRecorder(noise_rnd, outputs=first.returned)
+    extreme = np.array([[4.0, -4.0]])
+    out_n = pm.release_mixture_summary(PrivateRecords(np.concatenate([blobs, extreme]), randomness=second), plan=plan)
+    shapes = [a.shape for a in first.given] == [b.shape for b in second.given]
+    moves = [float(np.linalg.norm(a - b)) for a, b in zip(first.given, second.given, strict=False)] if shapes else [
+        math.inf]
+    same = shapes and out_d.points.shape == out_n.points.shape and bool(np.array_equal(out_d.points, out_n.points)) \
+        and bool(np.array_equal(out_d.weights, out_n.weights))
+    max_move = max(moves) if moves else 0.0
+    replay_ok = same and max_move <= 1.0 + 1e-12
+    failed = [name for name, good in (("noise scale", noise_ok), ("accountant", acc_ok),
+                                      ("coupled replay", replay_ok)) if not good]
+    return MixtureCheckResult(
+        noise_multiplier=sigma, noise_sd_ratio=ratio, noise_samples=n, noise_tolerance=tol, noise_ok=noise_ok,
+        accountant_epsilon=ours, opacus_epsilon=theirs, accountant_ok=bool(acc_ok), replay_max_move=max_move,
+        replay_same_output=bool(same), replay_ok=bool(replay_ok), ok=not failed, failed=failed,
+    )
+
+
 # =========================================================================== driver
 
 
@@ -1338,8 +1655,11 @@ def run_selftest(config: SelfTestConfig | None = None, progress: Progress | None
             claimed_one = epsilon([event], cfg.one_run_delta, cfg.accountant)
             one = one_run_audit(cfg, sigma, q, claimed_one, a_each, progress)
         replay = gray_box_replay(inject=cfg.inject, progress=progress) if cfg.replay else None
+        bnn = bnn_checks(inject=cfg.inject, progress=progress) if cfg.bnn else None
+        mixture = mixture_checks(inject=cfg.inject, noise_path=cfg.noise) if cfg.mixture else None
     wb_runs = 2 * len(cfg.scenarios) * (cfg.runs + cfg.pilot)
-    violation = any(a.violation for a in audits) or bool(one and one.violation) or bool(replay and not replay.ok)
+    violation = (any(a.violation for a in audits) or bool(one and one.violation) or bool(replay and not replay.ok)
+                 or bool(bnn and not bnn.ok) or bool(mixture and not mixture.ok))
     lbs = ", ".join(
         f"{a.scenario} {a.epsilon_lower_bound:.3f}"
         + ("" if abs(a.claimed_epsilon - claimed) < 5e-4 else f" (claim {a.claimed_epsilon:.3f})")
@@ -1355,6 +1675,10 @@ def run_selftest(config: SelfTestConfig | None = None, progress: Progress | None
     )
     if replay is not None and not replay.ok:
         verdict += "; gray-box replay failed (control flow or sensitivity)"
+    if bnn is not None and not bnn.ok:
+        verdict += f"; BNN mechanism check failed ({', '.join(bnn.failed)})"
+    if mixture is not None and not mixture.ok:
+        verdict += f"; mixture mechanism check failed ({', '.join(mixture.failed)})"
     cfg_dict = asdict(cfg)
     cfg_dict["sample_rate_quantised"] = q
     return SelfTestResult(
@@ -1366,5 +1690,5 @@ def run_selftest(config: SelfTestConfig | None = None, progress: Progress | None
         ),
         white_box_runs=wb_runs, runs_per_second=wb_runs / wb_time if wb_time > 0 else math.inf,
         elapsed_seconds=time.perf_counter() - t0, alpha_per_audit=a_each, violation=violation,
-        verdict=verdict,
+        verdict=verdict, bnn=bnn, mixture=mixture,
     )

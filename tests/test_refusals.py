@@ -46,6 +46,22 @@ def _pub(tmp: Path, n: int | None = 600, **kw: Any) -> Path:
     return write_policy(tmp / "p.toml", n=n, **kw)
 
 
+BNN_ALLOWED = 'allowed_models = ["logistic", "bnn"]'
+MIXTURE_ALLOWED = 'allowed_models = ["logistic", "gmm", "dpgmm"]'
+#: A public schema without any numeric column (what a mixture cannot model).
+NO_NUMERIC = """
+[schema]
+target = "y"
+[[schema.columns]]
+name = "x2"
+kind = "categorical"
+categories = ["a", "b", "c"]
+[[schema.columns]]
+name = "y"
+kind = "categorical"
+categories = ["no", "yes"]
+"""
+
 # Each case: (args builder, message fragment). The builder gets tmp_path and returns CLI args
 # after "release".
 CASES: dict[str, tuple[Any, str]] = {
@@ -96,10 +112,21 @@ CASES: dict[str, tuple[Any, str]] = {
                                 "--epsilon", "1", "--policy",
                                 str(_pub(t, n=2000, tail="[budget_split]\ncount = 0\npreprocessing = 0\nquality = 0.1\noptimisation = 0.9\n"))],
                      "max_dropped_fraction"),
+    "mixture-options": (lambda t: [str(_data(t)), "--epsilon", "0.5", "--model", "logistic", "--components", "3",
+                                   "--policy", str(_pub(t))], "--components"),
+    "mixture-schema": (lambda t: [str(_data(t)), "--epsilon", "0.5", "--model", "gmm", "--policy",
+                                  str(_pub(t, extra=MIXTURE_ALLOWED, schema=False, tail=NO_NUMERIC))], "numeric column"),
+    "mechanism-model": (lambda t: [str(_data(t)), "--epsilon", "0.5", "--model", "bnn", "--mechanism", "dp-psvi",
+                                   "--policy", str(_pub(t, extra=BNN_ALLOWED))], "dp-bb-psvi"),
+    "bnn-options": (lambda t: [str(_data(t)), "--epsilon", "0.5", "--model", "bnn", "--bnn-widths", "0",
+                               "--policy", str(_pub(t, extra=BNN_ALLOWED))], "--bnn-widths"),
     "spark-options": (lambda t: [str(_data(t)), "--epsilon", "0.5", "--policy", str(_pub(t)),
                                  "--spark-master", "local[1]"], "--engine spark"),
     "spark-unavailable": (lambda t: [str(_parquet(t)), "--epsilon", "0.5", "--policy", str(_pub(t)),
                                      "--engine", "spark"], "Java"),
+    "spark-session": (lambda t: [str(_parquet(t)), "--epsilon", "0.5", "--policy", str(_pub(t, n=None)),
+                                 "--engine", "spark", "--spark-master", "spark://127.0.0.1:7077"],
+                      "could not start a Spark session"),
     "spark-schema": (lambda t: [str(_parquet(t)), "--epsilon", "0.5", "--policy", str(_pub(t, schema=False)),
                                 "--engine", "spark"], "[schema]"),
     "spark-input": (lambda t: [str(_data(t)), "--epsilon", "0.5", "--policy", str(_pub(t)), "--engine", "spark"],
@@ -141,11 +168,17 @@ def test_refusal(rid: str, tmp_path: Path, home: Path, monkeypatch: pytest.Monke
     if rid == "spark-unavailable":  # a machine without Java: nothing on PATH, no JAVA_HOME
         monkeypatch.setenv("PATH", str(tmp_path / "empty-path"))
         monkeypatch.delenv("JAVA_HOME", raising=False)
-    elif rid in ("spark-schema", "spark-input"):
-        from dpsummary.private.spark_engine import spark_available
+    elif rid in ("spark-schema", "spark-input", "spark-session"):
+        from dpsummary.private import spark_engine
 
-        if spark_available() is not None:
-            pytest.skip(f"needs pyspark and Java: {spark_available()}")
+        if spark_engine.spark_available() is not None:
+            pytest.skip(f"needs pyspark and Java: {spark_engine.spark_available()}")
+        if rid == "spark-session":  # an unreachable cluster, without waiting for Spark's retries
+
+            def unreachable(options: Any, scratch: Path) -> Any:
+                raise RuntimeError("java.net.ConnectException: Connection refused")
+
+            monkeypatch.setattr(spark_engine, "build_session", unreachable)
     build, fragment = CASES[rid]
     args = build(tmp_path)
     before = len(ledger_lines(home))

@@ -32,7 +32,7 @@ CLAIM = 2.0
 
 
 def _cfg(**kw) -> st.SelfTestConfig:
-    base = dict(epsilon=CLAIM, delta=1e-2, noise="numpy", one_run_canaries=0, replay=False)
+    base = dict(epsilon=CLAIM, delta=1e-2, noise="numpy", one_run_canaries=0, replay=False, bnn=False)
     base.update(kw)
     return st.SelfTestConfig(**base)
 
@@ -207,12 +207,22 @@ def test_cli_selftest_json_and_exit_codes():
     assert ok.exit_code == 0, ok.output
     data = json.loads(ok.stdout)
     assert data["violation"] is False and data["config"]["inject"] == "none"
+    # The BNN mechanism's checks run by default (noise scale, accountant, replay).
+    assert data["bnn"]["ok"] is True and data["bnn"]["replay"]["ok"] is True
     # fixed-seed with 500 runs: pFP <= 1 - 0.0125^(1/500) ~ 8.7e-3, LB ~ 4.2 > 2 (same argument
     # as above): exit code 1 with a plain-language verdict.
     bad = runner.invoke(app, ["selftest", "--runs", "500", "--noise", "numpy", "--one-run-canaries", "0",
-                              "--no-replay", "--inject", "fixed-seed"])
+                              "--no-replay", "--no-bnn", "--inject", "fixed-seed"])
     assert bad.exit_code == 1 and "VIOLATION DETECTED" in bad.stdout
     assert runner.invoke(app, ["selftest", "--runs", "5"]).exit_code == 2
+
+
+def test_bnn_no_clip_bug_fails_the_selftest():
+    """The no-clip bug in the BNN mechanism alone (white-box audits of the GLM sum skipped by a
+    tiny run count would not see it): the BNN replay fails, so the self-test reports a violation.
+    Deterministic (recorded randomness in the replay)."""
+    r = st.bnn_checks(inject="no-clip")
+    assert not r.ok and r.failed == ["gray-box replay"] and r.replay.lockstep_max_ratio > 10
 
 
 def test_noise_aware_clipping_bug_is_detected():

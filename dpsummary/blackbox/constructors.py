@@ -50,7 +50,7 @@ class _OuterLoop:
 
     def step(self, state: BBState, data: torch.Tensor, model: Model, generator: torch.Generator) -> BBState:
         return outer_step(state, data, model, generator, inner=self.inner, batch_size=self.batch_size,
-                          outer_samples=self.outer_samples)
+                          outer_samples=self.outer_samples, reset_moments=getattr(self, "reset_inner_moments", False))
 
     def result(self, state: BBState) -> tuple[torch.Tensor, torch.Tensor]:
         return state.points.detach().clone(), state.weights.detach().clone()
@@ -75,16 +75,22 @@ class BBPSVI(_OuterLoop):
     init_sd: float = 1e-3
     warmup_steps: int = 200
     lr_decay: float | None = None
+    #: Start the inner Adam from zero moments at every outer step (the authors' code), instead
+    #: of carrying them over (the default).
+    reset_inner_moments: bool = False
+    #: Initial variational means: ``"he"`` (default) or ``"uniform"`` (torch.nn.Linear's, as in
+    #: the authors' code); see :meth:`MeanFieldGaussian.init`.
+    init_scheme: str = "he"
     name: str = "bb-psvi"
 
     def init(self, data: torch.Tensor, model: Model, size: int, generator: torch.Generator) -> BBState:
         n = data.shape[0]
         idx = _random_records(data, size, generator)
-        weight = WeightParam.softmax(idx.numel(), float(n), learn_total=self.learn_total)
+        weight = WeightParam.softmax(idx.numel(), float(n), learn_total=self.learn_total, dtype=data.dtype)
         return make_state(model, data[idx], weight, n, generator, learn_points=True, learn_labels=self.learn_labels,
                           points_lr=self.points_lr, weights_lr=self.weights_lr, total_lr=self.total_lr,
                           inner=self.inner, init_sd=self.init_sd, warmup_steps=self.warmup_steps,
-                          lr_decay=self.lr_decay, steps=self.steps)
+                          lr_decay=self.lr_decay, steps=self.steps, init_scheme=self.init_scheme)
 
 
 @dataclass(frozen=True)
@@ -310,13 +316,16 @@ class RandomSubsetVI:
     steps: int = 100
     inner: InnerConfig = field(default_factory=InnerConfig)
     init_sd: float = 1e-3
+    init_scheme: str = "he"
     name: str = "random-subset-vi"
 
     def init(self, data: torch.Tensor, model: Model, size: int, generator: torch.Generator) -> VIState:
         n = data.shape[0]
         idx = _random_records(data, size, generator)
-        mu, rho = MeanFieldGaussian.init(model, generator, init_sd=self.init_sd)
-        return VIState(data[idx].clone(), torch.full((idx.numel(),), n / idx.numel(), dtype=DTYPE), mu, rho, None)
+        mu, rho = MeanFieldGaussian.init(model, generator, init_sd=self.init_sd, dtype=data.dtype,
+                                         scheme=self.init_scheme)
+        return VIState(data[idx].clone(), torch.full((idx.numel(),), n / idx.numel(), dtype=data.dtype), mu, rho,
+                       None)
 
     def num_steps(self, size: int) -> int:
         return self.steps
@@ -343,11 +352,13 @@ class FullDataVI:
     inner: InnerConfig = field(default_factory=InnerConfig)
     batch_size: int = 128
     init_sd: float = 1e-3
+    init_scheme: str = "he"
     name: str = "full-data-vi"
 
     def init(self, data: torch.Tensor, model: Model, size: int, generator: torch.Generator) -> VIState:
-        mu, rho = MeanFieldGaussian.init(model, generator, init_sd=self.init_sd)
-        return VIState(data, torch.ones(data.shape[0], dtype=DTYPE), mu, rho, None)
+        mu, rho = MeanFieldGaussian.init(model, generator, init_sd=self.init_sd, dtype=data.dtype,
+                                         scheme=self.init_scheme)
+        return VIState(data, torch.ones(data.shape[0], dtype=data.dtype), mu, rho, None)
 
     def num_steps(self, size: int) -> int:
         return self.steps
@@ -356,10 +367,10 @@ class FullDataVI:
         n = data.shape[0]
         b = min(self.batch_size, n)
         mu, rho, mom = state.mu, state.rho, state.moments
-        one = InnerConfig(1, self.inner.lr, self.inner.num_samples, self.inner.beta1, self.inner.beta2, self.inner.eps)
+        one = replace(self.inner, steps=1)
         for _ in range(self.inner.steps):
             idx = torch.randperm(n, generator=generator)[:b]
-            mu, rho, mom = warm_up(model, data[idx], torch.full((b,), n / b, dtype=DTYPE), mu, rho, one, 1,
+            mu, rho, mom = warm_up(model, data[idx], torch.full((b,), n / b, dtype=data.dtype), mu, rho, one, 1,
                                    generator, mom)
         return replace(state, mu=mu, rho=rho, moments=mom)
 

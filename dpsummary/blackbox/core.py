@@ -15,7 +15,7 @@ step to the next, and the inner Adam moments. One outer step (:func:`outer_step`
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -57,9 +57,9 @@ class WeightParam:
                 self.raw.clamp_(-30.0, 30.0)
 
     @classmethod
-    def softmax(cls, m: int, total: float, *, learn_total: bool) -> WeightParam:
-        raw = torch.zeros(m, dtype=DTYPE, requires_grad=True)
-        log_total = torch.tensor(float(total), dtype=DTYPE).log().requires_grad_(learn_total)
+    def softmax(cls, m: int, total: float, *, learn_total: bool, dtype: torch.dtype = DTYPE) -> WeightParam:
+        raw = torch.zeros(m, dtype=dtype, requires_grad=True)
+        log_total = torch.tensor(float(total), dtype=dtype).log().requires_grad_(learn_total)
         return cls("softmax", raw, log_total)
 
     @classmethod
@@ -101,8 +101,8 @@ def warm_up(model: Model, points: torch.Tensor, weights: torch.Tensor, mu: torch
         pts, w = points.detach(), weights.detach()
     while done < steps:
         chunk = min(config.steps, steps - done)
-        cfg = InnerConfig(chunk, config.lr, config.num_samples, config.beta1, config.beta2, config.eps)
-        eps = torch.randn(chunk, config.num_samples, model.param_dim, generator=generator, dtype=DTYPE)
+        cfg = replace(config, steps=chunk)
+        eps = torch.randn(chunk, config.num_samples, model.param_dim, generator=generator, dtype=mu.dtype)
         mu, rho, mom = inner_fit(mu, rho, pts, w, eps, model, family, cfg, mom)
         mu, rho, mom = mu.detach(), rho.detach(), mom.detached()
         done += chunk
@@ -128,15 +128,20 @@ def make_state(
     warmup_steps: int,
     lr_decay: float | None = None,
     steps: int = 1,
+    init_scheme: str = "he",
 ) -> BBState:
     """Initial state: random ``psi_0`` (He-scaled means, sd ``init_sd``), then ``warmup_steps``
     plain inner steps on the initial coreset so the first outer gradient starts near psi*.
 
     ``lr_decay`` (e.g. 0.01), when given, decays the outer learning rates geometrically to that
-    fraction of their start over ``steps`` outer steps (as dpsummary's PSVI does)."""
-    pts = model.project_points(points.detach().clone().to(DTYPE))
+    fraction of their start over ``steps`` outer steps (as dpsummary's PSVI does).
+
+    Everything runs in the dtype of ``points`` (float64 by default; float32 when the caller's
+    data are float32, as in the authors' code); ``init_scheme`` is passed to
+    :meth:`MeanFieldGaussian.init`."""
+    pts = model.project_points(points.detach().clone())
     pts.requires_grad_(learn_points)
-    mu, rho = MeanFieldGaussian.init(model, generator, init_sd=init_sd)
+    mu, rho = MeanFieldGaussian.init(model, generator, init_sd=init_sd, dtype=pts.dtype, scheme=init_scheme)
     mu, rho, mom = warm_up(model, pts, weight.weights(), mu, rho, inner, warmup_steps, generator)
     groups: list[dict[str, Any]] = [{"params": [weight.raw], "lr": weights_lr}]
     if weight.log_total is not None and weight.log_total.requires_grad:
@@ -153,23 +158,26 @@ def make_state(
 
 
 def outer_step(state: BBState, data: torch.Tensor, model: Model, generator: torch.Generator, *,
-               inner: InnerConfig, batch_size: int, outer_samples: int) -> BBState:
+               inner: InnerConfig, batch_size: int, outer_samples: int, reset_moments: bool = False) -> BBState:
     """One outer iteration of Algorithm 1 (BB-PSVI) / Algorithm 4 (batch BB-SparseVI).
 
     ``data`` is the ``(N, point_dim)`` training set; only a minibatch of ``batch_size`` records
-    enters the gradient.
+    enters the gradient. ``reset_moments``: the inner Adam starts every outer step from zero
+    moments (the authors' code does: its differentiable optimiser copies the state of an
+    optimiser that never steps) instead of continuing the previous step's moments.
     """
     n = data.shape[0]
     b = min(batch_size, n)
     batch = data[torch.randperm(n, generator=generator)[:b]] if b < n else data
     d = model.param_dim
-    inner_eps = torch.randn(inner.steps, inner.num_samples, d, generator=generator, dtype=DTYPE)
-    outer_eps = torch.randn(outer_samples, d, generator=generator, dtype=DTYPE)
+    dtype = state.mu.dtype
+    inner_eps = torch.randn(inner.steps, inner.num_samples, d, generator=generator, dtype=dtype)
+    outer_eps = torch.randn(outer_samples, d, generator=generator, dtype=dtype)
     family = MeanFieldGaussian(model.prior_scale)
     weights = state.weight.weights()
     g_points, g_weights, loss, (mu, rho, mom) = outer_gradient(
         state.points.detach(), weights.detach(), state.mu, state.rho, batch, state.num_records,
-        inner_eps, outer_eps, model, family, inner, state.moments)
+        inner_eps, outer_eps, model, family, inner, None if reset_moments else state.moments)
     state.optimizer.zero_grad(set_to_none=True)
     if state.learn_points:
         if not state.learn_labels:

@@ -27,10 +27,10 @@ def draws_and_weights(model: Model, mu: torch.Tensor, rho: torch.Tensor, generat
     """``(theta (S, d), wt (S,))``: draws from r and their importance weights toward the
     weighted-coreset posterior (uniform when ``points`` is None)."""
     family = MeanFieldGaussian(model.prior_scale)
-    eps = torch.randn(num_samples, model.param_dim, generator=generator, dtype=DTYPE)
+    eps = torch.randn(num_samples, model.param_dim, generator=generator, dtype=mu.dtype)
     theta = family.sample(mu, rho, eps)
     if points is None or weights is None:
-        return theta, torch.full((num_samples,), 1.0 / num_samples, dtype=DTYPE)
+        return theta, torch.full((num_samples,), 1.0 / num_samples, dtype=mu.dtype)
     core_ll = loglik_matrix(model, points, theta) @ weights
     return theta, torch.softmax(importance_log_weights(mu, rho, theta, core_ll, model, family), 0)
 

@@ -135,7 +135,7 @@ def configure_torch() -> None:
 #: Libraries every data command needs after torch, imported on a background thread while the
 #: main thread imports torch: module execution holds the GIL, but loading shared libraries and
 #: reading files do not, so the two overlap (0.6 s of a release on this 2-core machine, issue 15).
-PREFETCH_MODULES = ("numpy", "scipy.special", "dp_accounting", "pyarrow.csv", "opendp.prelude")
+PREFETCH_MODULES = ("numpy", "scipy.special", "dp_accounting", "pyarrow.csv", "opendp.measurements", "opendp.metrics")
 
 
 def prefetch_imports() -> None:

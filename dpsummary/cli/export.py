@@ -27,10 +27,14 @@ def export(
     if out.exists() and not out.is_dir():
         raise UserError(f"--out must be a directory: {out}")
     from ..analyst import load
+    from ..export import UnsupportedExport
     from ..export import export as do_export
 
     release = load(artifact, key, allow_unsigned=allow_unsigned)
-    files = do_export(release, to, out)
+    try:
+        files = do_export(release, to, out)
+    except UnsupportedExport as exc:
+        raise UserError(str(exc)) from None
     if not release.verified:
         typer.echo("warning: the artifact's signature was NOT verified (--allow-unsigned)", err=True)
     typer.echo(f"{to} adapter for {release.model.name} ({release.summary.size} points, "

@@ -88,14 +88,22 @@ def inspect(
     status = "verified" if info.get("verified") else "UNVERIFIED (signature not checked)"
     typer.echo(f"{artifact}: {status}, key {info.get('keyid')}")
     typer.echo(f"  created {out['created']} by dpsummary {(out['software'] or {}).get('dpsummary')}")
-    typer.echo(f"  {out['method']} summary: {out['pseudopoints']} weighted pseudopoints, model {model.get('name')} "
-               f"with {len(out['parameters'] or [])} parameters, prior N(0, {model.get('prior_scale')}^2 I)")
+    if "n_components" in model:  # a mixture: fitted by weighted VI, no Gaussian parameter prior
+        typer.echo(f"  {out['method']} summary: {out['pseudopoints']} weighted pseudopoints, model {model.get('name')} "
+                   f"with {model.get('n_components')} components over {model.get('num_features')} numeric columns")
+    else:
+        typer.echo(f"  {out['method']} summary: {out['pseudopoints']} weighted pseudopoints, model {model.get('name')} "
+                   f"with {len(out['parameters'] or [])} parameters, prior N(0, {model.get('prior_scale')}^2 I)")
     eps = out["epsilon"] or {}
     typer.echo("  privacy: epsilon " + ", ".join(f"{k} {v:.4g}" for k, v in eps.items())
                + f"; delta {out['delta']}; {out['adjacency']}; {out['sampling']} sampling")
     mech = out["mechanism"] or {}
-    typer.echo(f"  mechanism: sigma {mech.get('noise_multiplier')}, q {mech.get('sample_rate')}, "
-               f"T {mech.get('steps')}, clip: {mech.get('clip_norm_rule')}")
+    if mech.get("name") == "dp-kd-tree":
+        typer.echo(f"  mechanism: dp-kd-tree, sigma {mech.get('noise_multiplier')}, {mech.get('levels')} levels, "
+                   f"split at {mech.get('split_threshold')} sigma, keep at {mech.get('keep_threshold')} sigma")
+    else:
+        typer.echo(f"  mechanism: sigma {mech.get('noise_multiplier')}, q {mech.get('sample_rate')}, "
+                   f"T {mech.get('steps')}, clip: {mech.get('clip_norm_rule')}")
     split = out["budget_split"] or {}
     typer.echo("  budget split: " + ", ".join(f"{k} {v:.4g}" for k, v in split.items()))
     typer.echo(f"  data source: {out['source_id']}; public inputs: {out['public_inputs']}")

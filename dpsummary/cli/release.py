@@ -21,7 +21,7 @@ def release(
     model: Annotated[str | None, typer.Option(help="Model (default: from the target's type).")] = None,
     target: Annotated[str | None, typer.Option(help="Target column (default: the last column).")] = None,
     size: Annotated[int, typer.Option("--size", "-M", help="Number of pseudopoints.")] = 50,
-    steps: Annotated[int, typer.Option(help="Optimisation steps T.")] = 500,
+    steps: Annotated[int | None, typer.Option(help="Optimisation steps T (default 500; 100 for --model bnn).")] = None,
     sample_rate: Annotated[float | None, typer.Option(help="Poisson sampling rate q (default 200 / noisy count).")] = None,
     policy: Annotated[Path | None, typer.Option(help="Policy TOML (default: the packaged default policy, whatever the current directory; the release prints which it used).")] = None,
     out: Annotated[Path | None, typer.Option(help="Artifact path (default: DATA.dpsummary.json).")] = None,
@@ -29,27 +29,47 @@ def release(
     ledger: Annotated[Path | None, typer.Option(help="Ledger file (default: in the dpsummary home).")] = None,
     key: Annotated[Path | None, typer.Option(help="Private signing key (default: created in the dpsummary home).")] = None,
     calibrate_to: Annotated[Literal["rdp", "prv", "pld"] | None, typer.Option(help="Accountant to calibrate sigma to; must equal the policy's accountant of record (set `accountant` in the policy to change it).")] = None,
-    mechanism: Annotated[Literal["noise-aware-newton", "dp-psvi"], typer.Option(help="Stage-2 mechanism: noise-aware-newton (default: noisy score statistics, credible intervals that account for the privacy noise) or dp-psvi (the paper's mechanism, for reproduction; its intervals ignore the noise).")] = "noise-aware-newton",
+    mechanism: Annotated[Literal["noise-aware-newton", "dp-psvi", "dp-bb-psvi", "dp-kd-tree"] | None, typer.Option(help="Stage-2 mechanism, chosen from --model when omitted: noise-aware-newton (GLMs' default: noisy score statistics, credible intervals that account for the privacy noise), dp-psvi (GLMs: the paper's mechanism, for reproduction; its intervals ignore the noise), dp-bb-psvi (--model bnn only: DP black-box PSVI) or dp-kd-tree (--model gmm|dpgmm only: a noisy kd-tree of the numeric columns as weighted pseudo-points).")] = None,
+    bnn_widths: Annotated[str | None, typer.Option(help="--model bnn only: hidden layer widths, comma-separated (public; default 20: one hidden ReLU layer of 20 units).")] = None,
+    components: Annotated[int | None, typer.Option(help="--model gmm|dpgmm only: number of mixture components K (gmm) or the truncation T (dpgmm); public, default 10.")] = None,
     engine: Annotated[Literal["local", "spark"], typer.Option(help="Where the records are read and the mechanisms run: local (one machine, CSV or Parquet) or spark (a Parquet file or directory, through Apache Spark; needs the `spark` extra, Java 17 and the schema in the policy).")] = "local",
     spark_master: Annotated[str, typer.Option(help="Spark master URL for --engine spark (default local[2]; e.g. spark://host:7077, yarn, k8s://...).")] = "local[2]",
     spark_conf: Annotated[list[str] | None, typer.Option(help="Extra Spark configuration for --engine spark, key=value (repeatable).")] = None,
     json_output: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
 ) -> None:
     """Release a differentially private pseudocoreset of DATA (default mechanism: noise-aware
-    noisy score statistics; --mechanism dp-psvi for the paper's DP-PSVI)."""
+    noisy score statistics; --mechanism dp-psvi for the paper's DP-PSVI; --model bnn: a Bayesian
+    neural network by DP black-box PSVI; --model gmm|dpgmm: a Gaussian mixture summary by a noisy
+    kd-tree)."""
     configure_torch()
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from ..release import ReleaseRequest, run_release
+    from ..release import DEFAULT_STEPS, ReleaseError, ReleaseRequest, run_release
 
     err = Console(stderr=True)
+    if steps is None:
+        from ..private.bnn import DEFAULT_STEPS as BNN_STEPS
+
+        steps = BNN_STEPS if model == "bnn" else DEFAULT_STEPS
+    widths: tuple[int, ...] | None = None
+    if bnn_widths is not None:
+        try:
+            widths = tuple(int(w) for w in bnn_widths.split(","))
+        except ValueError:
+            raise ReleaseError("--bnn-widths must be comma-separated positive integers, e.g. 32,16") from None
     req = ReleaseRequest(
         data=data, epsilon=epsilon, delta=delta, model=model, target=target, size=size, steps=steps,
         sample_rate=sample_rate, policy=policy, out=out, seed=seed, ledger=ledger, key=key,
-        calibrate_to=calibrate_to, mechanism=mechanism, **_engine_options(engine, spark_master, spark_conf),
+        calibrate_to=calibrate_to, mechanism=mechanism, bnn_widths=widths, components=components,
+        **_engine_options(engine, spark_master, spark_conf),
     )
-    label = "DP-PSVI" if mechanism == "dp-psvi" else "noise-aware"
+    label = {"dp-psvi": "DP-PSVI", "dp-bb-psvi": "DP BB-PSVI", "dp-kd-tree": "noisy kd-tree"}.get(
+        mechanism or "", "noise-aware")
+    if model == "bnn":
+        label = "DP BB-PSVI"
+    elif model in ("gmm", "dpgmm"):
+        label = "noisy kd-tree"
     with Progress(TextColumn(label), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TimeElapsedColumn(), console=err, transient=True, disable=json_output) as bar:
         task = bar.add_task("optimise", total=steps)
@@ -88,7 +108,7 @@ def _print_table(r: Any) -> None:
     t.add_row("delta", f"{r.delta:.3g}")
     t.add_row("noise multiplier sigma", f"{r.noise_multiplier:.4f}")
     t.add_row("mechanism", r.mechanism)
-    if r.mechanism == "dp-psvi":
+    if r.mechanism in ("dp-psvi", "dp-bb-psvi"):
         t.add_row("sample rate q (Poisson)", f"{r.sample_rate:.6g}")
         t.add_row("steps T", str(r.steps))
     t.add_row("pseudopoints M", str(r.size))

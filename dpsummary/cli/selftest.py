@@ -32,6 +32,8 @@ def selftest(
     histogram: Annotated[bool, typer.Option(help="Also audit the DP initialisation histograms (noisy_marginals).")] = True,
     quality: Annotated[bool, typer.Option(help="Also audit the invalid-record handling (total rules and noisy quality counts).")] = True,
     newton: Annotated[bool, typer.Option(help="Also audit the noise-aware mechanism's score release (the default release mechanism).")] = True,
+    bnn: Annotated[bool, typer.Option(help="Also check the BNN mechanism (dp-bb-psvi): noise scale, accountant reproduction, gray-box replay.")] = True,
+    mixture: Annotated[bool, typer.Option(help="Also check the mixture mechanism (dp-kd-tree): noise scale, accountant reproduction, coupled neighbour replay.")] = True,
     json_output: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
 ) -> None:
     """Audit the release mechanism empirically: a statistically valid LOWER bound on epsilon.
@@ -48,7 +50,7 @@ def selftest(
         cfg = SelfTestConfig(
             epsilon=epsilon, delta=delta, runs=runs, pilot_runs=pilot_runs, alpha=alpha, inject=inject,
             noise=noise, sample_rate=sample_rate, steps=steps, accountant=accountant,
-            one_run_canaries=one_run_canaries, replay=replay,
+            one_run_canaries=one_run_canaries, replay=replay, bnn=bnn, mixture=mixture,
             scenarios=("dirac", "swap") + (("histogram",) if histogram else ()) + (("quality",) if quality else ())
             + (("newton",) if newton else ()),
         ).validated()
@@ -57,7 +59,7 @@ def selftest(
     err = Console(stderr=True)
     labels = {"pilot": "pilot runs", "main": "main runs", "histogram": "histogram audit", "quality": "quality audit", "newton": "newton audit",
               "one-run": "one-run audit",
-              "replay": "gray-box replay"}
+              "replay": "gray-box replay", "bnn": "BNN mechanism checks"}
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TimeElapsedColumn(), console=err, transient=True, disable=json_output) as bar:
         tasks: dict[str, Any] = {}
@@ -114,6 +116,21 @@ def _print(r: SelfTestResult) -> None:
                   markup=False)
         ratios = ", ".join(f"{d / c:.3g}" for d, c in zip(p.per_step_delta, p.per_step_clip, strict=False))
         con.print(f"  independent replay, per-step |delta sum| / C_t (steps > 1 diverge by post-processing): {ratios}",
+                  markup=False)
+    if r.bnn is not None:
+        b = r.bnn
+        con.print(f"BNN mechanism (dp-bb-psvi): noise sd / (sigma C) {b.noise_sd_ratio:.4f} over {b.noise_samples} "
+                  f"coordinates (tolerance +-{b.noise_tolerance:.3f}); RDP epsilon {b.accountant_epsilon:.6f} vs "
+                  f"Opacus {b.opacus_epsilon:.6f}; replay calls {b.replay.calls[0]} vs {b.replay.calls[1]}, step-1 "
+                  f"|delta sum| {b.replay.first_step_delta:.4g} <= C {b.replay.first_step_clip:.4g}, lockstep max "
+                  f"|delta|/C {b.replay.lockstep_max_ratio:.4g}: {'ok' if b.ok else 'FAILED: ' + ', '.join(b.failed)}",
+                  markup=False)
+    if r.mixture is not None:
+        x = r.mixture
+        con.print(f"mixture mechanism (dp-kd-tree): noise sd / sigma {x.noise_sd_ratio:.4f} over {x.noise_samples} "
+                  f"coordinates (tolerance +-{x.noise_tolerance:.3f}); RDP epsilon {x.accountant_epsilon:.6f} vs "
+                  f"Opacus {x.opacus_epsilon:.6f}; coupled replay max move {x.replay_max_move:.4g} <= 1, same "
+                  f"output {x.replay_same_output}: {'ok' if x.ok else 'FAILED: ' + ', '.join(x.failed)}",
                   markup=False)
     con.print(r.verdict, markup=False)
     con.print(f"certifies: {r.certifies}", markup=False)

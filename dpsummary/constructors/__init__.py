@@ -25,6 +25,15 @@ REGISTRY: dict[str, Callable[..., Constructor[Any, Any]]] = cast(Any, {
     "psvi": PSVI,
 })
 
+
+def applies(constructor: Any, model: Any) -> bool:
+    """Whether ``constructor`` can run on ``model`` (declared capabilities, never names): a
+    ``model_free`` constructor (lightweight, uniform) runs on every model; the others need
+    Laplace approximations or posterior draws of the flat parameter, which a model with
+    ``parameter_draws = False`` (the Gaussian mixture) does not support. Attributes absent
+    mean: not model-free, draws supported (the GLMs)."""
+    return bool(getattr(constructor, "model_free", False) or getattr(model, "parameter_draws", True))
+
 __all__ = [
     "GIGA",
     "PSVI",
@@ -34,6 +43,7 @@ __all__ = [
     "SparseVI",
     "Summary",
     "Uniform",
+    "applies",
     "fit",
     "write_atomic",
 ]

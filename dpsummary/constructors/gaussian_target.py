@@ -18,6 +18,7 @@ target Gaussian.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -64,42 +65,77 @@ def _inverse_targets(model: Model, y: torch.Tensor) -> torch.Tensor:
 def points_of(model: Model, features: torch.Tensor, target_param: torch.Tensor) -> torch.Tensor:
     if not model.has_target:
         return features
-    return torch.cat([features, _targets(model, target_param)[:, None]], 1)
+    return torch.cat([features, _targets(model, target_param)[..., None]], -1)
 
 
 def newton_gaussian(model: Model, points: torch.Tensor, weights: torch.Tensor, at: torch.Tensor
                     ) -> tuple[torch.Tensor, torch.Tensor]:
     """(mean, precision) of one Newton step of the weighted posterior from ``at``; differentiable
-    in ``points`` and ``weights`` (uses the model's autograd score and curvature)."""
+    in ``points`` and ``weights`` (uses the model's autograd score and curvature).
+
+    Batched: ``points`` ``(B, n, point_dim)``, ``weights`` ``(B, n)`` and ``at`` ``(B, d)`` give
+    ``(B, d)`` means and ``(B, d, d)`` precisions, one independent problem per row (unbatched
+    shapes work as before)."""
+    if points.dim() == 2:
+        mean, precision = newton_gaussian(model, points[None], weights[None], at[None])
+        return mean[0], precision[0]
+    b, n, p = points.shape
     d = model.param_dim
     prior_prec = torch.eye(d, dtype=DTYPE) / model.prior_scale**2
     if isinstance(model, GLM):
         # Closed form through the linear predictor, kept on the autograd graph of the points.
-        z = model.design(points)
-        eta = z @ at
-        d1, d2 = model.eta_derivatives_graph(points[:, -1], eta)
-        grad = z.T @ (weights * d1) - prior_prec @ (at - model.prior_mean)
-        precision = (z.T * (weights * -d2)) @ z + prior_prec
+        z = model.design(points.reshape(b * n, p)).reshape(b, n, d)
+        eta = (z @ at[..., None])[..., 0]
+        d1, d2 = model.eta_derivatives_graph(points[..., -1], eta)
+        # Batched matrix products, not einsum: torch.einsum plans its contraction on every call,
+        # which is most of the cost of these small products.
+        grad = (z.transpose(1, 2) @ (weights * d1)[..., None])[..., 0]
+        precision = (z * (weights * -d2)[..., None]).transpose(1, 2) @ z
     else:
         # Closed forms (linear, Gaussian mean) keep the points on the graph; the base class's
         # torch.func default does too for any other model.
-        scores = model.record_scores(points, at)
-        curv = model.record_curvatures(points, at)
-        grad = weights @ scores - prior_prec @ (at - model.prior_mean)
-        precision = torch.einsum("j,jab->ab", weights, curv) + prior_prec
-    precision = 0.5 * (precision + precision.T)
+        grad = torch.stack([weights[i] @ model.record_scores(points[i], at[i]) for i in range(b)])
+        precision = torch.stack([torch.einsum("j,jab->ab", weights[i], model.record_curvatures(points[i], at[i]))
+                                 for i in range(b)])
+    grad = grad - (at - model.prior_mean) @ prior_prec
+    precision = precision + prior_prec
+    precision = 0.5 * (precision + precision.transpose(-1, -2))
     mean = at + torch.linalg.solve(precision, grad)
     return mean, precision
 
 
-def _sym_kl(m1: torch.Tensor, prec1: torch.Tensor, target: GaussianPosterior, target_prec: torch.Tensor) -> torch.Tensor:
-    d = m1.shape[0]
-    cov_t = target.cov
+def _sym_kl(m1: torch.Tensor, prec1: torch.Tensor, target_mean: torch.Tensor, target_cov: torch.Tensor,
+            target_prec: torch.Tensor) -> torch.Tensor:
+    """Symmetric KL between ``N(m1, prec1^-1)`` and the targets, batched over the leading axis."""
+    d = m1.shape[-1]
     cov1 = torch.linalg.inv(prec1)
-    diff = m1 - target.mean
+    diff = m1 - target_mean
     # KL(1||t) + KL(t||1): log-determinants cancel.
-    return 0.5 * (torch.trace(target_prec @ cov1) + torch.trace(prec1 @ cov_t) - 2 * d
-                  + diff @ target_prec @ diff + diff @ prec1 @ diff)
+    # tr(A B) for symmetric B is the sum of the elementwise product.
+    quad = (diff * ((target_prec + prec1) @ diff[..., None])[..., 0]).sum(-1)
+    return 0.5 * ((target_prec * cov1).sum((-2, -1)) + (prec1 * target_cov).sum((-2, -1)) - 2 * d + quad)
+
+
+def _initial_parameters(model: Model, target: GaussianPosterior, size: int, features: torch.Tensor,
+                        generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Features, unconstrained soft targets and log-weights to start from (see the module doc)."""
+    m = target.mean.detach()
+    target_prec = torch.cholesky_inverse(target.scale_tril)
+    feats = features.detach().to(DTYPE).clone()
+    if model.has_target:
+        sim = model.simulate(m, size, generator, features=feats)[:, -1]
+        mid = sim if model.name != "logistic" else 0.25 + 0.5 * sim
+        tparam = _inverse_targets(model, mid)
+    else:
+        tparam = torch.zeros(size, dtype=DTYPE)
+    # Initial weights: curvature of the pseudopoints at m matched in trace to S^-1 - P.
+    d = model.param_dim
+    prior_prec = torch.eye(d, dtype=DTYPE) / model.prior_scale**2
+    need = float(torch.trace(target_prec - prior_prec).clamp(min=1e-6))
+    with torch.no_grad():
+        per_point = float(torch.einsum("jaa->", model.record_curvatures(points_of(model, feats, tparam), m)).clamp(min=1e-9))
+    log_w = torch.full((size,), torch.log(torch.tensor(need / per_point)).item(), dtype=DTYPE)
+    return feats, tparam, log_w
 
 
 def match_gaussian(
@@ -117,41 +153,68 @@ def match_gaussian(
 
     ``initial_features`` ``(size, num_features)`` are public draws (the schema's feature
     sampler); ``generator`` drives only the initial soft targets' draws."""
+    return match_gaussians(model, [target], size=size, initial_features=[initial_features], generator=generator,
+                           steps=steps, lr=lr)[0]
+
+
+def match_gaussians(
+    model: Model,
+    targets: list[GaussianPosterior],
+    *,
+    size: int,
+    initial_features: list[torch.Tensor],
+    generator: torch.Generator,
+    steps: int = DEFAULT_STEPS,
+    lr: float = DEFAULT_LR,
+) -> list[tuple[torch.Tensor, torch.Tensor, float]]:
+    """:func:`match_gaussian` for several targets at once, one result per target.
+
+    The problems are independent and fitted in ONE batched optimisation (issue 15: the per-step
+    cost here is the overhead of a few dozen small tensor operations, so two targets cost about
+    what one does). Adam acts elementwise and the batched loss is the sum of the per-target
+    losses, whose gradients do not mix, so each target follows the same trajectory as when fitted
+    alone (up to floating-point summation order). A target whose loss turns non-finite keeps its
+    best parameters so far and is ignored from then on, as the single fit stops there."""
     if size < 1:
         raise ValueError("size must be at least 1")
-    m = target.mean.detach()
-    target_prec = torch.cholesky_inverse(target.scale_tril)
-    target_prec = 0.5 * (target_prec + target_prec.T)
-    feats = initial_features.detach().to(DTYPE).clone()
-    if model.has_target:
-        sim = model.simulate(m, size, generator, features=feats)[:, -1]
-        mid = sim if model.name != "logistic" else 0.25 + 0.5 * sim
-        tparam = _inverse_targets(model, mid)
-    else:
-        tparam = torch.zeros(size, dtype=DTYPE)
-    # Initial weights: curvature of the pseudopoints at m matched in trace to S^-1 - P.
-    d = model.param_dim
-    prior_prec = torch.eye(d, dtype=DTYPE) / model.prior_scale**2
-    need = float(torch.trace(target_prec - prior_prec).clamp(min=1e-6))
-    with torch.no_grad():
-        per_point = float(torch.einsum("jaa->", model.record_curvatures(points_of(model, feats, tparam), m)).clamp(min=1e-9))
-    log_w = torch.full((size,), torch.log(torch.tensor(need / per_point)).item(), dtype=DTYPE)
-    params = [feats.requires_grad_(True), tparam.requires_grad_(True), log_w.requires_grad_(True)]
-    opt = Adam(params, lr=lr)
-    best = (float("inf"), feats.detach().clone(), tparam.detach().clone(), log_w.detach().clone())
+    if len(targets) != len(initial_features) or not targets:
+        raise ValueError("one initial feature array per target is needed")
+    starts = [_initial_parameters(model, t, size, f, generator) for t, f in zip(targets, initial_features, strict=True)]
+    feats = torch.stack([s[0] for s in starts]).requires_grad_(True)
+    tparam = torch.stack([s[1] for s in starts]).requires_grad_(True)
+    log_w = torch.stack([s[2] for s in starts]).requires_grad_(True)
+    m = torch.stack([t.mean.detach() for t in targets])
+    target_cov = torch.stack([t.cov.detach() for t in targets])
+    target_prec = torch.stack([torch.cholesky_inverse(t.scale_tril.detach()) for t in targets])
+    target_prec = 0.5 * (target_prec + target_prec.transpose(-1, -2))
+    opt = Adam([feats, tparam, log_w], lr=lr)
+    count = len(targets)
+    best_loss = [float("inf")] * count
+    best = [(feats[i].detach().clone(), tparam[i].detach().clone(), log_w[i].detach().clone()) for i in range(count)]
+    live = [True] * count
     for _ in range(steps):
         opt.zero_grad()
         pts = points_of(model, feats, tparam)
         mean, prec = newton_gaussian(model, pts, torch.exp(log_w), m)
-        loss = _sym_kl(mean, prec, target, target_prec)
-        if not torch.isfinite(loss):
+        losses = _sym_kl(mean, prec, m, target_cov, target_prec)
+        values = losses.detach().tolist()
+        for i, value in enumerate(values):
+            if not live[i]:
+                continue
+            if not math.isfinite(value):
+                live[i] = False
+            elif value < best_loss[i]:
+                best_loss[i] = value
+                best[i] = (feats[i].detach().clone(), tparam[i].detach().clone(), log_w[i].detach().clone())
+        if not any(live):
             break
-        value = float(loss.detach())
-        if value < best[0]:
-            best = (value, feats.detach().clone(), tparam.detach().clone(), log_w.detach().clone())
-        loss.backward()
+        # Finished targets contribute nothing (their later values are never read).
+        mask = torch.tensor(live)
+        torch.where(mask, losses, torch.zeros_like(losses)).sum().backward()
         opt.step()
-    loss_value, f, t, lw = best
-    points = points_of(model, f, t).detach()
-    points = model.project_points(points.clone())
-    return points, torch.exp(lw), loss_value
+    out = []
+    for i in range(count):
+        f, t, lw = best[i]
+        points = model.project_points(points_of(model, f, t).detach().clone())
+        out.append((points, torch.exp(lw), best_loss[i]))
+    return out

@@ -14,11 +14,17 @@ Duplicates: a record drawn k times would appear k times with the same weight; we
 copies into one point of weight k / (M q(x)), which leaves the weighted likelihood (hence the
 posterior and the estimator) unchanged. The summary therefore has *at most* M distinct points.
 No optimisation: zero steps.
+
+The sampler, :func:`importance_sample`, is the ONE importance-sampling definition of dpsummary
+(GLMs and mixtures, ``dpsummary.mixtures.coresets`` calls this constructor through
+:func:`dpsummary.constructors.fit`). The constructor never evaluates the model
+(``model_free``), so it applies to every model, including the Gaussian mixture.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
@@ -43,16 +49,34 @@ def lightweight_proposal(data: torch.Tensor) -> torch.Tensor:
     return 0.5 * uniform + 0.5 * sq / total
 
 
+def importance_sample(
+    probabilities: torch.Tensor, size: int, generator: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``size`` i.i.d. draws from ``probabilities`` (shape (N,), non-negative, summing to 1):
+    returns the distinct drawn rows (sorted int64) and their weights ``count_n / (size * q_n)``.
+
+    Contract: E[sum_m w_m f(x_{i_m})] = sum_n f(x_n) for every f; weights are positive.
+    (``torch.multinomial`` with replacement, then ``bincount``: the random stream of the GLM
+    ``lightweight`` baseline before this function existed, so its recorded results stand.)"""
+    if size < 1:
+        raise ValueError("size must be at least 1")
+    q = probabilities.to(DTYPE)
+    if q.ndim != 1 or bool((q < 0).any()) or abs(float(q.sum()) - 1.0) > 1e-8:
+        raise ValueError("probabilities must be a non-negative vector summing to 1")
+    idx = torch.multinomial(q, size, replacement=True, generator=generator)
+    counts = torch.bincount(idx, minlength=q.shape[0])
+    chosen = torch.nonzero(counts, as_tuple=True)[0]  # sorted, distinct
+    return chosen, counts[chosen].to(DTYPE) / (size * q[chosen])
+
+
 @dataclass(frozen=True)
 class Lightweight:
     name: str = "lightweight"
+    #: Capability: never evaluates the model, so it applies to every model.
+    model_free: ClassVar[bool] = True
 
     def init(self, data: torch.Tensor, model: Model, size: int, generator: torch.Generator) -> LightweightState:
-        q = lightweight_proposal(data)
-        idx = torch.multinomial(q, size, replacement=True, generator=generator)
-        counts = torch.bincount(idx, minlength=data.shape[0])
-        chosen = torch.nonzero(counts, as_tuple=True)[0]  # sorted, distinct
-        weights = counts[chosen].to(DTYPE) / (size * q[chosen])
+        chosen, weights = importance_sample(lightweight_proposal(data), size, generator)
         return LightweightState(data[chosen].clone(), weights)
 
     def num_steps(self, size: int) -> int:

@@ -1,8 +1,10 @@
-"""Uniform subsampling: M records drawn without replacement, each weighted N/M."""
+"""Uniform subsampling: M records drawn without replacement, each weighted N/M. Model-free: it
+applies to every model (GLMs and the Gaussian mixture)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
@@ -18,6 +20,8 @@ class UniformState:
 @dataclass(frozen=True)
 class Uniform:
     name: str = "uniform"
+    #: Capability: never evaluates the model, so it applies to every model.
+    model_free: ClassVar[bool] = True
 
     def init(self, data: torch.Tensor, model: Model, size: int, generator: torch.Generator) -> UniformState:
         n = data.shape[0]

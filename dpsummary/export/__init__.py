@@ -9,6 +9,10 @@
 * ``numpyro``: a NumPyro model (``plate`` + ``handlers.scale``), also a BlackJAX log density
   (:mod:`.numpyro`).
 
+A Bayesian neural network release (``model.name == "bnn"``) exports to ``json`` and ``numpyro``
+only (the network is written out in both templates); ``stan`` and ``pymc`` refuse it with
+:class:`UnsupportedExport`.
+
 Every directory also holds ``release.json``, whose ``checks`` block the adapter reproduces.
 Files are written atomically. Exporting costs no privacy.
 """
@@ -19,6 +23,12 @@ from pathlib import Path
 from typing import Any
 
 FORMATS = ("json", "stan", "pymc", "numpyro")
+#: Formats that can express a Bayesian neural network release (the others refuse it).
+BNN_FORMATS = ("json", "numpyro")
+
+
+class UnsupportedExport(ValueError):
+    """The format cannot express this release's model (a one-line, public message)."""
 
 
 def export(release: Any, to: str, out: str | Path) -> list[Path]:
@@ -27,7 +37,16 @@ def export(release: Any, to: str, out: str | Path) -> list[Path]:
 
     if to not in FORMATS:
         raise ValueError(f"unknown export format {to!r}; choose one of {', '.join(FORMATS)}")
-    doc = neutral.to_neutral(release)
+    if getattr(release.model, "name", None) == "bnn" and to not in BNN_FORMATS:
+        raise UnsupportedExport(f"--to {to} cannot express a BNN release; use --to numpyro or --to json")
+    if not getattr(release.model, "parameter_draws", True):
+        raise UnsupportedExport(
+            f"a {release.model.name} release is weighted pseudo-data for mixture VI, which no sampler format "
+            "expresses; load it with dpsummary.load and use Release.mixture or Release.fit_mixture()")
+    try:
+        doc = neutral.to_neutral(release)
+    except NotImplementedError as exc:
+        raise UnsupportedExport(f"--to {to}: {exc}") from None
     if to == "json":
         return neutral.write(release, out, neutral=doc)
     if to == "stan":
@@ -43,4 +62,4 @@ def export(release: Any, to: str, out: str | Path) -> list[Path]:
     return numpyro.write(release, out, neutral=doc)
 
 
-__all__ = ["FORMATS", "export"]
+__all__ = ["BNN_FORMATS", "FORMATS", "UnsupportedExport", "export"]

@@ -23,6 +23,7 @@ import torch
 
 from ..constructors.base import write_atomic
 from ..models import DTYPE, GLM, GaussianMean, LinearRegression
+from ..models.bnn import BNN
 
 
 class Release(Protocol):
@@ -57,12 +58,16 @@ NEUTRAL_FORMAT = "dpsummary.neutral/v1"
 #: Relative tolerance (against max(1, |reference|)) every adapter must meet at the checks.
 CHECK_RTOL = 1e-6
 
-LINKS = {"gaussian_mean": "identity", "linear": "identity", "logistic": "logit", "poisson": "log"}
+LINKS = {"gaussian_mean": "identity", "linear": "identity", "logistic": "logit", "poisson": "log",
+         "bnn": "feed-forward network f(x; theta) (model.spec: widths, activation; layer l: W_l (fan_in x fan_out, "
+                "row-major) then b_l; activation between layers, none after the last)"}
 LIKELIHOODS = {
     "gaussian_mean": "-0.5*||x - theta||^2/noise_scale^2 - K*log(noise_scale) - 0.5*K*log(2*pi)",
     "linear": "-0.5*((y - eta)/noise_scale)^2 - log(noise_scale) - 0.5*log(2*pi)",
     "logistic": "y*log_sigmoid(eta) + (1 - y)*log_sigmoid(-eta)",
     "poisson": "y*eta - exp(eta) - lgamma(y + 1)",
+    "bnn": ("bernoulli: y*log_sigmoid(f) + (1 - y)*log_sigmoid(-f); gaussian: "
+            "-0.5*((y - f)/noise_scale)^2 - log(noise_scale) - 0.5*log(2*pi)"),
 }
 
 
@@ -73,6 +78,15 @@ def check_thetas(release: Release, *, num_random: int = 2, seed: int = 0) -> lis
     gen = torch.Generator().manual_seed(seed)
     model = release.model
     out: list[tuple[str, np.ndarray]] = [("prior mean", model.prior_mean.numpy().copy())]
+    if isinstance(model, BNN):
+        # No Laplace mode for a network (multimodal, d in the hundreds): the released variational
+        # mean when there is one, then prior draws.
+        var = release.summary.info.get("variational") or {}
+        if "mu" in var:
+            out.append(("released variational mean", np.asarray(var["mu"], dtype=np.float64).reshape(d)))
+        for i, th in enumerate(model.sample_prior(num_random + 1, gen)):
+            out.append((f"prior draw {i + 1}", th.numpy().copy()))
+        return out
     try:
         from ..metrics import summary_posterior
 
@@ -96,6 +110,12 @@ def to_neutral(release: Release, *, num_random_checks: int = 2, seed: int = 0) -
     if isinstance(model, GaussianMean):
         features, target = pts, None
         noise: float | None = model.noise_scale
+        intercept = False
+    elif isinstance(model, BNN):
+        if model.target_dim != 1:
+            raise NotImplementedError("no neutral export for softmax BNNs")
+        features, target = pts[:, :k], pts[:, k]
+        noise = model.noise_scale if model.likelihood == "gaussian" else None
         intercept = False
     elif isinstance(model, GLM | LinearRegression):
         features, target = pts[:, :k], pts[:, k]

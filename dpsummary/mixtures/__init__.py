@@ -11,10 +11,7 @@ from .coresets import (
     CORESET_METHODS,
     WeightedPoints,
     build_coreset,
-    importance_sample,
-    lightweight_coreset,
     lightweight_probabilities,
-    uniform_coreset,
 )
 from .metrics import ComponentErrors, component_errors, match_components
 from .vi import (
@@ -49,7 +46,7 @@ __all__ = [
     "CORESET_METHODS", "MODEL_PROCESSES", "PROCESSES", "CAVIState", "ComponentErrors", "MixtureFit",
     "MixturePosterior", "MixturePrior", "Process", "SVIState", "Statistics", "WeightedPoints", "build_coreset",
     "cavi_init", "cavi_step", "component_errors", "elbo", "expected_log_density", "fit_cavi", "fit_svi",
-    "full_elbo", "importance_sample", "kmeans_responsibilities", "lightweight_coreset",
+    "full_elbo", "kmeans_responsibilities",
     "lightweight_probabilities", "log_predictive_density", "match_components", "posterior_from_statistics",
-    "responsibilities", "svi_init", "svi_step", "uniform_coreset", "weighted_statistics",
+    "responsibilities", "svi_init", "svi_step", "weighted_statistics",
 ]

@@ -15,8 +15,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 from ..cli.common import UserError
+from ..models.gmm import mixture_model
 from . import MODEL_PROCESSES
 from .coresets import CORESET_METHODS, build_coreset
 from .metrics import match_components
@@ -78,7 +80,9 @@ def mixture_baseline(
     prior = MixturePrior.default(process, n_components, train)
 
     start = time.perf_counter()
-    coreset = build_coreset(method, train, size, np.random.default_rng([seed, 1]))
+    # The shared GLM constructor through constructors.fit, on the mixture as a Model.
+    coreset = build_coreset(method, train, size, torch.Generator().manual_seed(seed),
+                            model=mixture_model(train.shape[1], n_components=n_components, process=process))
     core_fit = fit_cavi(coreset.points, coreset.weights, prior, np.random.default_rng([seed, 2]), max_iter=max_iter)
     core_seconds = time.perf_counter() - start
     full_fit = fit_cavi(train, None, prior, np.random.default_rng([seed, 2]), max_iter=max_iter)

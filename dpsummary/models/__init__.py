@@ -8,10 +8,12 @@ from .base import DTYPE, Model
 from .bnn import BNN
 from .gaussian_mean import GaussianMean
 from .glm import GLM, LogisticRegression, PoissonRegression
+from .gmm import DPGaussianMixture, GaussianMixture
 from .linear import LinearRegression
 
 REGISTRY: dict[str, type[Model]] = {
-    cls.name: cls for cls in (GaussianMean, LinearRegression, LogisticRegression, PoissonRegression, BNN)
+    cls.name: cls for cls in (GaussianMean, LinearRegression, LogisticRegression, PoissonRegression, BNN, GaussianMixture,
+                                DPGaussianMixture)
 }
 
 

@@ -274,19 +274,31 @@ class MeanFieldGaussian:
         return 0.5 * ((var + mu * mu) / s2 - 1.0 - torch.log(var / s2)).sum()
 
     @staticmethod
-    def init(model: BNN | Model, generator: torch.Generator, *, init_sd: float = 1e-3
-             ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Initial ``(mu, rho)``: He-scaled random means per layer for a BNN (a zero mean is a
-        saddle of every network), zero means otherwise; every sd equal to ``init_sd``."""
+    def init(model: BNN | Model, generator: torch.Generator, *, init_sd: float = 1e-3, dtype: torch.dtype = DTYPE,
+             scheme: str = "he") -> tuple[torch.Tensor, torch.Tensor]:
+        """Initial ``(mu, rho)``: random means per layer for a BNN (a zero mean is a saddle of
+        every network), zero means otherwise; every sd equal to ``init_sd``.
+
+        ``scheme="he"`` (default): weights ``N(0, 2/fan_in)`` (ReLU; ``1/fan_in`` for tanh),
+        biases 0. ``scheme="uniform"``: weights and biases ``U(-1/sqrt(fan_in), 1/sqrt(fan_in))``,
+        torch.nn.Linear's default and hence the authors' code's (``VILinear`` resets through it).
+        """
+        if scheme not in ("he", "uniform"):
+            raise ValueError("scheme must be 'he' or 'uniform'")
         d = model.param_dim
         if isinstance(model, BNN):
             parts = []
             for fan_in, fan_out in model.layer_shapes:
+                if scheme == "uniform":
+                    bound = 1.0 / math.sqrt(fan_in)
+                    parts.append((2 * torch.rand(fan_in * fan_out, generator=generator, dtype=dtype) - 1) * bound)
+                    parts.append((2 * torch.rand(fan_out, generator=generator, dtype=dtype) - 1) * bound)
+                    continue
                 scale = math.sqrt(2.0 / fan_in) if model.activation == "relu" else math.sqrt(1.0 / fan_in)
-                parts.append(scale * torch.randn(fan_in * fan_out, generator=generator, dtype=DTYPE))
-                parts.append(torch.zeros(fan_out, dtype=DTYPE))
+                parts.append(scale * torch.randn(fan_in * fan_out, generator=generator, dtype=dtype))
+                parts.append(torch.zeros(fan_out, dtype=dtype))
             mu = torch.cat(parts)
         else:
-            mu = torch.zeros(d, dtype=DTYPE)
-        rho = torch.full((d,), MeanFieldGaussian.rho_for(init_sd), dtype=DTYPE)
+            mu = torch.zeros(d, dtype=dtype)
+        rho = torch.full((d,), MeanFieldGaussian.rho_for(init_sd), dtype=dtype)
         return mu, rho

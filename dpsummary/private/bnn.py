@@ -1,5 +1,5 @@
-"""Differentially private black-box PSVI for BNNs (issue 16, beyond the paper). DESIGN + MECHANISM;
-not wired into :mod:`dpsummary.release` (its owner decides how).
+"""Differentially private black-box PSVI for BNNs (issue 16, beyond the paper): the mechanism of
+``dpsummary release --model bnn`` (``dp-bb-psvi``; orchestrated by :mod:`dpsummary.release`).
 
 Where data enters. In the outer objective (eq. 9 of the black-box coreset paper) the records
 appear only in the data term ``D(phi) = sum_k wt_k(phi) sum_n log p(x_n | theta_k(phi))``, where
@@ -34,11 +34,34 @@ dimension K) lose the reparameterisation path through theta_k, which for a BNN c
 the signal (the importance weights are nearly degenerate, effective sample size ~1 at d = 401);
 per-record gradients with respect to phi cost one backward pass through the unrolled inner
 loop per record, versus one ``vmap``-ed gradient of the log-likelihood here.
+
+Records and randomness in the release. :func:`records_statistic` reads the records through a
+:class:`~dpsummary.private.mechanism.PrivateRecords` (its record store and its privacy
+randomness): the step's Poisson sample comes from
+:func:`dpsummary.private.mechanism.draw_sample` (with :class:`SystemRandomness`, the exact O(qN)
+sampler of :mod:`dpsummary.private.sampling`: the sampling the accountant assumes), only the
+sampled rows are gathered, and the statistic is released exactly as DP-PSVI's sum is: each
+record contributes ``clip(s(x) / C, 1)`` (less OpenDP's rounding slack), summed exactly on the
+public fixed-point grid (:func:`dpsummary.private.kernel.fixed_point_sum`), noised once with
+``N(0, sigma^2)`` per coordinate by :func:`dpsummary.private.mechanism.release_clipped_sum` and
+multiplied back by the public C (post-processing). One step is therefore the unit Gaussian
+mechanism of sensitivity 1 (noise multiplier sigma), and its noise may be drawn ahead of use
+(:meth:`PrivateRecords.expect_clipped_sums`). :func:`fit_private` runs the whole private
+BB-PSVI loop (public start, T accounted steps, post-processing); nothing it returns or logs
+depends on the batches except through the noisy sums.
+
+Privacy caveats: C, q, T, sigma, the network, the inner-loop settings and the initial
+pseudopoints must be public (the release takes them from the policy, the options and the
+released record count/schema). The realised batch sizes are private and never leave this module
+on the release path (:attr:`NoisyStatistic.batch_size` is -1 there).
 """
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -48,8 +71,31 @@ from ..blackbox.core import BBState
 from ..blackbox.objective import InnerConfig, importance_log_weights, inner_fit, loglik_matrix
 from ..models import DTYPE, Model
 from ..models.bnn import BNN, MeanFieldGaussian
+from . import kernel
 from . import noise as noise_mod
-from .mechanism import clip_rows, exact_clipped_sum
+from .mechanism import (
+    MechanismError,
+    PrivateRecords,
+    SystemRandomness,
+    clip_rows,
+    draw_sample,
+    fixed_point_unit,
+    release_clipped_sum,
+)
+
+#: Public defaults of ``dpsummary release --model bnn`` (chosen on synthetic halfmoon data in
+#: benchmarks/results/bnn.md, "Private BNN coresets"; never on private data). Width 20 instead of
+#: the benchmark's 100 keeps a default release to about a minute on this machine.
+DEFAULT_WIDTHS: tuple[int, ...] = (20,)
+DEFAULT_STEPS = 100
+DEFAULT_CLIP_NORM = 5.0
+DEFAULT_OUTER_SAMPLES = 10
+DEFAULT_INNER_STEPS = 10
+DEFAULT_WARMUP_STEPS = 200
+DEFAULT_POINTS_LR = 0.01
+DEFAULT_WEIGHTS_LR = 0.1
+DEFAULT_INIT_SD = 1e-3
+MECHANISM = "dp-bb-psvi"
 
 
 def record_statistics(model: Model, records: torch.Tensor, theta: torch.Tensor) -> torch.Tensor:
@@ -74,31 +120,109 @@ class NoisyStatistic:
     batch_size: int  # private; kept only for tests and diagnostics, never published
 
 
-def noisy_statistic(model: Model, records: torch.Tensor, theta: torch.Tensor, *, sample_rate: float,
-                    clip_norm: float, noise_multiplier: float, mask: np.ndarray | None = None) -> NoisyStatistic:
-    """The accounted mechanism of one step (see module docstring).
+class _MaskRandomness:
+    """Replays a fixed inclusion mask (tests); noise from OS entropy unless ``noise`` is given."""
 
-    ``mask`` replaces the OS-entropy Poisson coins (tests replay fixed batches with it);
-    ``noise_multiplier == 0`` skips the noise (non-private, tests only).
-    """
-    n = records.shape[0]
-    if mask is None:
-        mask = noise_mod.poisson_mask(n, noise_mod.quantize_sample_rate(sample_rate))
-    batch = records[torch.from_numpy(np.asarray(mask, dtype=bool))]
+    def __init__(self, mask: np.ndarray, noise: Any = None) -> None:
+        self.mask = np.asarray(mask, dtype=bool)
+        self.noise = noise if noise is not None else SystemRandomness()
+
+    def coins(self, num_records: int, sample_rate: float) -> np.ndarray:
+        if self.mask.shape != (num_records,):
+            raise MechanismError("inclusion mask has the wrong shape")
+        return self.mask
+
+    def gaussian(self, values: np.ndarray, *, noise_std: float, clip_norm: float) -> np.ndarray:
+        return np.asarray(self.noise.gaussian(values, noise_std=noise_std, clip_norm=clip_norm))
+
+
+def unit_clipped_total(stats: torch.Tensor, clip_norm: float) -> np.ndarray:
+    """THE per-record rule of the mechanism: every row ``s`` becomes ``clip(s / C, 1 - slack)``
+    (non-finite rows zero, :func:`clip_rows`), rounded toward zero onto the public grid of
+    bound 1 and summed exactly (Python integers, :func:`kernel.fixed_point_sum`). Neighbouring
+    batches give totals that differ by one rounded row of norm <= 1 (unit sensitivity)."""
+    if not (clip_norm > 0 and np.isfinite(clip_norm)):
+        raise MechanismError("clip_norm must be positive and finite")
+    dim = stats.shape[1]
+    if stats.shape[0] == 0:
+        return kernel.zero_partial(dim)
+    clipped = clip_rows(stats.detach().to(DTYPE) / clip_norm, kernel.effective_clip(1.0, dim))
+    # Re-check the invariant the accountant relies on, after clipping.
+    if bool((clipped.norm(dim=1) > 1.0).any()):
+        raise MechanismError("a clipped contribution exceeds the clip norm")
+    return kernel.fixed_point_sum(clipped.numpy(), fixed_point_unit(1.0))
+
+
+def _release(randomness: Any, batch: torch.Tensor, model: Model, theta: torch.Tensor, *, clip_norm: float,
+             noise_multiplier: float) -> torch.Tensor:
+    """Statistic of the gathered batch, unit-clipped exact sum, Gaussian noise once (sd sigma in
+    units of C), times C. Returns the flat noisy sum ``(K (d + 1),)``."""
     k, d = theta.shape
     dim = k * (d + 1)
-    if batch.shape[0]:
-        stats = record_statistics(model, batch, theta)
-    else:
-        stats = torch.zeros(0, dim, dtype=DTYPE)
+    stats = record_statistics(model, batch, theta) if batch.shape[0] else torch.zeros(0, dim, dtype=DTYPE)
+    total = unit_clipped_total(stats, clip_norm)
+    return release_clipped_sum(randomness, total, clip_norm=clip_norm, noise_multiplier=noise_multiplier)
+
+
+def _split(flat: torch.Tensor, theta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    k, d = theta.shape
+    return flat[:k].clone(), flat[k:].reshape(k, d).clone()
+
+
+def records_statistic(records: PrivateRecords, model: Model, theta: torch.Tensor, *, sample_rate: float,
+                      clip_norm: float, noise_multiplier: float) -> NoisyStatistic:
+    """The release path of one step (see the module docstring): Poisson sample through the
+    records' privacy randomness (:func:`draw_sample`; exact sampler), gather only those rows
+    from the record store, release the noisy statistic. ``theta``, C, q and sigma are public."""
+    if not (noise_multiplier > 0 and np.isfinite(noise_multiplier)):
+        raise MechanismError("noise_multiplier must be positive and finite")
+    # The private package's own records object: its store and randomness are read here only.
+    store, randomness = records._store, records._randomness
+    idx = draw_sample(randomness, store.num_rows, sample_rate)
+    batch = torch.from_numpy(np.ascontiguousarray(store.gather(idx), dtype=np.float64))
+    flat = _release(randomness, batch, model, theta.detach().to(DTYPE), clip_norm=clip_norm,
+                    noise_multiplier=noise_multiplier)
+    big_l, big_g = _split(flat, theta)
+    return NoisyStatistic(big_l, big_g, -1)
+
+
+def noisy_statistic(model: Model, records: torch.Tensor, theta: torch.Tensor, *, sample_rate: float,
+                    clip_norm: float, noise_multiplier: float, mask: np.ndarray | None = None) -> NoisyStatistic:
+    """The accounted mechanism of one step on an in-memory tensor (benchmarks and tests; the
+    release uses :func:`records_statistic`, the same rule and the same sampler).
+
+    ``mask`` replaces the OS-entropy Poisson coins (tests replay fixed batches with it; noise
+    still from OS entropy); ``noise_multiplier == 0`` skips the noise and the unit clipping
+    (non-private, tests only; ``clip_norm`` may then be infinite)."""
+    n = records.shape[0]
+    q = noise_mod.quantize_sample_rate(sample_rate)
+    randomness: Any = _MaskRandomness(mask) if mask is not None else SystemRandomness()
+    idx = draw_sample(randomness, n, q)
+    batch = records[torch.from_numpy(idx)].to(DTYPE)
+    k, d = theta.shape
     if noise_multiplier > 0:
-        c_eff = clip_norm - noise_mod.rounding_slack(clip_norm, dim)
-        total = exact_clipped_sum(clip_rows(stats, c_eff).numpy(), clip_norm)
-        total = noise_mod.add_gaussian_noise(total, noise_std=noise_multiplier * clip_norm, clip_norm=clip_norm)
-        out = torch.from_numpy(np.asarray(total, dtype=np.float64))
+        flat = _release(randomness, batch, model, theta.detach().to(DTYPE), clip_norm=clip_norm,
+                        noise_multiplier=noise_multiplier)
     else:
-        out = clip_rows(stats, clip_norm).sum(0) if np.isfinite(clip_norm) else stats.sum(0)
-    return NoisyStatistic(out[:k].clone(), out[k:].reshape(k, d).clone(), int(batch.shape[0]))
+        stats = record_statistics(model, batch, theta) if batch.shape[0] else torch.zeros(0, k * (d + 1), dtype=DTYPE)
+        flat = clip_rows(stats, clip_norm).sum(0) if np.isfinite(clip_norm) else stats.sum(0)
+    big_l, big_g = _split(flat, theta)
+    return NoisyStatistic(big_l, big_g, int(idx.size))
+
+
+def statistic(records: Any, model: Model, theta: torch.Tensor, *, sample_rate: float, clip_norm: float,
+              noise_multiplier: float, mask: np.ndarray | None = None) -> NoisyStatistic:
+    """Dispatch one step's release: a tensor (benchmarks/tests), an object with a
+    ``noisy_bnn_statistic`` method (the self-test's lockstep replay), or :class:`PrivateRecords`
+    (the release)."""
+    if isinstance(records, torch.Tensor):
+        return noisy_statistic(model, records, theta, sample_rate=sample_rate, clip_norm=clip_norm,
+                               noise_multiplier=noise_multiplier, mask=mask)
+    hook = getattr(records, "noisy_bnn_statistic", None)
+    if hook is not None:
+        return hook(model, theta, sample_rate=sample_rate, clip_norm=clip_norm, noise_multiplier=noise_multiplier)
+    return records_statistic(records, model, theta, sample_rate=sample_rate, clip_norm=clip_norm,
+                             noise_multiplier=noise_multiplier)
 
 
 def private_loss(points: torch.Tensor, weights: torch.Tensor, mu0: torch.Tensor, rho0: torch.Tensor,
@@ -120,7 +244,7 @@ def private_loss(points: torch.Tensor, weights: torch.Tensor, mu0: torch.Tensor,
     return -elbo / num_records, (mu, rho)
 
 
-def private_outer_gradient(state: BBState, records: torch.Tensor, model: Model, generator: torch.Generator, *,
+def private_outer_gradient(state: BBState, records: Any, model: Model, generator: torch.Generator, *,
                            inner: InnerConfig, outer_samples: int, sample_rate: float, clip_norm: float,
                            noise_multiplier: float, mask: np.ndarray | None = None
                            ) -> tuple[torch.Tensor, torch.Tensor, NoisyStatistic, tuple[torch.Tensor, torch.Tensor]]:
@@ -138,8 +262,8 @@ def private_outer_gradient(state: BBState, records: torch.Tensor, model: Model, 
     with torch.no_grad():
         mu, rho, _ = inner_fit(state.mu, state.rho, points, weights, inner_eps, model, family, inner)
         theta = family.sample(mu, rho, outer_eps)
-    stat = noisy_statistic(model, records, theta, sample_rate=sample_rate, clip_norm=clip_norm,
-                           noise_multiplier=noise_multiplier, mask=mask)
+    stat = statistic(records, model, theta, sample_rate=sample_rate, clip_norm=clip_norm,
+                     noise_multiplier=noise_multiplier, mask=mask)
     fn = torch.func.grad(private_loss, argnums=(0, 1), has_aux=True)
     (g_p, g_w), (mu_new, rho_new) = fn(points, weights, state.mu, state.rho, stat.L, stat.G, theta, sample_rate,
                                        state.num_records, inner_eps, outer_eps, model, family, inner)
@@ -167,7 +291,7 @@ def privacy_events(noise_multiplier: float, sample_rate: float, steps: int) -> l
     return [subsampled_gaussian_event(noise_multiplier, noise_mod.quantize_sample_rate(sample_rate), steps)]
 
 
-def private_step(state: BBState, records: torch.Tensor, model: Model, generator: torch.Generator, *,
+def private_step(state: BBState, records: Any, model: Model, generator: torch.Generator, *,
                  inner: InnerConfig, outer_samples: int, sample_rate: float, clip_norm: float,
                  noise_multiplier: float) -> BBState:
     """One DP outer step: the mechanism, then an optimiser step on the coreset (post-processing).
@@ -193,3 +317,110 @@ def private_step(state: BBState, records: torch.Tensor, model: Model, generator:
     state.mu, state.rho = mu, rho
     state.step += 1
     return state
+
+
+# ---------------------------------------------------------------------------------------------
+# The release's private BB-PSVI run (dpsummary release --model bnn)
+# ---------------------------------------------------------------------------------------------
+class _SoftmaxWeights:
+    """Coreset weights ``v = total * softmax(beta)`` with a fixed public ``total`` (the released
+    record count): the duck type of :class:`BBState`'s ``weight`` that :func:`private_step`
+    uses (``weights``, ``project``, ``raw``)."""
+
+    def __init__(self, m: int, total: float) -> None:
+        self.raw = torch.zeros(m, dtype=DTYPE, requires_grad=True)
+        self.total = float(total)
+
+    def weights(self) -> torch.Tensor:
+        return self.total * torch.softmax(self.raw, 0)
+
+    def project(self) -> None:
+        with torch.no_grad():
+            self.raw.clamp_(-30.0, 30.0)
+
+
+def public_init_from_schema(model: BNN, size: int, generator: torch.Generator,
+                            feature_sampler: Callable[[int, torch.Generator], torch.Tensor]) -> torch.Tensor:
+    """Initial pseudopoints from public information only: features from ``feature_sampler``
+    (the public transform's :meth:`~dpsummary.data.Transform.sample_public_features`: uniform
+    over the policy's bounds, uniform categories), labels uniform on {0, 1} (Bernoulli) or
+    targets 0, the centre of the public scaled range (Gaussian)."""
+    x = feature_sampler(size, generator).to(DTYPE)
+    if x.shape != (size, model.num_features):
+        raise MechanismError("public feature sampler returned the wrong shape")
+    if model.likelihood == "bernoulli":
+        y = torch.randint(2, (size, 1), generator=generator).to(DTYPE)
+    elif model.likelihood == "gaussian":
+        y = torch.zeros(size, 1, dtype=DTYPE)
+    else:
+        idx = torch.randint(model.num_classes, (size,), generator=generator)
+        y = torch.nn.functional.one_hot(idx, model.num_classes).to(DTYPE)
+    return torch.cat([x, y], 1)
+
+
+@dataclass(frozen=True)
+class PrivateFit:
+    """What :func:`fit_private` returns: the released coreset and the variational posterior of
+    its last inner fit (all post-processing of the noisy sums and of public inputs)."""
+
+    points: torch.Tensor
+    weights: torch.Tensor
+    mu: torch.Tensor
+    rho: torch.Tensor
+
+
+def fit_private(records: Any, model: BNN, *, size: int, steps: int, sample_rate: float, noise_multiplier: float,
+                clip_norm: float, record_count: float, initial_points: torch.Tensor, generator: torch.Generator,
+                inner: InnerConfig | None = None, outer_samples: int = DEFAULT_OUTER_SAMPLES,
+                warmup_steps: int = DEFAULT_WARMUP_STEPS, points_lr: float = DEFAULT_POINTS_LR,
+                weights_lr: float = DEFAULT_WEIGHTS_LR, init_sd: float = DEFAULT_INIT_SD,
+                progress: Callable[[int, int], None] | None = None) -> PrivateFit:
+    """DP BB-PSVI: ``steps`` accounted releases of :func:`statistic` (each a Poisson-subsampled
+    Gaussian mechanism, noise multiplier ``noise_multiplier``, sensitivity ``clip_norm``:
+    :func:`privacy_events`), each followed by one Adam step on the coreset (post-processing).
+
+    ``records``: a :class:`PrivateRecords` (the release) or the self-test's lockstep double.
+    ``initial_points`` and every argument except ``records`` must be public. ``generator``
+    drives only non-private randomness (the variational draws); privacy coins and noise come
+    from the records' privacy randomness."""
+    if size < 1 or steps < 1:
+        raise ValueError("size and steps must be positive")
+    if initial_points.shape != (size, model.point_dim):
+        raise ValueError("initial_points must have shape (size, point_dim)")
+    cfg = inner if inner is not None else InnerConfig(steps=DEFAULT_INNER_STEPS)
+    q = noise_mod.quantize_sample_rate(sample_rate)
+    family = MeanFieldGaussian(model.prior_scale)
+    weight = _SoftmaxWeights(size, max(float(record_count), 1.0))
+    pts = model.project_points(initial_points.detach().clone().to(DTYPE)).requires_grad_(True)
+    mu, rho = MeanFieldGaussian.init(model, generator, init_sd=init_sd)
+    # Warm start of psi on the public initial coreset (no records): plain inner steps in chunks.
+    mom = None
+    done = 0
+    with torch.no_grad():
+        w0 = weight.weights()
+        while done < warmup_steps:
+            chunk = min(cfg.steps, warmup_steps - done)
+            ccfg = dataclasses.replace(cfg, steps=chunk)
+            eps = torch.randn(chunk, cfg.num_samples, model.param_dim, generator=generator, dtype=DTYPE)
+            mu, rho, mom = inner_fit(mu, rho, pts.detach(), w0, eps, model, family, ccfg, mom)
+            done += chunk
+    if mom is None:
+        _, _, mom = inner_fit(mu, rho, pts.detach(), weight.weights().detach(),
+                              torch.zeros(0, cfg.num_samples, model.param_dim, dtype=DTYPE), model, family,
+                              dataclasses.replace(cfg, steps=0))
+    opt = torch.optim.Adam([{"params": [weight.raw], "lr": weights_lr}, {"params": [pts], "lr": points_lr}])
+    state = BBState(points=pts, weight=weight, mu=mu.detach(), rho=rho.detach(), moments=mom,  # type: ignore[arg-type]
+                    optimizer=opt, num_records=max(int(round(record_count)), 1), learn_points=True,
+                    learn_labels=True)
+    announce = getattr(records, "expect_clipped_sums", None)
+    if announce is not None:
+        # Public: T releases of K (d + 1) coordinates at noise multiplier sigma (unit mechanism).
+        announce(num_draws=outer_samples * (model.param_dim + 1), noise_multiplier=noise_multiplier, count=steps)
+    for t in range(steps):
+        state = private_step(state, records, model, generator, inner=cfg, outer_samples=outer_samples,
+                             sample_rate=q, clip_norm=clip_norm, noise_multiplier=noise_multiplier)
+        if progress is not None:
+            progress(t + 1, steps)
+    with torch.no_grad():
+        return PrivateFit(state.points.detach().clone(), weight.weights().detach().clone(), state.mu.clone(),
+                          state.rho.clone())

@@ -91,14 +91,17 @@ def count_vector_scale(touches: int, dim: int) -> float:
 
 @lru_cache(maxsize=64)
 def _gaussian_measurement(dim: int, scale: float, k: int) -> Any:
-    import opendp.prelude as dp
+    # The specific modules, not ``opendp.prelude``: the prelude imports ``opendp.extras.sklearn``,
+    # which pulls scikit-learn and scipy.stats in when they are installed (about 1.7 s per
+    # release, issue 15's import floor).
+    from opendp.domains import atom_domain, vector_domain
+    from opendp.measurements import make_gaussian
+    from opendp.metrics import l2_distance
+    from opendp.mod import enable_features
 
-    dp.enable_features("contrib")
-    space = (
-        dp.vector_domain(dp.atom_domain(T=float, nan=False), size=dim),
-        dp.l2_distance(T=float),
-    )
-    return dp.m.make_gaussian(*space, scale=scale, k=k)
+    enable_features("contrib")
+    space = (vector_domain(atom_domain(T=float, nan=False), size=dim), l2_distance(T=float))
+    return make_gaussian(*space, scale=scale, k=k)
 
 
 def add_gaussian_noise(values: np.ndarray, *, noise_std: float, clip_norm: float) -> np.ndarray:

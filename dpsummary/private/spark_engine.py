@@ -488,8 +488,9 @@ def _collect(df: Any, fn: Any) -> dict[str, Any]:
 class SparkSource:
     """The private Parquet data of a release on Spark: the same interface as
     :class:`~dpsummary.private.source.PrivateSource` (noisy count; :meth:`encode`), answering only
-    through accounted mechanisms. Open it after the reservation (opening reads only metadata:
-    the schema and the file list)."""
+    through accounted mechanisms. A release opens it before its first reservation, so that an
+    unreachable cluster refuses for free: opening starts the session and reads only metadata
+    (the schema and the file list), never a record."""
 
     __slots__ = ("_coins", "_df", "_file_index", "_owned", "_randomness", "_scratch", "_spark", "_steps")
 
@@ -512,12 +513,23 @@ class SparkSource:
 
     @classmethod
     def open(cls, location: str | Path, options: SparkOptions, *, steps: int) -> SparkSource:
-        """For a release, after the reservation: a private 0700 directory, a SparkSession (or
+        """For a release, BEFORE any reservation: a private 0700 directory, a SparkSession (or
         the active one) whose temp/spill dirs live inside it, and the input's metadata (schema,
-        file list; no record). :meth:`close` (or the context manager) stops a session started
-        here and deletes the directory: step files never outlive the release."""
+        file list; no record is read until a mechanism runs). A session that cannot start is a
+        public, one-line :class:`SparkEngineError`. :meth:`close` (or the context manager) stops
+        a session started here and deletes the directory: step files never outlive the release."""
         scope = spark_scope(options)
-        spark, scratch = scope.__enter__()
+        try:
+            spark, scratch = scope.__enter__()
+        except SparkEngineError:
+            raise
+        except Exception as exc:
+            # Whether a cluster answers is a public fact, and the release opens this source
+            # before any reservation, so this refusal costs no budget. The message names the
+            # exception type only (Spark's own text may carry host details, never data).
+            raise SparkEngineError(
+                f"--engine spark: could not start a Spark session on {options.master!r} ({type(exc).__name__}); "
+                "check --spark-master, --spark-conf and that the cluster is reachable") from None
         try:
             source = cls(spark, location, scratch, steps=steps)
         except BaseException:

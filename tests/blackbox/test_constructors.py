@@ -187,3 +187,23 @@ def test_lr_decay_reaches_its_fraction() -> None:
     assert lrs[0] == pytest.approx(0.01 * ctor.weights_lr) and lrs[-1] == pytest.approx(0.01 * ctor.points_lr)
     with pytest.raises(ValueError):
         BBPSVI(lr_decay=0.0).init(data, model, 5, g)
+
+
+def test_reference_settings_options_float32() -> None:
+    """float32 data run in float32 throughout; fresh inner moments each outer step; the uniform
+    (torch.nn.Linear) initial means lie in +-1/sqrt(fan_in); fixed labels stay."""
+    model = BNN(2, widths=(8,), likelihood="softmax", num_classes=2)
+    g = torch.Generator().manual_seed(5)
+    data = model.simulate(model.sample_prior(1, g)[0], 60, g).to(torch.float32)
+    ctor = BBPSVI(steps=2, inner=InnerConfig(steps=3, lr=1e-3, kl_weight=0.1), batch_size=16, learn_labels=False,
+                  learn_total=False, init_sd=1e-6, warmup_steps=0, reset_inner_moments=True, init_scheme="uniform")
+    state = ctor.init(data, model, 6, g)
+    labels0 = state.points.detach()[:, 2:].clone()
+    assert float(state.mu[:16].abs().max()) <= 2 ** -0.5 and float(state.mu[24:32].abs().max()) <= 8 ** -0.5
+    for _ in range(2):
+        state = ctor.step(state, data, model, g)
+    assert state.mu.dtype == state.points.dtype == state.weights.dtype == torch.float32
+    assert state.moments.count == 3  # restarted, not 6
+    assert torch.isfinite(state.mu).all() and torch.isfinite(state.points).all()
+    assert torch.equal(state.points.detach()[:, 2:], labels0)
+    torch.testing.assert_close(float(state.weights.detach().sum()), 60.0, rtol=1e-5, atol=0)

@@ -8,6 +8,7 @@ import torch
 from dpsummary.blackbox.objective import (
     InnerConfig,
     bilevel_loss,
+    inner_elbo_grad,
     inner_fit,
     loglik_matrix,
     neg_inner_elbo,
@@ -32,8 +33,9 @@ def tiny_problem(model, seed: int = 0):
     return data, points, weights, mu, rho, config, inner_eps, outer_eps
 
 
-@pytest.mark.parametrize("model", [BNN(1, widths=(2,), activation="tanh"), LogisticRegression(2)],
-                         ids=["bnn", "logistic"])
+@pytest.mark.parametrize("model", [BNN(1, widths=(2,), activation="tanh"), LogisticRegression(2),
+                                   BNN(2, widths=(3,), likelihood="softmax", num_classes=2)],
+                         ids=["bnn", "logistic", "bnn-relu-softmax"])
 def test_outer_gradient_matches_finite_differences(model) -> None:
     """d(-ELBO_PSVI-IS-BB)/d(points, weights) through 3 unrolled Adam steps, against central
     differences of the same function with the same noise (fully deterministic)."""
@@ -115,3 +117,26 @@ def test_mean_field_kl_and_log_prob() -> None:
     diff = fam.log_prob(mu, rho, theta) - model.log_prior(theta)
     se = float(diff.std()) / diff.numel() ** 0.5
     assert abs(float(diff.mean()) - float(fam.kl_to_prior(mu, rho))) < 3 * se
+
+
+@pytest.mark.parametrize("model", [
+    BNN(2, widths=(6,)),
+    BNN(2, widths=(6,), activation="tanh"),
+    BNN(3, widths=(5, 4), likelihood="softmax", num_classes=3),
+    BNN(7, widths=(9, 8), likelihood="softmax", num_classes=6),  # wide output: the einsum branch
+    BNN(2, widths=(3, 2), likelihood="gaussian", noise_scale=0.7),
+    BNN(2, widths=()),
+], ids=["relu", "tanh", "softmax-deep", "softmax-wide", "gaussian", "glm"])
+def test_closed_form_inner_gradient_matches_autodiff(model) -> None:
+    """The hand-written inner gradient (bnn_weighted_score) equals torch.func.grad of -ELBO_IP,
+    including a KL weight != 1 (deterministic; float64 rounding only)."""
+    g = torch.Generator().manual_seed(4)
+    pts = model.simulate(model.sample_prior(1, g)[0], 7, g)
+    w = 3 * torch.rand(7, generator=g, dtype=DTYPE)
+    mu, rho = MeanFieldGaussian.init(model, g, init_sd=0.3)
+    eps = torch.randn(4, model.param_dim, generator=g, dtype=DTYPE)
+    fam = MeanFieldGaussian(model.prior_scale)
+    got = inner_elbo_grad(mu, rho, pts, w, eps, model, fam, 0.3)
+    want = torch.func.grad(neg_inner_elbo, argnums=(0, 1))(mu, rho, pts, w, eps, model, fam, 0.3)
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)

@@ -328,3 +328,51 @@ def test_run_scripts_exist_for_every_format(tmp_path):
     res = subprocess.run([sys.executable, "-c", "import ast,sys; ast.parse(open(sys.argv[1]).read())",
                           str(tmp_path / "stan" / "run_pystan.py")], capture_output=True)
     assert res.returncode == 0
+
+
+# ------------------------------------------------------------------------------ BNN releases
+
+
+def make_bnn_release(likelihood: str, *, widths: tuple[int, ...] = (4, 3), activation: str = "tanh") -> Release:
+    """A BNN release with soft labels (Bernoulli) or real targets (Gaussian), two zero weights,
+    and a released variational mean (a check point of the neutral document)."""
+    from dpsummary.models.bnn import BNN
+
+    g = torch.Generator().manual_seed(3)
+    model = BNN(3, widths=widths, likelihood=likelihood, activation=activation, noise_scale=0.8)
+    m = 12
+    x = torch.rand(m, 3, generator=g, dtype=DTYPE) * 2 - 1
+    y = torch.rand(m, 1, generator=g, dtype=DTYPE) if likelihood == "bernoulli" else torch.randn(m, 1, generator=g,
+                                                                                                  dtype=DTYPE)
+    w = 0.5 + 5 * torch.rand(m, generator=g, dtype=DTYPE)
+    w[1] = w[4] = 0.0
+    info = {"variational": {"mu": (0.3 * torch.randn(model.param_dim, generator=g, dtype=DTYPE)).tolist(),
+                            "rho": [-3.0] * model.param_dim}}
+    claim = {"epsilon": {"rdp": 1.0, "prv": 0.9, "pld": 0.9}, "delta": 1e-6}
+    return Release.from_summary(Summary(torch.cat([x, y], 1), w, model, "dp-bb-psvi", info=info), claim=claim)
+
+
+@pytest.mark.parametrize("likelihood", ["bernoulli", "gaussian"])
+def test_bnn_neutral_reference_and_numpyro_agree_with_ours(likelihood, tmp_path):
+    rel = make_bnn_release(likelihood)
+    doc = neutral.to_neutral(rel)
+    assert doc["model"]["family"] == "bnn" and doc["model"]["spec"]["widths"] == [4, 3]
+    assert doc["data"]["num_points"] == 10 and doc["dropped_zero_weight_points"] == 2
+    labels = [c["label"] for c in doc["checks"]["values"]]
+    assert "released variational mean" in labels
+    assert_matches(lambda th: float(neutral.log_density(doc, th)), rel, doc)
+    pytest.importorskip("numpyro")
+    from dpsummary.export import numpyro as enp
+
+    assert_matches(enp.log_density_fn(doc), rel, doc)
+    files = export(rel, "numpyro", tmp_path)
+    assert {p.name for p in files} == {"numpyro_model.py", "release.json"}
+
+
+@pytest.mark.parametrize("to", ["stan", "pymc"])
+def test_bnn_refused_by_exporters_that_cannot_express_it(to, tmp_path):
+    from dpsummary.export import UnsupportedExport
+
+    with pytest.raises(UnsupportedExport, match="cannot express a BNN"):
+        export(make_bnn_release("bernoulli"), to, tmp_path / to)
+    assert not (tmp_path / to).exists()

@@ -6,18 +6,19 @@ import math
 
 import numpy as np
 import pytest
+import torch
 from scipy.special import betaln, multigammaln
 
 from dpsummary.mixtures import (
     PROCESSES,
     MixturePrior,
+    build_coreset,
     cavi_init,
     cavi_step,
     fit_cavi,
     fit_svi,
     full_elbo,
     kmeans_responsibilities,
-    lightweight_coreset,
     match_components,
     svi_init,
     svi_step,
@@ -64,7 +65,7 @@ def test_elbo_increases_monotonically(blobs: np.ndarray, process: str, weighting
     without (non-integer) lightweight-coreset weights, and it does climb from the start."""
     x, w = blobs, None
     if weighting == "coreset":
-        core = lightweight_coreset(blobs, 150, np.random.default_rng(3))
+        core = build_coreset("lightweight", blobs, 150, torch.Generator().manual_seed(3))
         x, w = core.points, core.weights
     prior = MixturePrior.default(process, 6, x, w)  # type: ignore[arg-type]
     fit = fit_cavi(x, w, prior, np.random.default_rng(4), max_iter=300, tol=1e-12)
@@ -109,7 +110,7 @@ def test_elbo_equals_log_evidence_for_one_component(blobs: np.ndarray, process: 
 @pytest.mark.parametrize("process", PROCESSES)
 def test_full_batch_unit_step_svi_is_cavi(blobs: np.ndarray, process: str) -> None:
     """With the whole (weighted) data as batch and step size 1, an SVI step is a CAVI sweep."""
-    core = lightweight_coreset(blobs, 150, np.random.default_rng(9))
+    core = build_coreset("lightweight", blobs, 150, torch.Generator().manual_seed(9))
     x, w = core.points, core.weights
     prior = MixturePrior.default(process, 4, x, w)  # type: ignore[arg-type]
     resp = kmeans_responsibilities(x, w, 4, np.random.default_rng(1))
@@ -127,7 +128,7 @@ def test_weighted_svi_reaches_the_cavi_optimum(blobs: np.ndarray, process: str) 
     """Weighted SVI (mini-batches of 64) on a lightweight coreset, K = 3, ends within 0.1% of
     CAVI's ELBO on the same coreset with every component mean within 0.15 of CAVI's.
     (With K above the true count both methods reach different local optima; not tested.)"""
-    core = lightweight_coreset(blobs, 200, np.random.default_rng(7))
+    core = build_coreset("lightweight", blobs, 200, torch.Generator().manual_seed(7))
     prior = MixturePrior.default(process, 3, core.points, core.weights)  # type: ignore[arg-type]
     cavi = fit_cavi(core.points, core.weights, prior, np.random.default_rng(8))
     svi = fit_svi(core.points, core.weights, prior, np.random.default_rng(8), steps=600, batch_size=64)

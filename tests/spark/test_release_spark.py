@@ -92,3 +92,24 @@ def test_spark_options_need_engine_spark(tmp_path: Path, home: Path) -> None:
     assert not (home / "ledger.jsonl").exists() or "reserve" not in (home / "ledger.jsonl").read_text()
     for ok in ("local", "local[2]", "local[*]", "spark://head:7077", "spark://a:7077,b:7077", "yarn", "k8s://https://h:443"):
         assert spark_engine.SparkOptions(master=ok).master == ok
+
+
+def test_spark_session_that_cannot_start_refuses_before_the_reservation(tmp_path: Path, home: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Whether a cluster answers is public: the release starts the session before reserving
+    anything, so an unreachable master costs no budget and prints one line (no Spark text)."""
+    data = write_parquet(tmp_path / "records.parquet", table(50, 3))
+    pol = write_policy(tmp_path / "policy.toml", n=None)
+
+    def unreachable(options: Any, scratch: Path) -> Any:
+        raise RuntimeError("java.net.ConnectException: Connection refused: nohost/10.0.0.1:7077")
+
+    monkeypatch.setattr(spark_engine, "build_session", unreachable)
+    r = runner.invoke(app, ["release", "--engine", "spark", "--spark-master", "spark://nohost:7077", "--epsilon",
+                            "1.0", "--policy", str(pol), "--out", str(tmp_path / "o.json"), str(data)])
+    assert r.exit_code == 2, r.output
+    lines = [ln for ln in r.output.splitlines() if ln.strip()]
+    assert lines[-1].startswith("error: --engine spark: could not start a Spark session on 'spark://nohost:7077'")
+    assert "Connection refused" not in r.output and "Traceback" not in r.output
+    assert ledger_lines(home) == []
+    assert not (tmp_path / "o.json").exists()

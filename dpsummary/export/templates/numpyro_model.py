@@ -15,6 +15,10 @@ file because NumPyro rejects a zero scale). float64 is switched on (JAX defaults
     mcmc.run(jax.random.PRNGKey(0), data)
     logdensity = make_logdensity_fn(data)   # theta (d,) -> scalar: blackjax.nuts(logdensity, ...)
 
+A Bayesian neural network release (family ``bnn``) is the same model with ``eta`` replaced by
+the network written out in :func:`network` (widths, activation and likelihood from
+``model.spec``); NUTS on a network posterior is slow and multimodal: expect to need long runs.
+
 Sampling a release costs no privacy.
 """
 
@@ -54,6 +58,7 @@ def from_document(doc: dict[str, Any]) -> dict[str, Any]:
         raise ValueError("weights must be strictly positive (NumPyro rejects zero scales)")
     return {
         "family": m["family"],
+        "spec": dict(m.get("spec") or {}),
         "intercept": bool(m.get("intercept", False)),
         "noise_scale": None if m.get("noise_scale") is None else float(m["noise_scale"]),
         "dim": int(doc["parameters"]["dim"]),
@@ -69,9 +74,35 @@ def from_document(doc: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def network(spec: dict[str, Any], x: jnp.ndarray, theta: jnp.ndarray) -> jnp.ndarray:
+    """A BNN release's feed-forward network f(x; theta), shape (M,) (one output): for each layer,
+    W (fan_in x fan_out, row-major) then its bias b; the activation between layers only."""
+    act = jax.nn.relu if spec["activation"] == "relu" else jnp.tanh
+    sizes = [int(spec["num_features"]), *[int(w) for w in spec["widths"]], 1]
+    h, offset = x, 0
+    for i, (fan_in, fan_out) in enumerate(zip(sizes[:-1], sizes[1:], strict=True)):
+        w = theta[offset:offset + fan_in * fan_out].reshape(fan_in, fan_out)
+        offset += fan_in * fan_out
+        b = theta[offset:offset + fan_out]
+        offset += fan_out
+        h = h @ w + b
+        if i < len(sizes) - 2:
+            h = act(h)
+    return h[:, 0]
+
+
 def point_log_lik(data: dict[str, Any], theta: jnp.ndarray) -> jnp.ndarray:
     """Unweighted log p(x_m | theta), shape (M,), constants included, real-valued targets."""
     x, y, fam = data["X"], data["y"], data["family"]
+    if fam == "bnn":
+        spec = data["spec"]
+        f = network(spec, x, theta)
+        if spec["likelihood"] == "bernoulli":  # soft labels y in [0, 1]
+            return y * jax.nn.log_sigmoid(f) + (1.0 - y) * jax.nn.log_sigmoid(-f)
+        if spec["likelihood"] == "gaussian":
+            s = float(spec["noise_scale"])
+            return -0.5 * ((y - f) / s) ** 2 - jnp.log(s) - 0.5 * jnp.log(2 * jnp.pi)
+        raise ValueError(f"unsupported BNN likelihood {spec['likelihood']!r}")
     if fam == "gaussian_mean":
         s = data["noise_scale"]
         k = x.shape[1]

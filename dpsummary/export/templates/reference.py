@@ -48,6 +48,7 @@ def from_document(doc: dict[str, Any]) -> dict[str, Any]:
     n = int(d["num_points"])
     return {
         "family": m["family"],
+        "spec": dict(m.get("spec") or {}),
         "intercept": bool(m.get("intercept", False)),
         "noise_scale": m.get("noise_scale"),
         "num_features": k,
@@ -70,10 +71,38 @@ def _log_sigmoid(z: np.ndarray) -> np.ndarray:
     return -np.logaddexp(0.0, -z)
 
 
+def network(spec: dict[str, Any], x: np.ndarray, theta: np.ndarray) -> np.ndarray:
+    """A BNN release's network f(x; theta) for theta (S, d): shape (S, M). Layer l: W_l
+    (fan_in x fan_out, row-major) then b_l; the activation between layers only."""
+    act = (lambda h: np.maximum(h, 0.0)) if spec["activation"] == "relu" else np.tanh
+    sizes = [int(spec["num_features"]), *[int(w) for w in spec["widths"]], 1]
+    s = theta.shape[0]
+    h = np.broadcast_to(x, (s, *x.shape))
+    offset = 0
+    for i, (fan_in, fan_out) in enumerate(zip(sizes[:-1], sizes[1:], strict=True)):
+        w = theta[:, offset:offset + fan_in * fan_out].reshape(s, fan_in, fan_out)
+        offset += fan_in * fan_out
+        b = theta[:, offset:offset + fan_out]
+        offset += fan_out
+        h = h @ w + b[:, None, :]
+        if i < len(sizes) - 2:
+            h = act(h)
+    return h[..., 0]
+
+
 def point_log_lik(data: dict[str, Any], theta: np.ndarray) -> np.ndarray:
     """Unweighted log p(x_m | theta) for theta (S, d): shape (S, M)."""
     theta = np.atleast_2d(theta)
     x, y, fam = data["X"], data["y"], data["family"]
+    if fam == "bnn":
+        spec = data["spec"]
+        f = network(spec, x, theta)
+        if spec["likelihood"] == "bernoulli":  # soft labels y in [0, 1]
+            return y * _log_sigmoid(f) + (1.0 - y) * _log_sigmoid(-f)
+        if spec["likelihood"] == "gaussian":
+            s = float(spec["noise_scale"])
+            return -0.5 * ((y - f) / s) ** 2 - np.log(s) - 0.5 * np.log(2 * np.pi)
+        raise ValueError(f"unsupported BNN likelihood {spec['likelihood']!r}")
     if fam == "gaussian_mean":
         s = float(data["noise_scale"])
         k = x.shape[1]
