@@ -311,7 +311,8 @@ def report(results: Path, target: Path) -> None:
         lines += ["## Plots", ""] + [f"![{p.stem}]({os.path.relpath(p, target.parent)})" for p in pngs] + [""]
     for extra in ("trust.md", "trust_schedule.md", "schema_refusal_rate.md", "speed.md", "scale.md",
                   "spark_scale.md", "mixtures.md", "mixtures_small_m.md", "mixtures_1e6.md",
-                  "mixtures_private.md", "bnn.md", "ledger_stress.md", "selftest.md", "NOTES.md"):
+                  "mixtures_private.md", "mixtures_private_moments.md", "mixtures_private_residual.md", "bnn.md",
+                  "ledger_stress.md", "selftest.md", "NOTES.md"):
         path = results / extra
         if path.exists():
             lines += [f"<!-- {extra} -->", path.read_text().replace("\n# ", "\n## "), ""]

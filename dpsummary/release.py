@@ -584,11 +584,7 @@ def plan_stage2(public: PublicPlan, released: Released) -> OptimisationPlan:
     kind = dmod.target_kind(schema)
     model_name = req.model or dmod.default_model_name(kind)
     pol.check_model(model_name)
-    judged = "public record count" if released.count_is_public else "noisy record count"
-    if released.record_count < pol.min_records:
-        raise refuse(f"too few records for the policy's min_records {pol.min_records} (judged on the {judged})")
-    if pol.n_max is not None and released.record_count > pol.n_max:
-        raise refuse(f"more records than the policy's public bound n_max (judged on the {judged}); raise n_max")
+    _check_released_count(public, released, refuse)
     transform = dmod.Transform.from_schema(schema)
     model = get_model_class(model_name)(transform.num_features)
     if model.point_dim != transform.point_dim:
@@ -606,13 +602,7 @@ def plan_stage2(public: PublicPlan, released: Released) -> OptimisationPlan:
         split = pol.budget_split.normalised(count="count" in _nonzero(split), preprocessing="preprocessing" in
                                             _nonzero(split), initialisation=False)
     eps = req.epsilon
-    before = list(public.stage1.events)
-    quality_sigma = None
-    if split["quality"] > 0:
-        quality_sigma = acc.calibrate_gaussian(
-            target_epsilon=(split["count"] + split["preprocessing"] + split["quality"]) * eps,
-            delta=public.delta, prior_events=before, accountant=public.accountant)
-        before = [*before, _gaussian(quality_sigma)]
+    quality_sigma, before = _quality_noise(public, split)
     init_target = (split["count"] + split["preprocessing"] + split["quality"] + split["initialisation"]) * eps
     init_sigma, layout, before = plan_initialisation(
         transform, model_name, prior_events=before, target_epsilon=init_target if split["initialisation"] > 0 else 0.0,
@@ -658,34 +648,57 @@ class Stage2Output:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def run_stage2(
-    public: PublicPlan,
-    released: Released,
-    plan: OptimisationPlan,
-    source: Any,
-    *,
-    progress: ProgressFn | None = None,
-    checkpoint: CheckpointFn | None = None,
-) -> Stage2Output:
-    """Stage 2 (reads records, charged): encode every record by the public total rules, release
-    the noisy quality counts and decide the data-quality refusal on them, then the DP
-    initialisation and DP-PSVI."""
+def _check_released_count(public: PublicPlan, released: Released, refuse: type[Refusal]) -> None:
+    """The policy's min_records and n_max, judged on the public or the noisy record count."""
+    pol = public.policy
+    judged = "public record count" if released.count_is_public else "noisy record count"
+    if released.record_count < pol.min_records:
+        raise refuse(f"too few records for the policy's min_records {pol.min_records} (judged on the {judged})")
+    if pol.n_max is not None and released.record_count > pol.n_max:
+        raise refuse(f"more records than the policy's public bound n_max (judged on the {judged}); raise n_max")
+
+
+def _quality_noise(public: PublicPlan, split: dict[str, float]) -> tuple[float | None, list[Any]]:
+    """The quality counts' noise multiplier (None without a quality share) and the events that
+    precede the stage-2 mechanism (stage 1's, then the quality counts')."""
+    from . import accounting as acc
+
+    before = list(public.stage1.events)
+    if split["quality"] <= 0:
+        return None, before
+    sigma = acc.calibrate_gaussian(
+        target_epsilon=(split["count"] + split["preprocessing"] + split["quality"]) * public.req.epsilon,
+        delta=public.delta, prior_events=before, accountant=public.accountant)
+    return sigma, [*before, _gaussian(sigma)]
+
+
+@dataclass
+class _Stage2Start:
+    """What every stage-2 mechanism starts from: the encoded records, the noisy quality counts
+    (None without a quality share), the optimisation's record count and the notes so far."""
+
+    encoded: Any
+    quality: Any
+    record_count: float
+    notes: list[str]
+    claimed: Any  # Future of the claim's epsilons
+
+
+def _begin_stage2(public: PublicPlan, released: Released, plan: OptimisationPlan, source: Any,
+                  mark: CheckpointFn) -> _Stage2Start:
+    """Shared by every stage-2 mechanism (reads records, charged): start the claim's epsilons on
+    the second core (they depend only on the planned, public events; PRV alone takes about
+    0.7 s; nothing else calls the accountants until the result is collected, so their warning
+    filters, not thread-safe, are not raced), encode every record by the public total rules,
+    release the noisy quality counts and decide the data-quality refusal on them."""
     from concurrent.futures import ThreadPoolExecutor
 
     from . import accounting as acc
-    from .constructors.base import fit
 
-    mark = checkpoint or (lambda _name: None)
-    req, pol = public.req, public.policy
-    # The claim's epsilons depend only on the planned events (public), not on the run: compute
-    # them on the second core while DP-PSVI runs (PRV alone takes about 0.7 s). Nothing else
-    # calls the accountants until the result is collected, so their warning filters (not
-    # thread-safe) are not raced.
-    all_events = [*public.stage1.events, *plan.events]
+    pol = public.policy
     pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dpsummary-accounting")
-    claimed = pool.submit(acc.epsilons, all_events, public.delta)
+    claimed = pool.submit(acc.epsilons, [*public.stage1.events, *plan.events], public.delta)
     pool.shutdown(wait=False)
-
     rules = pol.data_quality
     encoded = source.encode(plan.transform, missing_numeric=rules.missing_numeric,
                             unseen_category=rules.unseen_category)
@@ -705,37 +718,60 @@ def run_stage2(
         record_count = max(released.record_count - max(quality.noisy["dropped"], 0.0), 1.0)
         notes.append("data quality: noisy counts of the records each public rule touched are in the artifact")
     mark("quality")
+    return _Stage2Start(encoded, quality, record_count, notes, claimed)
+
+
+def _finish_stage2(public: PublicPlan, plan: OptimisationPlan, start: _Stage2Start, summary: Any,
+                   init_description: str | None = None, extra: dict[str, Any] | None = None) -> Stage2Output:
+    """Shared by every stage-2 mechanism: the claim's epsilons (plus the partition-selection
+    slack) and the budget split, around the summary the mechanism produced."""
+    from . import accounting as acc
+
+    epsilons = start.claimed.result()
+    if public.delta_selection:
+        epsilons = {k: v + acc.selection_slack([public.delta_selection]) for k, v in epsilons.items()}
+    split_eps = _budget_split(public.stage1.count_sigma, public.stage1.schema_sigma, plan.quality_noise_multiplier,
+                              plan.init_noise_multiplier, plan.optimisation_event, public.delta, public.accountant)
+    return Stage2Output(summary, epsilons, split_eps, start.quality, init_description, start.notes, extra or {})
+
+
+def run_stage2(
+    public: PublicPlan,
+    released: Released,
+    plan: OptimisationPlan,
+    source: Any,
+    *,
+    progress: ProgressFn | None = None,
+    checkpoint: CheckpointFn | None = None,
+) -> Stage2Output:
+    """Stage 2 (reads records, charged): encode every record by the public total rules, release
+    the noisy quality counts and decide the data-quality refusal on them (:func:`_begin_stage2`),
+    then the DP initialisation and the noise-aware mechanism or DP-PSVI."""
+    from .constructors.base import fit
+
+    mark = checkpoint or (lambda _name: None)
+    req = public.req
+    begun = _begin_stage2(public, released, plan, source, mark)
+    encoded, notes = begun.encoded, begun.notes
     nonpriv = torch.Generator().manual_seed(req.seed if req.seed is not None else secrets.randbits(63))
     start = initial_samplers(encoded.records, plan.transform, plan.init_layout, plan.init_noise_multiplier)
     if start.description is not None:
         notes.append(start.description)
     mark("initialised")
-    extra: dict[str, Any] = {}
     if plan.mechanism != "dp-psvi":
         summary, extra = _noise_aware_summaries(plan, encoded, req.size, nonpriv)
         notes.extend(extra.pop("notes"))
         mark("optimised")
-        epsilons = claimed.result()
-        if public.delta_selection:
-            epsilons = {k: v + acc.selection_slack([public.delta_selection]) for k, v in epsilons.items()}
-        split_eps = _budget_split(public.stage1.count_sigma, public.stage1.schema_sigma,
-                                  plan.quality_noise_multiplier, plan.init_noise_multiplier,
-                                  plan.optimisation_event, public.delta, public.accountant)
-        return Stage2Output(summary, epsilons, split_eps, quality, start.description, notes, extra)
+        return _finish_stage2(public, plan, begun, summary, start.description, extra)
     constructor = dp_psvi_constructor(
         transform=plan.transform, model=plan.model, noise_multiplier=plan.noise_multiplier,
-        sample_rate=plan.sample_rate, record_count=record_count, steps=req.steps, num_samples=req.num_samples,
+        sample_rate=plan.sample_rate, record_count=begun.record_count, steps=req.steps, num_samples=req.num_samples,
         init_features=start.features, init_targets=start.targets,
     )
     summary = fit(constructor, encoded.records, plan.model, req.size, generator=nonpriv,
                   transform=plan.transform.to_dict(), progress=progress)
     mark("optimised")
-    epsilons = claimed.result()
-    if public.delta_selection:
-        epsilons = {k: v + acc.selection_slack([public.delta_selection]) for k, v in epsilons.items()}
-    split_eps = _budget_split(public.stage1.count_sigma, public.stage1.schema_sigma, plan.quality_noise_multiplier,
-                              plan.init_noise_multiplier, plan.optimisation_event, public.delta, public.accountant)
-    return Stage2Output(summary, epsilons, split_eps, quality, start.description, notes)
+    return _finish_stage2(public, plan, begun, summary, start.description)
 
 
 def _noise_aware_summaries(plan: OptimisationPlan, records: Any, size: int, generator: torch.Generator
@@ -1155,11 +1191,7 @@ def plan_bnn(public: PublicPlan, released: Released) -> OptimisationPlan:
     refuse: type[Refusal] = PolicyRefusal if public.stage1.events == [] else ChargedRefusal
     kind = dmod.target_kind(schema)
     pol.check_model("bnn")
-    judged = "public record count" if released.count_is_public else "noisy record count"
-    if released.record_count < pol.min_records:
-        raise refuse(f"too few records for the policy's min_records {pol.min_records} (judged on the {judged})")
-    if pol.n_max is not None and released.record_count > pol.n_max:
-        raise refuse(f"more records than the policy's public bound n_max (judged on the {judged}); raise n_max")
+    _check_released_count(public, released, refuse)
     if kind not in BNN_LIKELIHOODS:
         raise refuse(f"--model bnn needs a binary or real target; the target is {kind}; choose another --model")
     transform = dmod.Transform.from_schema(schema)
@@ -1172,13 +1204,7 @@ def plan_bnn(public: PublicPlan, released: Released) -> OptimisationPlan:
     )
     split = public.split  # no initialisation share: the start is public (plan_public)
     eps = req.epsilon
-    before = list(public.stage1.events)
-    quality_sigma = None
-    if split["quality"] > 0:
-        quality_sigma = acc.calibrate_gaussian(
-            target_epsilon=(split["count"] + split["preprocessing"] + split["quality"]) * eps,
-            delta=public.delta, prior_events=before, accountant=public.accountant)
-        before = [*before, _gaussian(quality_sigma)]
+    quality_sigma, before = _quality_noise(public, split)
     slack = acc.selection_slack([public.delta_selection])
     sigma = acc.calibrate_noise_multiplier(
         target_epsilon=eps - slack, delta=public.delta, sample_rate=q, steps=req.steps,
@@ -1206,38 +1232,15 @@ def run_bnn_stage2(
     counts and the data-quality refusal (as for the GLMs), then DP BB-PSVI
     (:func:`dpsummary.private.bnn.fit_private`) on the encoded
     :class:`~dpsummary.private.mechanism.PrivateRecords` from the public start."""
-    from concurrent.futures import ThreadPoolExecutor
 
-    from . import accounting as acc
     from .blackbox.objective import InnerConfig
     from .constructors.base import Summary
     from .private import bnn as pb
 
     mark = checkpoint or (lambda _name: None)
-    req, pol = public.req, public.policy
-    all_events = [*public.stage1.events, *plan.events]
-    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dpsummary-accounting")
-    claimed = pool.submit(acc.epsilons, all_events, public.delta)
-    pool.shutdown(wait=False)
-
-    rules = pol.data_quality
-    encoded = source.encode(plan.transform, missing_numeric=rules.missing_numeric,
-                            unseen_category=rules.unseen_category)
-    mark("encoded")
-    notes: list[str] = []
-    record_count = released.record_count
-    quality = None
-    if plan.quality_noise_multiplier is not None:
-        quality = encoded.noisy_quality_counts(noise_multiplier=plan.quality_noise_multiplier)
-        share = quality.dropped_fraction(released.record_count)
-        if share > rules.max_dropped_fraction:
-            raise ChargedRefusal(
-                f"about {100 * share:.0f}% of the records are unusable under the policy's data_quality rules "
-                f"(more than max_dropped_fraction {rules.max_dropped_fraction:g}); fix the data or the rules"
-            )
-        record_count = max(released.record_count - max(quality.noisy["dropped"], 0.0), 1.0)
-        notes.append("data quality: noisy counts of the records each public rule touched are in the artifact")
-    mark("quality")
+    req = public.req
+    begun = _begin_stage2(public, released, plan, source, mark)
+    encoded, notes, record_count = begun.encoded, begun.notes, begun.record_count
     nonpriv = torch.Generator().manual_seed(req.seed if req.seed is not None else secrets.randbits(63))
     model, st = plan.model, plan.settings
     initial = pb.public_init_from_schema(model, req.size, nonpriv, plan.transform.sample_public_features)
@@ -1255,12 +1258,7 @@ def run_bnn_stage2(
     summary = Summary(fit.points, fit.weights, model, pb.MECHANISM, plan.transform.to_dict(),
                       {"variational": {"family": "mean-field Gaussian, sd = softplus(rho)",
                                        "mu": fit.mu.tolist(), "rho": fit.rho.tolist()}})
-    epsilons = claimed.result()
-    if public.delta_selection:
-        epsilons = {k: v + acc.selection_slack([public.delta_selection]) for k, v in epsilons.items()}
-    split_eps = _budget_split(public.stage1.count_sigma, public.stage1.schema_sigma, plan.quality_noise_multiplier,
-                              None, plan.optimisation_event, public.delta, public.accountant)
-    return Stage2Output(summary, epsilons, split_eps, quality, None, notes)
+    return _finish_stage2(public, plan, begun, summary)
 
 
 def _bnn_claim(public: PublicPlan, plan: OptimisationPlan, output: Stage2Output) -> dict[str, Any]:
@@ -1381,11 +1379,7 @@ def plan_mixture(public: PublicPlan, released: Released) -> OptimisationPlan:
     refuse: type[Refusal] = PolicyRefusal if public.stage1.events == [] else ChargedRefusal
     assert req.model is not None
     pol.check_model(req.model)
-    judged = "public record count" if released.count_is_public else "noisy record count"
-    if released.record_count < pol.min_records:
-        raise refuse(f"too few records for the policy's min_records {pol.min_records} (judged on the {judged})")
-    if pol.n_max is not None and released.record_count > pol.n_max:
-        raise refuse(f"more records than the policy's public bound n_max (judged on the {judged}); raise n_max")
+    _check_released_count(public, released, refuse)
     columns = _mixture_columns(schema)
     if not columns:
         raise refuse(f"--model {req.model} needs at least one numeric column; the schema has none; choose "
@@ -1400,13 +1394,7 @@ def plan_mixture(public: PublicPlan, released: Released) -> OptimisationPlan:
     model = mixture_model(len(columns), n_components=k, process=process)
     split = public.split
     eps = req.epsilon
-    before = list(public.stage1.events)
-    quality_sigma = None
-    if split["quality"] > 0:
-        quality_sigma = acc.calibrate_gaussian(
-            target_epsilon=(split["count"] + split["preprocessing"] + split["quality"]) * eps,
-            delta=public.delta, prior_events=before, accountant=public.accountant)
-        before = [*before, _gaussian(quality_sigma)]
+    quality_sigma, before = _quality_noise(public, split)
     depth = pm.default_max_depth(len(columns))
     slack = acc.selection_slack([public.delta_selection])
     sigma = acc.calibrate_noise_multiplier(target_epsilon=eps - slack, delta=public.delta, sample_rate=1.0,
@@ -1432,38 +1420,17 @@ def run_mixture_stage2(
     public bounds onto the tree's box (:meth:`PrivateRecords.select_columns`), the noisy kd-tree
     (:func:`dpsummary.private.mixture.release_mixture_summary`), then weighted CAVI on the
     released pseudo-points with a public prior (post-processing)."""
-    from concurrent.futures import ThreadPoolExecutor
 
     import numpy as np
 
-    from . import accounting as acc
     from .constructors.base import Summary
     from .mixtures.vi import MixturePrior, fit_cavi
     from .private import mixture as pm
 
     mark = checkpoint or (lambda _name: None)
-    req, pol = public.req, public.policy
-    all_events = [*public.stage1.events, *plan.events]
-    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dpsummary-accounting")
-    claimed = pool.submit(acc.epsilons, all_events, public.delta)
-    pool.shutdown(wait=False)
-
-    rules = pol.data_quality
-    encoded = source.encode(plan.transform, missing_numeric=rules.missing_numeric,
-                            unseen_category=rules.unseen_category)
-    mark("encoded")
-    notes: list[str] = []
-    quality = None
-    if plan.quality_noise_multiplier is not None:
-        quality = encoded.noisy_quality_counts(noise_multiplier=plan.quality_noise_multiplier)
-        share = quality.dropped_fraction(released.record_count)
-        if share > rules.max_dropped_fraction:
-            raise ChargedRefusal(
-                f"about {100 * share:.0f}% of the records are unusable under the policy's data_quality rules "
-                f"(more than max_dropped_fraction {rules.max_dropped_fraction:g}); fix the data or the rules"
-            )
-        notes.append("data quality: noisy counts of the records each public rule touched are in the artifact")
-    mark("quality")
+    req = public.req
+    begun = _begin_stage2(public, released, plan, source, mark)
+    encoded, notes = begun.encoded, begun.notes
     columns = plan.settings["columns"]
     mark("initialised")
     # The records are already in the tree's box (the mixture transform maps bounds onto it).
@@ -1497,12 +1464,7 @@ def run_mixture_stage2(
                        "tree": {"leaves": rel.notes.get("leaves"),
                                 "released_per_depth": rel.notes.get("released_per_depth")},
                        "mixture": components})
-    epsilons = claimed.result()
-    if public.delta_selection:
-        epsilons = {kk: v + acc.selection_slack([public.delta_selection]) for kk, v in epsilons.items()}
-    split_eps = _budget_split(public.stage1.count_sigma, public.stage1.schema_sigma, plan.quality_noise_multiplier,
-                              None, plan.optimisation_event, public.delta, public.accountant)
-    return Stage2Output(summary, epsilons, split_eps, quality, None, notes)
+    return _finish_stage2(public, plan, begun, summary)
 
 
 def _mixture_components(fit: Any, transform: Any, columns: list[str]) -> dict[str, Any]:

@@ -1326,12 +1326,12 @@ def spark_gray_box_replay(spark: Any = None, *, records: int = 400, steps: int =
 
 
 @dataclass(frozen=True)
-class BNNCheckResult:
-    """:func:`bnn_checks`: noise scale, accountant reproduction, gray-box replay of dp-bb-psvi."""
+class MechanismChecks:
+    """What the family mechanisms' self-tests share: the noise scale against its analytic value,
+    the accountant against Opacus's own, and the names of the failed checks."""
 
     noise_multiplier: float
-    clip_norm: float
-    #: Sample sd of the released noise over ``noise_samples`` coordinates / the analytic sigma*C.
+    #: Sample sd of the released noise over ``noise_samples`` coordinates / its analytic value.
     noise_sd_ratio: float
     noise_samples: int
     #: Two-sided tolerance on the ratio (6 standard errors: false failure below 2e-9).
@@ -1340,9 +1340,17 @@ class BNNCheckResult:
     accountant_epsilon: float
     opacus_epsilon: float
     accountant_ok: bool
-    replay: ReplayResult
     ok: bool
     failed: list[str]
+
+
+@dataclass(frozen=True)
+class BNNCheckResult(MechanismChecks):
+    """:func:`bnn_checks`: noise scale (sd / sigma C), accountant reproduction, gray-box replay
+    of dp-bb-psvi."""
+
+    clip_norm: float
+    replay: ReplayResult
 
 
 class _BNNLockstep:
@@ -1509,20 +1517,10 @@ def bnn_checks(*, inject: Injection = "none", progress: Progress | None = None) 
 
 
 @dataclass(frozen=True)
-class MixtureCheckResult:
-    """:func:`mixture_checks`: noise scale, accountant reproduction and the coupled neighbour
-    replay of ``dp-kd-tree`` (:mod:`dpsummary.private.mixture`)."""
+class MixtureCheckResult(MechanismChecks):
+    """:func:`mixture_checks`: noise scale (sd / sigma), accountant reproduction and the coupled
+    neighbour replay of ``dp-kd-tree`` (:mod:`dpsummary.private.mixture`)."""
 
-    noise_multiplier: float
-    #: Sample sd of the released count noise over ``noise_samples`` coordinates / sigma.
-    noise_sd_ratio: float
-    noise_samples: int
-    #: Two-sided tolerance on the ratio (6 standard errors: false failure below 2e-9).
-    noise_tolerance: float
-    noise_ok: bool
-    accountant_epsilon: float
-    opacus_epsilon: float
-    accountant_ok: bool
     #: Coupled replay: the neighbour (one extreme record added) run returns the first run's noisy
     #: outputs; the largest L2 move of a released exact count vector, in sensitivity units (1).
     replay_max_move: float
@@ -1530,8 +1528,6 @@ class MixtureCheckResult:
     #: the noisy counts).
     replay_same_output: bool
     replay_ok: bool
-    ok: bool
-    failed: list[str]
 
 
 class _CountRecorder:
