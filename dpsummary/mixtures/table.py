@@ -32,23 +32,24 @@ class NumericTable:
 
 def read_numeric_table(path: str | Path) -> NumericTable:
     """Read ``path`` with :func:`dpsummary.data.read_csv`, keep the columns that
-    :func:`dpsummary.data.infer_schema` calls numeric (no target), drop rows with a missing
-    value, standardise. Raises :class:`dpsummary.data.DataError` (a one-line user error) when no
-    numeric column or fewer than two complete rows remain."""
+    :func:`dpsummary.data.infer_schema` calls numeric (no target), and standardise them with the
+    GLM baselines' data-fitted transform (:meth:`dpsummary.data.Transform.fit`: mean and
+    population sd) through its total per-record rules, dropping rows with a missing numeric value
+    (``encode_total(missing_numeric="drop")``). Raises :class:`dpsummary.data.DataError` (a
+    one-line user error) when no numeric column or fewer than two complete rows remain."""
     from .. import data as dmod
 
     table = dmod.read_csv(path)
     schema = dmod.infer_schema(table, target=dmod.NO_TARGET)
-    names = [c.name for c in schema.columns if c.kind == "numeric"]
-    if not names:
+    numeric = [c for c in schema.columns if c.kind == "numeric"]
+    if not numeric:
         raise dmod.DataError(f"{Path(path).name} has no numeric column to fit a mixture to")
-    cols, oks = zip(*(dmod.parse_floats(table.array(n)) for n in names), strict=True)
-    raw = np.column_stack(cols)
-    complete = np.logical_and.reduce(oks)
-    raw = raw[complete]
-    if raw.shape[0] < 2:
+    transform = dmod.Transform.fit(table, dmod.Schema(columns=numeric, target=None), invalid_numeric="missing")
+    points, _ = transform.encode_total(table, missing_numeric="drop")
+    values = points.numpy()
+    if values.shape[0] < 2:
         raise dmod.DataError("fewer than two rows have every numeric column present")
-    centres = raw.mean(0)
-    scales = raw.std(0)
-    scales = np.where(scales > 0, scales, 1.0)
-    return NumericTable(names, (raw - centres) / scales, centres, scales, int((~complete).sum()))
+    names = [c.name for c in numeric]
+    centres = np.array([transform.centres[n] for n in names])
+    scales = np.array([transform.scales[n] for n in names])
+    return NumericTable(names, values, centres, scales, int(table.num_rows - values.shape[0]))
