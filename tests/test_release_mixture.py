@@ -6,8 +6,9 @@ the analyst's view, and the zero-configuration path (DP schema without a target)
 The mechanism's own privacy tests (sensitivity of every released count vector under add/remove
 of an extreme record, decisions on noisy counts only, noise scale, total per-record rule) are in
 tests/mixtures/test_private_mixture_tree.py. Noise here comes from OS entropy (not seedable):
-every statistical assertion below holds with a margin of more than 10 noise standard deviations
-(failure rate below 1e-20 per run).
+every statistical assertion below holds with a margin of at least 5 standard deviations of its
+statistic, measured by simulation of the mechanism on this table (40 runs: total weight
+3003 ± 174 for N = 3000), so the failure rate is below about 1e-6 per assertion.
 """
 
 from __future__ import annotations
@@ -98,16 +99,17 @@ def test_release_signs_a_mixture_summary_of_the_numeric_columns(released: dict[s
     pts, w = rel.points, rel.weights
     assert pts.shape[1] == 2 and bool((pts.abs() <= 4.0 + 1e-9).all())  # the kd-tree's public box
     assert bool((w > 0).all())
-    # Kept leaves carry noisy counts: their total is N up to the noise of the kept leaves and the
-    # mass of dropped (below 2 sigma) leaves; sigma here is about 10 records.
-    assert 0.8 * N < float(w.sum()) < 1.2 * N
+    # Kept leaves carry noisy counts: their total is N up to the noise of the kept leaves, the
+    # mass of dropped (below 2 sigma) leaves and the selection of leaves above the threshold;
+    # simulated: 3003 ± 174 at this table's sigma (about 18 records). 6.9 sd either side.
+    assert 0.6 * N < float(w.sum()) < 1.4 * N
     mix = rel.mixture
     assert mix is not None and mix["columns"] == ["a", "b"]
     heavy = np.argsort(mix["weights"])[::-1][:2]
     found = sorted((np.array(mix["means"])[heavy]).tolist())
     # Both components, in the CSV's units (their sds are 0.5-0.6; the cells are 0.19 wide).
     assert np.allclose(found, sorted(MEANS.tolist()), atol=0.5)
-    assert sorted(np.array(mix["weights"])[heavy].tolist()) == pytest.approx(sorted(WEIGHTS), abs=0.1)
+    assert sorted(np.array(mix["weights"])[heavy].tolist()) == pytest.approx(sorted(WEIGHTS), abs=0.2)
 
 
 def test_claim_ledger_and_accountant_agree(released: dict[str, Any]) -> None:
@@ -142,7 +144,7 @@ def test_analyst_refits_but_does_not_sample_a_mixture(released: dict[str, Any]) 
         rel.sample(10)
     fit = rel.fit_mixture(n_components=2, seed=0)
     weights = np.sort(fit.posterior.expected_weights())
-    assert weights == pytest.approx(sorted(WEIGHTS), abs=0.1)
+    assert weights == pytest.approx(sorted(WEIGHTS), abs=0.2)
 
 
 def test_zero_configuration_dpgmm_needs_no_target(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

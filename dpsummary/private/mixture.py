@@ -26,8 +26,10 @@ the uniform distribution on the cell, so a component resolved into a few cells k
 Children dropped below the keep threshold would lose their records' mass (a node split at 3
 sigma has children near 1.5 sigma); post-processing of the released counts gives it back: a
 split node whose two children are both dropped becomes a leaf with its own noisy count, and when
-one child is dropped, the parent's noisy count minus the surviving child's (if positive) becomes a
-leaf on the dropped child's cell.
+one child is dropped, the parent's noisy count minus the surviving child's becomes a leaf on the
+dropped child's cell if it reaches the keep threshold too (kept unconditionally, the positive
+part of a difference of two noisy counts biased the total mass upward by about 13% on a
+3,000-record table; with the threshold, 3,003 ± 174 for 3,000).
 Records are mapped into the box by a total per-record function: finite coordinates are clipped
 to ``[-B, B]``, a record with any non-finite coordinate contributes to no count.
 
@@ -490,7 +492,8 @@ def noisy_tree(records: PrivateRecords, plan: TreePlan) -> NoisyTree:
             # children that fall below the keep threshold would lose their records' mass (a node
             # split at 3 sigma has children near 1.5 sigma). The parent's noisy count minus its
             # surviving children's (kept or split further) goes to the dropped part of its cell:
-            # the parent's whole cell when both children dropped, else the dropped child's cell.
+            # the parent's whole cell when both children dropped, else the dropped child's cell
+            # when that difference reaches the keep threshold (the rule every leaf follows).
             m = parents.shape[0]
             survive = (split | leaf).reshape(2, m)
             kept_mass = np.where(split | leaf, noisy, 0.0).reshape(2, m).sum(0)
@@ -500,7 +503,7 @@ def noisy_tree(records: PrivateRecords, plan: TreePlan) -> NoisyTree:
             counts_out.append(parent_counts[both])
             one = survive.sum(0) == 1
             residual = parent_counts - kept_mass
-            give = one & (residual > 0)
+            give = one & (residual > plan.keep_threshold * sigma)
             dropped_child = np.where(survive[0], 1, 0)  # index of the dropped child (left 0, right 1)
             child_nodes = nodes.reshape(2, m, plan.dim)
             cols = np.flatnonzero(give)
