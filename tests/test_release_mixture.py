@@ -109,7 +109,11 @@ def test_release_signs_a_mixture_summary_of_the_numeric_columns(released: dict[s
     found = sorted((np.array(mix["means"])[heavy]).tolist())
     # Both components, in the CSV's units (their sds are 0.5-0.6; the cells are 0.19 wide).
     assert np.allclose(found, sorted(MEANS.tolist()), atol=0.5)
-    assert sorted(np.array(mix["weights"])[heavy].tolist()) == pytest.approx(sorted(WEIGHTS), abs=0.2)
+    # The weight near each true component (K = 3 may split one): simulated over 15 releases, the
+    # largest deviation was 0.082 (sd about 0.035), so 0.2 is more than 5 sd.
+    means, weights = np.array(mix["means"]), np.array(mix["weights"])
+    nearest = np.argmin(np.linalg.norm(means[:, None, :] - MEANS[None], axis=2), axis=1)
+    assert [float(weights[nearest == k].sum()) for k in range(2)] == pytest.approx(WEIGHTS, abs=0.2)
 
 
 def test_claim_ledger_and_accountant_agree(released: dict[str, Any]) -> None:
