@@ -72,3 +72,11 @@ name = "y"
 def ledger_lines(home: Path) -> list[dict]:
     p = home / "ledger.jsonl"
     return [json.loads(x) for x in p.read_text().splitlines()] if p.exists() else []
+
+
+def mentions_number(text: str, number: int) -> bool:
+    """Whether ``number`` appears in ``text`` as a number of its own (``900`` or ``900.0``), not
+    as digits inside another number (an epsilon ``0.2056202900...``) or a hex digest."""
+    import re
+
+    return re.search(rf"(?<![\w.]){number}(?![\d])", text) is not None
