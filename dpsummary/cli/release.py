@@ -99,6 +99,8 @@ def _print_table(r: Any) -> None:
     from rich.console import Console
     from rich.table import Table
 
+    from ..release import SUBSAMPLED_MECHANISMS
+
     t = Table(title="dpsummary release", show_header=False)
     t.add_column("what")
     t.add_column("value")
@@ -108,9 +110,11 @@ def _print_table(r: Any) -> None:
     t.add_row("delta", f"{r.delta:.3g}")
     t.add_row("noise multiplier sigma", f"{r.noise_multiplier:.4f}")
     t.add_row("mechanism", r.mechanism)
-    if r.mechanism in ("dp-psvi", "dp-bb-psvi"):
+    if r.mechanism in SUBSAMPLED_MECHANISMS:
         t.add_row("sample rate q (Poisson)", f"{r.sample_rate:.6g}")
         t.add_row("steps T", str(r.steps))
+    elif r.mechanism == "dp-kd-tree":
+        t.add_row("kd-tree levels (Gaussian releases)", str(r.steps))
     t.add_row("pseudopoints M", str(r.size))
     split = ", ".join(f"{k} {v:.4f}" for k, v in r.budget_split.items())
     t.add_row("budget split (epsilon of each part alone; composed, they give the epsilon above)", split)
