@@ -4,7 +4,7 @@ For every data set, epsilon, summary size M and seed, each method's posterior is
 the full-data posterior (exact or Laplace on the same rows, in the same model space) by
 :func:`dpsummary.metrics.trust_report`: KL both ways (raw), posterior-mean error in full-posterior
 sds (median, max), coverage of the full-data mean by the central 95% intervals, width ratio, the
-headroom over an idealised one-shot Gaussian mechanism on the full-data score, held-out
+effects found against the idealised floor (:func:`dpsummary.metrics.idealised_floor`), held-out
 log-likelihood, and on simulated data coverage of the true parameter.
 
 Methods:
@@ -49,7 +49,13 @@ from dpsummary import accounting as acc  # noqa: E402
 from dpsummary import noise_aware as na  # noqa: E402
 from dpsummary.gaussian import DTYPE, GaussianPosterior  # noqa: E402
 from dpsummary.inference import coreset_posterior, prior_posterior  # noqa: E402
-from dpsummary.metrics import full_posterior, ideal_one_shot_sd, predictive_scores, trust_report  # noqa: E402
+from dpsummary.metrics import (  # noqa: E402
+    IdealisedFloor,
+    full_posterior,
+    idealised_floor,
+    predictive_scores,
+    trust_report,
+)
 from dpsummary.models import LogisticRegression, Model, PoissonRegression  # noqa: E402
 
 DELTA = 1e-5
@@ -137,14 +143,21 @@ def public_features(table: Table, size: int, g: torch.Generator) -> torch.Tensor
     return (torch.rand(size, f, generator=g, dtype=DTYPE) * 2 - 1) * min(1.0, table.feature_norm / math.sqrt(f))
 
 
+_FLOORS: dict[tuple[str, int, float], IdealisedFloor] = {}
+
+
+def floor(table: Table, epsilon: float, seed: int) -> IdealisedFloor:
+    """The idealised floor (issue 27) of ``table`` at ``epsilon``, cached per table and seed."""
+    key = (table.name, seed, epsilon)
+    if key not in _FLOORS:
+        _FLOORS[key] = idealised_floor(table.model, table.train, table.full, epsilon=epsilon, delta=DELTA,
+                                       generator=torch.Generator().manual_seed(seed))
+    return _FLOORS[key]
+
+
 def judge(table: Table, post: GaussianPosterior, epsilon: float | None, seed: int) -> dict[str, Any]:
-    ideal = None
-    if epsilon is not None:
-        sigma1 = acc.calibrate_gaussian(target_epsilon=epsilon, delta=DELTA)
-        score_bound, _ = table.model.statistic_bounds(table.full.mean, feature_norm=table.feature_norm,
-                                                      target_bound=table.target_bound)
-        ideal = ideal_one_shot_sd(table.full, noise_std=sigma1 * score_bound)
-    rep = trust_report(post, table.full, prior_posterior(table.model), truth=table.truth, ideal_sd=ideal)
+    fl = None if epsilon is None else floor(table, epsilon, seed)
+    rep = trust_report(post, table.full, prior_posterior(table.model), truth=table.truth, floor=fl)
     out: dict[str, Any] = dict(rep.as_dict())
     out.update(predictive_scores(table.model, post, table.test, generator=torch.Generator().manual_seed(seed)))
     return out
@@ -152,7 +165,8 @@ def judge(table: Table, post: GaussianPosterior, epsilon: float | None, seed: in
 
 FIELDS = ["dataset", "method", "epsilon", "size", "seed", "kl_summary_full", "kl_full_summary",
           "kl_summary_full_over_prior", "kl_full_summary_over_prior", "mean_error_sd_median", "mean_error_sd_max",
-          "coverage", "width_ratio", "true_coverage", "headroom", "test_loglik", "accuracy", "rmse", "seconds",
+          "coverage", "width_ratio", "true_coverage", "effects_full", "effects_found", "effects_wrong_sign",
+          "floor_width_ratio", "width_vs_floor", "floor_effects_found", "effects_vs_floor", "test_loglik", "accuracy", "rmse", "seconds",
           "match_kl", "param_dim"]
 
 
@@ -246,10 +260,10 @@ def report(results: Path, target: Path) -> None:
         "(`python benchmarks/trust.py run`). Medians over seeds (n = seeds present). "
         "Coverage: share of coordinates whose central 95% interval contains the full-data posterior "
         "mean; true cov.: the same for the true parameter (simulated tables); width: median "
-        "sd / full-data sd; headroom: median sd / sd of an idealised one-shot Gaussian mechanism "
-        "on the full-data score at the same epsilon; KL raw (nats).", "",
-        "| data | method | eps | M | n | KL(full||s) | KL(s||full) | err sd med | err sd max | coverage | true cov. | width | headroom | test LL |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "sd / full-data sd; floor width: the idealised floor's (issue 27); effects: full-data effects "
+        "found (95% interval excludes 0, same sign) against the floor's mean; KL raw (nats).", "",
+        "| data | method | eps | M | n | d | KL(full||s) | KL(s||full) | err sd med | err sd max | coverage | true cov. | width | floor width | effects found / full | floor effects | test LL |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
 
     def order(k: tuple[str, str, str, str]) -> tuple[str, float, str, int]:
@@ -258,11 +272,13 @@ def report(results: Path, target: Path) -> None:
     for key in sorted(groups, key=order):
         g = groups[key]
         lines.append(
-            f"| {key[0]} | {key[1]} | {key[2] or '-'} | {key[3] or '-'} | {len(g)} | "
+            f"| {key[0]} | {key[1]} | {key[2] or '-'} | {key[3] or '-'} | {len(g)} | {g[0].get('param_dim') or '-'} | "
             f"{_fmt(_median(g, 'kl_full_summary'))} | {_fmt(_median(g, 'kl_summary_full'))} | "
             f"{_fmt(_median(g, 'mean_error_sd_median'))} | {_fmt(_median(g, 'mean_error_sd_max'))} | "
             f"{_fmt(_median(g, 'coverage'), True)} | {_fmt(_median(g, 'true_coverage'), True)} | "
-            f"{_fmt(_median(g, 'width_ratio'))} | {_fmt(_median(g, 'headroom'))} | {_fmt(_median(g, 'test_loglik'))} |")
+            f"{_fmt(_median(g, 'width_ratio'))} | {_fmt(_median(g, 'floor_width_ratio'))} | "
+            f"{_fmt(_median(g, 'effects_found'))} / {_fmt(_median(g, 'effects_full'))} | "
+            f"{_fmt(_median(g, 'floor_effects_found'))} | {_fmt(_median(g, 'test_loglik'))} |")
     # Target checks.
     lines += ["", "## Targets", "", "| check | data | eps | M | result |", "|---|---|---|---|---|"]
     for (ds, method, eps, size), g in sorted(groups.items(), key=lambda kv: order(kv[0])):

@@ -126,8 +126,13 @@ class TrustReport:
     ``mean_error_sd_*`` |m_summary - m_full| / sd_full per coordinate (median, max);
     ``coverage`` share of coordinates whose central 95% interval contains the full-data mean;
     ``width_ratio`` median sd_summary / sd_full; ``true_coverage`` share containing the true
-    parameter (simulated data only); ``headroom`` median sd_summary / sd_ideal where sd_ideal is
-    the width an idealised one-shot Gaussian mechanism on the full-data score would need."""
+    parameter (simulated data only); ``effects_full`` coordinates whose full-data 95% interval
+    excludes 0; ``effects_found`` those whose summary interval excludes 0 too, with the same
+    sign; ``effects_wrong_sign`` coordinates whose summary interval excludes 0 on the side
+    opposite to the full-data mean (a false finding). With an :class:`IdealisedFloor`:
+    ``floor_width_ratio`` the floor's median sd / sd_full, ``width_vs_floor`` = width_ratio /
+    floor_width_ratio, ``floor_effects_found`` the floor's mean effects found and
+    ``effects_vs_floor`` = effects_found / floor_effects_found."""
 
     kl_summary_full: float
     kl_full_summary: float
@@ -137,20 +142,102 @@ class TrustReport:
     mean_error_sd_max: float
     coverage: float
     width_ratio: float
+    effects_full: int
+    effects_found: int
+    effects_wrong_sign: int
+    param_dim: int
     true_coverage: float | None = None
-    headroom: float | None = None
+    floor_width_ratio: float | None = None
+    width_vs_floor: float | None = None
+    floor_effects_found: float | None = None
+    effects_vs_floor: float | None = None
 
     def as_dict(self) -> dict[str, float | None]:
         return asdict(self)
 
 
-def ideal_one_shot_sd(full_post: GaussianPosterior, *, noise_std: float) -> torch.Tensor:
-    """Per-coordinate sd of ``N(m_full, Sigma_full + Sigma_full (noise_std^2 I) Sigma_full)``:
-    the posterior widened by one Gaussian mechanism on the full-data score with per-coordinate
-    noise ``noise_std`` (= single-Gaussian noise multiplier times the score bound), mapped to
-    parameters through the full-data curvature (Sigma_full^-1 ~ Hessian + prior precision)."""
-    cov = full_post.cov
-    return torch.sqrt(torch.diagonal(cov + noise_std**2 * cov @ cov))
+def effects(mean: torch.Tensor, sd: torch.Tensor) -> torch.Tensor:
+    """Sign (+1, -1) of each coordinate whose central 95% interval excludes 0, else 0."""
+    return torch.where(mean.abs() > Z95 * sd, torch.sign(mean), torch.zeros_like(mean))
+
+
+@dataclass(frozen=True)
+class IdealisedFloor:
+    """The most an honest mechanism could show at a budget (issue 27's definition).
+
+    On the release's own model-space rows, with the release's prior: the full-data posterior mode
+    ``m`` and the data Hessian ``H`` at ``m`` (prior excluded); sensitivity ``R`` = the largest
+    per-record score norm at ``m``; ONE Gaussian mechanism on the summed score at ``m`` with noise
+    sd ``sigma R``, ``sigma`` calibrated by the accountant of record to ``share`` (0.8) of the
+    release's epsilon at its delta; ``H`` known exactly and free. Its noise-aware posterior has
+    precision ``H (H + sigma^2 R^2 I)^-1 H + P`` (its sds do not depend on the noise draw) and
+    mean ``precision^-1 (H V^-1 (s + H m) + P mu0)``, ``V = H + sigma^2 R^2 I``, for the released
+    score ``s``. No real mechanism can run it (``m`` and ``H`` are private): it bounds power,
+    not honesty (its prior shrinkage can pull coverage below 0.9).
+
+    ``sd`` per-coordinate posterior sd; ``width_ratio`` median sd / sd_full; ``effects_found``
+    and ``coverage`` means over ``draws`` noise draws; ``noise_multiplier`` sigma;
+    ``sensitivity`` R. Curator-only (computed from the records)."""
+
+    sd: torch.Tensor
+    width_ratio: float
+    effects_found: float
+    coverage: float
+    noise_multiplier: float
+    sensitivity: float
+    draws: int
+
+
+def data_hessian(model: Model, points: torch.Tensor, theta: torch.Tensor) -> torch.Tensor:
+    """``sum_i -hess log p(x_i | theta)`` (no prior) for GLM-like models."""
+    if isinstance(model, GLM):
+        w, z = model.record_curvature_factors(points, theta)
+        return (z * w[:, None]).T @ z
+    return model.record_curvatures(points, theta).sum(0)
+
+
+def idealised_floor(
+    model: Model,
+    points: torch.Tensor,
+    full_post: GaussianPosterior,
+    *,
+    epsilon: float,
+    delta: float,
+    accountant: str = "rdp",
+    share: float = 0.8,
+    draws: int = 200,
+    generator: torch.Generator | None = None,
+) -> IdealisedFloor:
+    """Compute the :class:`IdealisedFloor` of a release at ``(epsilon, delta)`` on ``points``."""
+    from . import accounting as acc
+
+    gen = generator if generator is not None else torch.Generator().manual_seed(0)
+    m = full_post.mean.detach().to(DTYPE)
+    d = m.shape[0]
+    h = data_hessian(model, points, m)
+    h = 0.5 * (h + h.T)
+    scores = model.record_scores(points, m)
+    r = float(scores.norm(dim=1).max())
+    g = scores.sum(0)
+    sigma = acc.calibrate_gaussian(target_epsilon=share * epsilon, delta=delta,
+                                   accountant=accountant)  # type: ignore[arg-type]
+    eye = torch.eye(d, dtype=DTYPE)
+    prior_prec = eye / model.prior_scale**2
+    v = h + (sigma * r) ** 2 * eye
+    hv = torch.linalg.solve(v, h).T  # H V^-1
+    precision = 0.5 * (hv @ h + (hv @ h).T) + prior_prec
+    cov = torch.linalg.inv(precision)
+    sd = torch.sqrt(torch.diagonal(cov))
+    noise = torch.randn(draws, d, generator=gen, dtype=DTYPE) * (sigma * r)
+    rhs = (hv @ (g[None, :] + noise + (h @ m)[None, :]).T).T + (prior_prec @ model.prior_mean)[None, :]
+    means = rhs @ cov  # cov symmetric: (cov @ rhs^T)^T
+    sd_f = torch.sqrt(torch.diagonal(full_post.cov))
+    truth_eff = effects(full_post.mean, sd_f)
+    found = ((effects(means, sd.expand_as(means)) == truth_eff) & (truth_eff != 0)).sum(1).to(DTYPE)
+    covered = ((means - full_post.mean).abs() <= Z95 * sd).to(DTYPE).mean(1)
+    return IdealisedFloor(sd=sd, width_ratio=float((sd / sd_f).median()), effects_found=float(found.mean()),
+                          coverage=float(covered.mean()), noise_multiplier=float(sigma), sensitivity=r,
+                          draws=draws)
 
 
 def trust_report(
@@ -159,7 +246,7 @@ def trust_report(
     prior: GaussianPosterior,
     *,
     truth: torch.Tensor | None = None,
-    ideal_sd: torch.Tensor | None = None,
+    floor: IdealisedFloor | None = None,
 ) -> TrustReport:
     """The analyst's checks of ``summary_post`` against ``full_post`` (see :class:`TrustReport`)."""
     kl = kl_report(summary_post, full_post, prior)
@@ -170,11 +257,23 @@ def trust_report(
     true_cov = None
     if truth is not None:
         true_cov = float(((summary_post.mean - truth).abs() <= Z95 * sd_s).to(DTYPE).mean())
-    headroom = None if ideal_sd is None else float((sd_s / ideal_sd).median())
+    full_eff = effects(full_post.mean, sd_f)
+    sum_eff = effects(summary_post.mean, sd_s)
+    found = int(((sum_eff == full_eff) & (full_eff != 0)).sum())
+    wrong = int(((sum_eff != 0) & (sum_eff == -torch.sign(full_post.mean))).sum())
+    width = float((sd_s / sd_f).median())
+    fw = fv = fe = ev = None
+    if floor is not None:
+        fw = floor.width_ratio
+        fv = width / fw
+        fe = floor.effects_found
+        ev = found / fe if fe > 0 else None
     return TrustReport(
         kl_summary_full=kl.forward, kl_full_summary=kl.reverse,
         kl_summary_full_over_prior=kl.forward_normalised, kl_full_summary_over_prior=kl.reverse_normalised,
         mean_error_sd_median=float(err.median()), mean_error_sd_max=float(err.max()),
-        coverage=float((gap <= Z95 * sd_s).to(DTYPE).mean()), width_ratio=float((sd_s / sd_f).median()),
-        true_coverage=true_cov, headroom=headroom,
+        coverage=float((gap <= Z95 * sd_s).to(DTYPE).mean()), width_ratio=width,
+        effects_full=int((full_eff != 0).sum()), effects_found=found, effects_wrong_sign=wrong,
+        param_dim=int(full_post.mean.shape[0]), true_coverage=true_cov,
+        floor_width_ratio=fw, width_vs_floor=fv, floor_effects_found=fe, effects_vs_floor=ev,
     )
