@@ -76,6 +76,9 @@ class ReportData:
     reference: str
     full: GaussianPosterior
     results: list[MethodResult] = field(default_factory=list)
+    #: The idealised floor at the release's epsilon and delta (:func:`dpsummary.metrics.idealised_floor`):
+    #: the most an honest mechanism could show at this budget. None for models it does not cover.
+    floor: Any = None
 
     @property
     def records_dropped(self) -> int:
@@ -83,16 +86,22 @@ class ReportData:
 
 
 def _metrics(model: Model, post: GaussianPosterior, full: GaussianPosterior, points: torch.Tensor,
-             generator: torch.Generator) -> dict[str, float]:
+             generator: torch.Generator, floor: Any = None) -> dict[str, float]:
     from .metrics import kl_report, predictive_scores, standardised_mean_error, trust_report
 
     out: dict[str, float] = dict(kl_report(post, full, prior_posterior(model)).as_dict())
     out["mean_error"] = standardised_mean_error(post, full)
-    trust = trust_report(post, full, prior_posterior(model))
+    trust = trust_report(post, full, prior_posterior(model), floor=floor)
     out["mean_error_sd_median"] = trust.mean_error_sd_median
     out["mean_error_sd_max"] = trust.mean_error_sd_max
     out["coverage"] = trust.coverage
     out["width_ratio"] = trust.width_ratio
+    out["effects_found"] = float(trust.effects_found)
+    out["effects_wrong_sign"] = float(trust.effects_wrong_sign)
+    if trust.width_vs_floor is not None:
+        out["width_vs_floor"] = trust.width_vs_floor
+    if trust.effects_vs_floor is not None:
+        out["effects_vs_floor"] = trust.effects_vs_floor
     out.update(predictive_scores(model, post, points, generator=generator))
     return out
 
@@ -142,16 +151,17 @@ def build_report(
             names = [f"theta{i}" for i in range(model.param_dim)]
 
     full = full_posterior(model, points)
+    floor = _floor(model, points, full, claim, seed)
     rep = ReportData(
         artifact=artifact, data=data, verified=bool(info.get("verified")), keyid=info.get("keyid"),
         artifact_digest=str(info.get("artifact_digest", "")), claim=claim, method=summary.method,
         model=model, size=summary.size, param_names=[str(n) for n in names],
         records_total=table.num_rows, records_used=int(points.shape[0]),
-        reference="exact" if model.conjugate else "Laplace", full=full,
+        reference="exact" if model.conjugate else "Laplace", full=full, floor=floor,
     )
 
     def add(name: str, label: str, post: GaussianPosterior, seconds: float = 0.0, note: str = "") -> None:
-        mets = _metrics(model, post, full, points, torch.Generator().manual_seed(seed + 1))
+        mets = _metrics(model, post, full, points, torch.Generator().manual_seed(seed + 1), floor)
         rep.results.append(MethodResult(name, label, post, mets, seconds, note))
 
     add("full", f"full data ({rep.reference})", full, note="reference")
@@ -171,6 +181,24 @@ def build_report(
             "non-private baseline")
     add("prior", "prior (empty summary)", prior_posterior(model), note="no data")
     return rep
+
+
+def _floor(model: Model, points: torch.Tensor, full: GaussianPosterior, claim: dict[str, Any], seed: int) -> Any:
+    """The idealised floor (issue 27) at the claim's epsilon (accountant of record) and delta, for
+    the models whose per-record scores and curvatures it needs (GLMs, linear, Gaussian mean)."""
+    from .metrics import idealised_floor
+    from .models import GLM, GaussianMean, LinearRegression
+
+    if not isinstance(model, GLM | LinearRegression | GaussianMean):
+        return None
+    eps = claim.get("epsilon")
+    accountant = str(claim.get("accountant_of_record", "rdp"))
+    delta = claim.get("delta")
+    value = eps.get(accountant) if isinstance(eps, dict) else eps
+    if not (isinstance(value, float | int) and isinstance(delta, float | int) and value > 0 and 0 < delta < 1):
+        return None
+    return idealised_floor(model, points, full, epsilon=float(value), delta=float(delta), accountant=accountant,
+                           generator=torch.Generator().manual_seed(seed))
 
 
 # ----------------------------------------------------------------------------------- plots
@@ -293,7 +321,9 @@ def render_html(rep: ReportData) -> str:
             ("forward_normalised", "KL fwd / prior"), ("reverse_normalised", "KL rev / prior"),
             ("mean_error", "std. mean error"), ("mean_error_sd_median", "mean error, sds (median)"),
             ("mean_error_sd_max", "mean error, sds (max)"), ("coverage", "95% coverage of full mean"),
-            ("width_ratio", "width / full"), ("test_loglik", "log-lik / record"),
+            ("width_ratio", "width / full"), ("width_vs_floor", "width / floor's"),
+            ("effects_found", "effects found"), ("effects_vs_floor", "effects / floor's"),
+            ("effects_wrong_sign", "wrong-sign effects"), ("test_loglik", "log-lik / record"),
             ("accuracy", "accuracy"), ("rmse", "RMSE")]
     present = [c for c in cols if any(c[0] in r.metrics for r in rep.results)]
     head = "".join(f"<th>{e(t)}</th>" for _, t in present)
@@ -305,6 +335,25 @@ def render_html(rep: ReportData) -> str:
         body_rows.append(f"<tr{cls}><td class=l>{e(r.label)}</td>{cells}<td>{secs}</td><td class=l>{e(r.note)}</td></tr>")
     interval_png = _interval_plot(rep)
     kl_png = _kl_plot(rep)
+    floor_html = ""
+    if rep.floor is not None:
+        from .metrics import Z95, effects
+
+        n_eff = int((effects(rep.full.mean, torch.sqrt(torch.diagonal(rep.full.cov))) != 0).sum())
+        fl = rep.floor
+        floor_html = (
+            "<h2>Against the idealised floor</h2><p class=\"small\">The floor is the most an honest mechanism "
+            "could show at this budget: one Gaussian mechanism on the full-data score at the full-data mode "
+            f"(noise multiplier {fl.noise_multiplier:.4g} for 80% of the release's epsilon, sensitivity "
+            f"{fl.sensitivity:.4g}, the largest per-record score norm), with the data Hessian known for free. "
+            "No real mechanism can run it (the mode and the Hessian are private).</p><table>"
+            f"<tr><th class=l>full-data effects (95% interval excludes 0)</th><td>{n_eff} of "
+            f"{rep.model.param_dim}</td></tr>"
+            f"<tr><th class=l>floor: effects found (mean of {fl.draws} noise draws)</th><td>{fl.effects_found:.3g}"
+            "</td></tr>"
+            f"<tr><th class=l>floor: median width / full-data width</th><td>{fl.width_ratio:.3g}</td></tr>"
+            f"<tr><th class=l>floor: coverage of the full-data mean (mean over draws)</th><td>{fl.coverage:.3g}"
+            f"</td></tr></table><p class=\"small\">z = {Z95:.3f} for the 95% intervals.</p>")
     meta_rows = "".join(f"<tr><th class=l>{e(k)}</th><td>{e(v)}</td></tr>" for k, v in meta)
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
@@ -325,6 +374,7 @@ M on the same records: they show what the privacy costs, and are not publishable
 <table><tr><th class=l>summary</th>{head}<th>seconds</th><th class=l>note</th></tr>
 {''.join(body_rows)}
 </table>
+{floor_html}
 <h2>KL divergence</h2>
 <img alt="KL bar chart" src="data:image/png;base64,{kl_png}">
 <h2>Marginal posteriors</h2>

@@ -91,3 +91,17 @@ def test_floor_shrinks_with_epsilon_and_report_ratios() -> None:
     if large.effects_found > 0:
         assert math.isclose(rep.effects_vs_floor or 0.0, rep.effects_found / large.effects_found)
     assert Z95 > 1.95
+
+
+def test_report_floor_from_claim() -> None:
+    """`dpsummary report` computes the floor at the claim's epsilon (accountant of record) and delta."""
+    from dpsummary.report import _floor
+
+    model, pts = _table(2000, 3)
+    full = full_posterior(model, pts)
+    claim = {"epsilon": {"rdp": 0.5, "pld": 0.45}, "delta": 1e-6, "accountant_of_record": "rdp"}
+    fl = _floor(model, pts, full, claim, seed=0)
+    assert fl is not None
+    direct = idealised_floor(model, pts, full, epsilon=0.5, delta=1e-6, generator=torch.Generator().manual_seed(0))
+    assert torch.allclose(fl.sd, direct.sd) and fl.effects_found == direct.effects_found
+    assert _floor(model, pts, full, {"delta": 1e-6}, seed=0) is None
