@@ -11,7 +11,7 @@ mean-field Gaussian family) and the same train/test split per seed:
 
 Data: ``halfmoon`` = sklearn.datasets.make_moons(1000, noise=0.1, random_state=seed) and
 ``four_blobs`` = make_blobs(1000, centers=4, cluster_std=1.5, random_state=seed), 800/200 split;
-``german_credit`` = /work/shared/data/german_credit.csv, numeric columns standardised and
+``german_credit`` = ``../shared/data/german_credit.csv`` (``benchmarks/data_paths.py``), numeric columns standardised and
 categorical ones one-hot (dpsummary.data.Transform.fit), 80/20 split per seed.
 
 Usage (the exact commands behind benchmarks/results/bnn.md are written there)::
@@ -47,8 +47,11 @@ from dpsummary.blackbox.evaluate import (  # noqa: E402
 from dpsummary.models import DTYPE, Model  # noqa: E402
 from dpsummary.models.bnn import BNN, MeanFieldGaussian  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/: data_paths
+from data_paths import SHARED_DATA  # noqa: E402
+
 RESULTS = Path(__file__).resolve().parent / "results"
-GERMAN = Path("/work/shared/data/german_credit.csv")
+GERMAN = SHARED_DATA / "german_credit.csv"
 
 
 # ---- data --------------------------------------------------------------------------------------

@@ -44,7 +44,10 @@ from dpsummary.release import (  # noqa: E402
     dp_psvi_constructor,
 )
 
-DATA = ROOT.parent / "shared" / "data" / "adult.csv"
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/: data_paths
+from data_paths import SHARED_DATA  # noqa: E402
+
+DATA = SHARED_DATA / "adult.csv"
 OUT = ROOT / "benchmarks" / "results" / "dp_diagnostics.md"
 
 

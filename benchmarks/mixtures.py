@@ -71,7 +71,10 @@ from dpsummary.mixtures.table import read_numeric_table  # noqa: E402
 from dpsummary.models.gmm import mixture_model  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
-ADULT = ROOT.parent / "shared" / "data" / "adult.csv"
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/: data_paths
+from data_paths import SHARED_DATA  # noqa: E402
+
+ADULT = SHARED_DATA / "adult.csv"
 FRACTIONS = (0.01, 0.02, 0.05)
 METHODS = ("lightweight", "uniform")
 N_COMPONENTS = 10

@@ -36,7 +36,10 @@ from typing import Any
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-DATA = ROOT.parent / "shared" / "data"
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/: data_paths
+from data_paths import SHARED_DATA  # noqa: E402
+
+DATA = SHARED_DATA
 RESULTS = ROOT / "benchmarks" / "results"
 
 sys.path.insert(0, str(ROOT))
@@ -312,7 +315,9 @@ def report(results: Path, target: Path) -> None:
     for extra in ("trust.md", "trust_schedule.md", "schema_refusal_rate.md", "speed.md", "scale.md",
                   "spark_scale.md", "mixtures.md", "mixtures_small_m.md", "mixtures_1e6.md",
                   "mixtures_private.md", "mixtures_private_moments.md", "mixtures_private_residual.md", "bnn.md",
-                  "ledger_stress.md", "selftest.md", "NOTES.md"):
+                  "ledger_stress.md", "selftest.md", "power.md", "poisson.md", "poisson_tune.md",
+                  "poisson_diagnosis.md", "dppsvi_bootstrap.md", "default_policy.md", "spark_scale_cost.md",
+                  "csv_reading.md", "NOTES.md"):
         path = results / extra
         if path.exists():
             lines += [f"<!-- {extra} -->", path.read_text().replace("\n# ", "\n## "), ""]

@@ -1,7 +1,11 @@
-"""Spark engine at scale: per-pass and per-step costs, and end-to-end releases, in local[2].
+"""Spark engine at scale: per-pass and per-step costs, and end-to-end releases, in local[N].
 
     nice -n 10 python benchmarks/spark_scale.py --rows 1000000 --rows 10000000 \
         --out benchmarks/results/spark_scale.md
+    # docs/SCALE.md's cost model: few columns, local[2] and local[1], shuffle bytes and driver
+    # memory from Spark's REST API, zero-configuration releases with the packaged default policy
+    nice -n 10 python benchmarks/spark_scale.py --rows 1000000 --rows 10000000 --numeric 4 \
+        --master 'local[2]' --master 'local[1]' --metrics --zero-config --out benchmarks/results/spark_scale_cost.md
 
 Synthetic tables (generated here into a private temp directory, never committed): 20 columns,
 18 numeric features uniform on their public bounds, one categorical feature with 4 categories
@@ -10,7 +14,10 @@ and a binary target drawn from a logistic model; Parquet, row groups of 2^17 row
 
 Measured (wall clock, curator-local; these timings are benchmarks, never published by a release):
 
-* ``count pass``: the stage-1 record count (Spark's Parquet count: footers only);
+* ``stage-1 pass``: zero configuration's one pass for the record count and the DP schema counts
+  (:class:`~dpsummary.private.spark_engine.Stage1Pass`, exact counts merged on the driver);
+* ``count pass``: the stage-1 record count alone, with a public schema (Spark's Parquet count:
+  footers only);
 * ``quality pass``: one full pass of the shared encoder (quality counts, noise on the driver);
 * ``score pass``: one noise-aware round (encoder + ``kernel.score_partial`` per batch, exact
   integer partials combined on the driver, two Gaussian releases);
@@ -18,7 +25,12 @@ Measured (wall clock, curator-local; these timings are benchmarks, never publish
   (row id, step), T = 500 steps, q = 200 / N) into step files;
 * ``per step``: reading one step file + ``kernel.dppsvi_partial`` + noise (mean over steps);
 * ``release``: ``dpsummary release --engine spark`` end to end (public schema and count in the
-  policy; noise-aware default and ``--mechanism dp-psvi``), when the release hook is present.
+  policy; noise-aware default and ``--mechanism dp-psvi``), when the release hook is present;
+* with ``--metrics``: per pass, the bytes read and shuffled (written) by its Spark stages and, per
+  run, the driver JVM's peak heap (Spark's REST API, UI on for the benchmark only) and the Python
+  driver's peak RSS;
+* with ``--zero-config``: ``dpsummary release --epsilon 0.2 --target y`` with the PACKAGED
+  default policy (no ``--policy``), on Spark and on the local engine, in a fresh process each.
 """
 
 from __future__ import annotations
@@ -35,7 +47,7 @@ from pathlib import Path
 
 import numpy as np
 
-NUMERIC = 18
+NUMERIC = 18  # --numeric changes it
 CATEGORIES = ["a", "b", "c", "d"]
 STEPS = 500
 EXPECTED_BATCH = 200
@@ -103,7 +115,38 @@ def timed(fn: object) -> tuple[float, object]:
     return time.perf_counter() - t0, out
 
 
-def passes(spark: object, data: Path, rows: int, step_samples: int) -> dict[str, float]:
+def stage_totals(spark: object) -> tuple[float, float]:
+    """(input bytes, shuffle bytes written) summed over the application's completed stages,
+    from Spark's REST API (the benchmark's session has its UI on)."""
+    import json
+    import urllib.request
+
+    sc = spark.sparkContext  # type: ignore[attr-defined]
+    url = f"{sc.uiWebUrl}/api/v1/applications/{sc.applicationId}/stages?status=complete"
+    time.sleep(1.0)  # the listener bus updates the status store asynchronously
+    with urllib.request.urlopen(url, timeout=30) as resp:  # noqa: S310 - the local Spark UI
+        stages = json.load(resp)
+    return (float(sum(s.get("inputBytes", 0) for s in stages)),
+            float(sum(s.get("shuffleWriteBytes", 0) for s in stages)))
+
+
+def driver_peak_heap(spark: object) -> float | None:
+    """Peak JVM heap of the driver (bytes), from the REST API's executor metrics, or None."""
+    import json
+    import urllib.request
+
+    sc = spark.sparkContext  # type: ignore[attr-defined]
+    url = f"{sc.uiWebUrl}/api/v1/applications/{sc.applicationId}/allexecutors"
+    with urllib.request.urlopen(url, timeout=30) as resp:  # noqa: S310 - the local Spark UI
+        execs = json.load(resp)
+    for e in execs:
+        if e.get("id") == "driver":
+            peak = (e.get("peakMemoryMetrics") or {}).get("JVMHeapMemory")
+            return float(peak) if peak is not None else None
+    return None
+
+
+def passes(spark: object, data: Path, rows: int, step_samples: int, metrics: bool = False) -> dict[str, float]:
     import torch
 
     from dpsummary.data import Transform
@@ -115,17 +158,30 @@ def passes(spark: object, data: Path, rows: int, step_samples: int) -> dict[str,
     model = LogisticRegression(tf.num_features)
     scratch = private_dir()
     out: dict[str, float] = {}
+    last = stage_totals(spark) if metrics else (0.0, 0.0)
+
+    def measure(name: str, fn: object) -> None:
+        nonlocal last
+        out[name], _ = timed(fn)
+        if metrics:
+            now = stage_totals(spark)
+            out[f"{name}: input MB"] = (now[0] - last[0]) / 1e6
+            out[f"{name}: shuffle MB"] = (now[1] - last[1]) / 1e6
+            last = now
+
     try:
+        measure("stage-1 pass (count + schema counts)",
+                lambda: SparkSource(spark, data, scratch, steps=STEPS).schema_counts())
         src = SparkSource(spark, data, scratch, steps=STEPS)
-        out["count pass"], _ = timed(lambda: src.noisy_record_count(noise_multiplier=10.0))
+        measure("count pass", lambda: src.noisy_record_count(noise_multiplier=10.0))
         enc = src.encode(tf, missing_numeric="impute", unseen_category="other")
-        out["quality pass"], _ = timed(lambda: enc.noisy_quality_counts(noise_multiplier=10.0))
+        measure("quality pass", lambda: enc.noisy_quality_counts(noise_multiplier=10.0))
         theta = model.prior_mean
-        out["score pass (one noise-aware round)"], _ = timed(lambda: enc.noisy_score_statistics(
+        measure("score pass (one noise-aware round)", lambda: enc.noisy_score_statistics(
             model, theta, score_bound=3.0, curvature_bound=3.0, score_noise_multiplier=5.0,
             curvature_noise_multiplier=5.0))
         q = quantize_sample_rate(EXPECTED_BATCH / rows)
-        out["materialise pass (T=500)"], _ = timed(lambda: enc.records._materialise(q))
+        measure("materialise pass (T=500)", lambda: enc.records._materialise(q))
         draws = model.sample_prior(100, torch.Generator().manual_seed(0))
         times = []
         for _ in range(step_samples):
@@ -134,6 +190,12 @@ def passes(spark: object, data: Path, rows: int, step_samples: int) -> dict[str,
             times.append(dt)
         out["per step (median)"] = statistics.median(times)
         out["per step (mean)"] = statistics.fmean(times)
+        if metrics:
+            import resource
+
+            heap = driver_peak_heap(spark)
+            out["driver JVM peak heap MB"] = heap / 1e6 if heap is not None else float("nan")
+            out["driver Python peak RSS MB"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     return out
@@ -155,7 +217,25 @@ def release(data: Path, pol: Path, mechanism: str) -> float | None:
     return dt
 
 
+def zero_config_release(data: Path, engine: str, master: str, home: Path) -> float:
+    """``dpsummary release --epsilon 0.2 --target y`` with the packaged default policy, in a
+    fresh process (the CLI next to this interpreter); raises if it does not succeed."""
+    import subprocess
+
+    cli = Path(sys.executable).with_name("dpsummary")
+    cmd = [str(cli), "release", "--epsilon", "0.2", "--target", "y", "--out", str(home / f"{engine}.json")]
+    if engine == "spark":
+        cmd += ["--engine", "spark", "--spark-master", master]
+    env = dict(os.environ, DPSUMMARY_HOME=str(home / engine), OMP_NUM_THREADS="1")
+    t0 = time.perf_counter()
+    proc = subprocess.run([*cmd, str(data)], env=env, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise SystemExit(f"zero-configuration release failed ({engine}):\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
+    return time.perf_counter() - t0
+
+
 def main() -> None:
+    global NUMERIC
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rows", type=int, action="append", help="table sizes (repeatable)")
     ap.add_argument("--step-samples", type=int, default=30)
@@ -164,46 +244,76 @@ def main() -> None:
     ap.add_argument("--mechanism", action="append", choices=["noise-aware-newton", "dp-psvi"],
                     help="end-to-end releases to time (repeatable; default both)")
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--master", action="append", help="Spark masters (repeatable; default local[2])")
+    ap.add_argument("--numeric", type=int, default=18, help="numeric feature columns")
+    ap.add_argument("--metrics", action="store_true", help="input/shuffle bytes and driver memory (REST API)")
+    ap.add_argument("--zero-config", action="store_true",
+                    help="time zero-configuration releases with the packaged default policy (Spark and local)")
     args = ap.parse_args()
+    NUMERIC = args.numeric
     sizes = args.rows or [1_000_000]
+    masters = args.master or ["local[2]"]
     from dpsummary.private.spark_engine import SparkOptions, build_session, private_dir
 
     work = Path(tempfile.mkdtemp(prefix="dpsummary-spark-bench-"))
     os.environ.setdefault("DPSUMMARY_HOME", str(work / "home"))
     scratch = private_dir()
-    results: dict[int, dict[str, float | None]] = {}
+    results: dict[tuple[int, str], dict[str, float | None]] = {}
     try:
         for rows in sizes:
             data = work / f"synthetic_{rows}.parquet"
             gen, _ = timed(lambda rows=rows, data=data: generate(data, rows))
             print(f"rows {rows}: generated in {gen:.1f} s ({data.stat().st_size / 1e6:.0f} MB)", flush=True)
-            res: dict[str, float | None] = {}
-            if not args.releases_only:
-                spark = build_session(SparkOptions(), scratch)
-                try:
-                    res.update(passes(spark, data, rows, args.step_samples))
-                finally:
-                    spark.stop()
-            print(rows, res, flush=True)
-            if not args.no_release:
-                pol = policy(work / f"policy_{rows}.toml", rows)
-                for mech in args.mechanism or ["noise-aware-newton", "dp-psvi"]:
-                    res[f"release {mech} (end to end)"] = release(data, pol, mech)
-                    print(rows, mech, res[f"release {mech} (end to end)"], flush=True)
-            results[rows] = res
+            for master in masters:
+                res: dict[str, float | None] = {}
+                if not args.releases_only:
+                    conf = {"spark.ui.enabled": "true"} if args.metrics else {}
+                    spark = build_session(SparkOptions(master=master, conf=conf), scratch)
+                    try:
+                        res.update(passes(spark, data, rows, args.step_samples, metrics=args.metrics))
+                    finally:
+                        spark.stop()
+                print(rows, master, res, flush=True)
+                if not args.no_release:
+                    pol = policy(work / f"policy_{rows}.toml", rows)
+                    for mech in args.mechanism or ["noise-aware-newton", "dp-psvi"]:
+                        res[f"release {mech} (end to end)"] = release(data, pol, mech)
+                        print(rows, mech, res[f"release {mech} (end to end)"], flush=True)
+                if args.zero_config:
+                    home = Path(tempfile.mkdtemp(dir=work))
+                    res["zero-configuration release, packaged default, --engine spark"] = zero_config_release(
+                        data, "spark", master, home)
+                    print(rows, master, "zero-config spark", res, flush=True)
+                    if master == masters[0]:
+                        res["zero-configuration release, packaged default, --engine local"] = zero_config_release(
+                            data, "local", master, home)
+                results[(rows, master)] = res
             data.unlink()
     finally:
         shutil.rmtree(work, ignore_errors=True)
         shutil.rmtree(scratch, ignore_errors=True)
-    lines = [f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
-             f"Spark local[2]; command: `nice -n 10 python benchmarks/spark_scale.py "
-             + " ".join(f"--rows {r}" for r in sizes)
-             + "".join(f" --mechanism {m}" for m in args.mechanism or []) + "`", "",
-             "| rows | " + " | ".join(next(iter(results.values())).keys()) + " |",
-             "|---" * (1 + len(next(iter(results.values())))) + "|"]
-    for rows, res in results.items():
-        cells = ["n/a" if v is None else f"{v:.3f} s" if v < 10 else f"{v:.1f} s" for v in res.values()]
-        lines.append(f"| {rows:,} | " + " | ".join(cells) + " |")
+    command = ("nice -n 10 python benchmarks/spark_scale.py " + " ".join(f"--rows {r}" for r in sizes)
+               + (f" --numeric {args.numeric}" if args.numeric != 18 else "")
+               + "".join(f" --master '{m}'" for m in args.master or [])
+               + "".join(f" --mechanism {m}" for m in args.mechanism or [])
+               + (" --metrics" if args.metrics else "") + (" --zero-config" if args.zero_config else "")
+               + (" --no-release" if args.no_release else "") + (" --releases-only" if args.releases_only else ""))
+    lines = [f"machine: {platform.machine()}, {os.cpu_count()} cores (shared), Python {platform.python_version()}, "
+             f"{args.numeric} numeric + 1 categorical feature + binary target; command: `{command}`", ""]
+    names = list(dict.fromkeys(k for res in results.values() for k in res))
+    lines += ["| quantity | " + " | ".join(f"{r:,} rows, {m}" for r, m in results) + " |",
+              "|---" * (1 + len(results)) + "|"]
+
+    def cell(name: str, v: float | None) -> str:
+        if v is None:
+            return "n/a"
+        if name.endswith(" MB"):
+            return f"{v:,.1f} MB"
+        return f"{v:.3f} s" if v < 10 else f"{v:.1f} s"
+
+    for name in names:
+        lines.append(f"| {name} | " + " | ".join(cell(name, res.get(name)) if name in res else ""
+                                               for res in results.values()) + " |")
     text = "\n".join(lines) + "\n"
     print(text)
     if args.out:

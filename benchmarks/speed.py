@@ -5,6 +5,9 @@ schema and quality counts when not public, calibration, stage 2, noise, signing,
 bundled adult table (48,842 rows), median of ``--reps`` runs (default 3):
 
 * ``dpsummary --help``;
+* a public refusal (``--target`` naming no column of the file): refused from the options and the
+  header line before torch, scipy, opacus or the accountants load (issue 26), so it should cost
+  about what ``--help`` costs;
 * the README's zero-configuration release (``--epsilon 0.2``, default mechanism) at M=100;
 * the same with ``--mechanism dp-psvi`` at M=100, T=500;
 * both again with the schema and record count declared public in the policy.
@@ -42,18 +45,21 @@ def load() -> float:
 _LEDGERS = iter(range(10**6))
 
 
-def time_command(args: list[str], reps: int, env: dict[str, str]) -> tuple[float, float]:
-    """Median and best wall time of ``reps`` fresh processes. A release gets a ledger of its own
-    each time (same key): a curator's ledger composes every earlier release, so one shared
-    ledger would make later rows slower for a reason that is not the release's own cost."""
+def time_command(args: list[str], reps: int, env: dict[str, str], *, exit_code: int = 0) -> tuple[float, float]:
+    """Median and best wall time of ``reps`` fresh processes, each of which must exit with
+    ``exit_code``. A release gets a ledger of its own each time (same key): a curator's ledger
+    composes every earlier release, so one shared ledger would make later rows slower for a
+    reason that is not the release's own cost."""
     times = []
     for _ in range(reps):
         run = list(args)
         if "release" in run:
             run += ["--ledger", str(Path(env["DPSUMMARY_HOME"]) / f"ledger-{next(_LEDGERS)}.jsonl")]
         t = time.perf_counter()
-        subprocess.run(run, check=True, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        done = subprocess.run(run, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         times.append(time.perf_counter() - t)
+        if done.returncode != exit_code:
+            raise SystemExit(f"{' '.join(run)} exited {done.returncode}, expected {exit_code}")
     return statistics.median(times), min(times)
 
 
@@ -113,6 +119,8 @@ def write_policies(home: Path) -> tuple[Path, Path]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--startup-only", action="store_true",
+                        help="time only --help and the public refusal; print the rows, leave speed.md alone")
     args = parser.parse_args()
     rows: list[tuple[str, float, float, str, float]] = []
     exe = str(Path(sys.executable).with_name("dpsummary"))
@@ -126,9 +134,18 @@ def main() -> None:
         la = load()
         med, best = time_command([exe, "--help"], args.reps, env)
         rows.append(("dpsummary --help", med, best, "", la))
+        la = load()
+        med, best = time_command([exe, "release", "--epsilon", "0.2", "--target", "no_such_column",
+                                  "--out", str(home / "r.json"), str(DATA)], args.reps, env, exit_code=2)
+        rows.append(("public refusal: release --target no_such_column (exit 2)", med, best,
+                     "refused before torch, scipy, opacus and the accountants load", la))
+        if args.startup_only:
+            print("\n".join(f"| {a} | {b:.2f} | {c:.2f} | {d} | {e:.2f} |" for a, b, c, d, e in rows))
+            return
         for label, policy in (("zero configuration", zero), ("public schema and count", public)):
+            # --force: every run replaces the previous row's artifact (a release refuses otherwise).
             base = [exe, "release", "--epsilon", "0.2", "--size", "100", "--policy", str(policy),
-                    "--out", str(home / "a.json"), str(DATA)]
+                    "--out", str(home / "a.json"), "--force", str(DATA)]
             la = load()
             med, best = time_command(base, args.reps, env)
             rows.append((f"release adult eps 0.2 M=100, default mechanism, {label}", med, best, "", la))

@@ -43,9 +43,11 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-DATA = ROOT.parent / "shared" / "data"
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/: data_paths
+from data_paths import SHARED_DATA  # noqa: E402
 
-from dpsummary import accounting as acc  # noqa: E402
+DATA = SHARED_DATA
+
 from dpsummary import noise_aware as na  # noqa: E402
 from dpsummary.gaussian import DTYPE, GaussianPosterior  # noqa: E402
 from dpsummary.inference import coreset_posterior, prior_posterior  # noqa: E402

@@ -141,13 +141,23 @@ class Release:
         """Build from a release body (``format: dpsummary.release/v1``) and its claim.
 
         ``posterior``: ``"default"`` (the release's own summary: noise-aware when its mechanism
-        is) or ``"raw"`` (the summary of the same noisy statistics without accounting for the
-        noise: narrower, not calibrated; for releases without a raw variant, the summary)."""
+        is; for ``dp-psvi`` releases the one calibrated by parametric bootstrap,
+        :mod:`dpsummary.bootstrap`) or ``"raw"`` (the summary of the same noisy statistics without
+        accounting for the noise: narrower, not calibrated; only artifacts that carry one, i.e.
+        dp-psvi releases and noise-aware releases written before issue 25; otherwise a
+        :class:`ReleaseFormatError`). ``"noise_aware"`` / ``"calibrated"`` insist on that kind of
+        default."""
         if body.get("format") != RELEASE_FORMAT:
             raise ReleaseFormatError(f"not a {RELEASE_FORMAT} release body")
-        if posterior not in ("default", "noise_aware", "raw"):
-            raise ReleaseFormatError("posterior must be 'default', 'noise_aware' or 'raw'")
-        key = "raw_summary" if posterior == "raw" and "raw_summary" in body else "summary"
+        if posterior not in ("default", "noise_aware", "calibrated", "raw"):
+            raise ReleaseFormatError("posterior must be 'default', 'noise_aware', 'calibrated' or 'raw'")
+        if posterior == "calibrated" and (body.get("posterior") or {}).get("default") != "calibrated":
+            raise ReleaseFormatError("this release has no calibrated posterior (only dp-psvi releases are "
+                                     "calibrated by parametric bootstrap)")
+        if posterior == "raw" and "raw_summary" not in body:
+            raise ReleaseFormatError("this release carries no raw summary (noise-aware releases dropped it in "
+                                     "issue 25); load the default posterior")
+        key = "raw_summary" if posterior == "raw" else "summary"
         if posterior == "noise_aware" and (body.get("posterior") or {}).get("default") != "noise_aware":
             raise ReleaseFormatError("this release has no noise-aware posterior (its mechanism is not noise-aware)")
         try:
@@ -537,7 +547,9 @@ def load(
     """Load a released artifact and verify its signature.
 
     ``posterior="default"`` gives the release's summary (noise-aware for the default mechanism);
-    ``posterior="raw"`` the summary that ignores the privacy noise (for comparison only).
+    ``posterior="raw"`` the summary that ignores the privacy noise (for comparison only; only
+    artifacts that carry one: dp-psvi releases, noise-aware releases written before issue 25;
+    others raise :class:`~dpsummary.analyst.ReleaseFormatError` in one line).
 
     ``key``: the curator's public key (a PEM file path, or an Ed25519 public key object); when
     omitted, the default key of this machine's dpsummary home is used if there is one. An

@@ -15,6 +15,10 @@ Entries with verification problems (foreign key, bad signature, broken chain, ..
 reported with their flags and their events are still recomputed per entry (an auditor should
 see what a tampered entry claims), but only verified entries enter the per-source composition;
 any error-severity problem makes the audit fail (``ok = False``).
+
+Entries written before dpsummary stopped hashing input files (issue 24) carry a ``content_id``
+(an HMAC of the input file under ``curator.secret``): they verify as before, are flagged
+``legacy-content-id``, and do not make the audit fail. New entries carry ``null``.
 """
 
 from __future__ import annotations
@@ -192,6 +196,11 @@ def audit(
         source = str(e.get("source_id", ""))
         delta = e.get("delta") if isinstance(e.get("delta"), float | int) else None
         stored = e.get("epsilon") if isinstance(e.get("epsilon"), dict) else None
+        if e.get("content_id") is not None:
+            # Written before issue 24: an HMAC of the input file under curator.secret. It verifies
+            # (the signature covers it) and changes no charge; the flag tells the curator to
+            # destroy the secret, which makes the id useless to anyone (SECURITY.md).
+            flags.append("legacy-content-id")
         eps_rdp = eps_pld = None
         events: list[Any] | None = None
         if kind == "reserve":

@@ -4,12 +4,11 @@
   permissions: they are created with mode 0600 through ``os.open`` and moved into place
   atomically), public keys PEM SubjectPublicKeyInfo.
 * Key id: the first 16 bytes (32 hex characters) of SHA-256 over the 32 raw public-key bytes.
-* The curator secret (``curator.secret``, 32 random bytes, mode 0600, next to the keys) keys an
-  HMAC-SHA256 used for content ids. A release's content id is keyed per release (over the
-  release id and the file's bytes): the curator, with the secret, can prove which file a release
-  read; without the secret it reveals nothing about the data, and two releases' ids do not tell
-  whether the data changed. A plain hash of a dataset must never be published: it
-  distinguishes neighbouring datasets.
+* No hash of a data file is computed here or anywhere (issue 24): a hash of a dataset, keyed
+  or not, distinguishes neighbouring datasets for whoever can recompute it, and the ledger is
+  published to auditors. dpsummary before that change kept a ``curator.secret`` next to the keys
+  and wrote an HMAC of each input file under it into the ledger; nothing reads or creates that
+  file any more, and a curator who has one should destroy it (SECURITY.md).
 * Default directory: ``$DPSUMMARY_HOME/keys`` if set, else ``$XDG_CONFIG_HOME/dpsummary/keys``,
   else ``~/.config/dpsummary/keys``.
 """
@@ -18,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import hmac
 import os
 import secrets
 from dataclasses import dataclass
@@ -29,8 +27,6 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 DEFAULT_KEY_NAME = "dpsummary"
-SECRET_NAME = "curator.secret"
-SECRET_BYTES = 32
 KEYID_BYTES = 16
 
 __all__ = [
@@ -41,15 +37,11 @@ __all__ = [
     "KeyInfo",
     "default_home",
     "default_key_dir",
-    "ensure_curator_secret",
     "ensure_default_key",
     "generate_keypair",
     "key_id",
-    "keyed_content_id",
-    "load_curator_secret",
     "load_private_key",
     "load_public_key",
-    "keyed_content_id_for_file",
     "public_key_pem",
     "resolve_signing_key",
     "sign",
@@ -194,7 +186,7 @@ def load_public_key(path: str | Path) -> Ed25519PublicKey:
 def ensure_default_key(
     directory: str | Path | None = None, name: str = DEFAULT_KEY_NAME
 ) -> tuple[KeyInfo, bool]:
-    """Return the default key pair, creating it (and the curator secret) if absent.
+    """Return the default key pair, creating it if absent.
 
     Returns ``(info, created)``. Safe against concurrent first use: the private key is linked
     into place exclusively, so two racing processes end up with the same key.
@@ -214,7 +206,6 @@ def ensure_default_key(
         if pub_path.exists():
             raise KeyFileError(f"{pub_path} does not match {priv_path}")
         _write_atomic(pub_path, public_key_pem(key), 0o644, exclusive=False)
-    ensure_curator_secret(d)
     info = KeyInfo(key_id(key), priv_path, pub_path)
     return info, created
 
@@ -231,39 +222,6 @@ def verify(public_key: Ed25519PublicKey, data: bytes, sig: bytes) -> bool:
     except (InvalidSignature, ValueError, TypeError):
         return False
     return True
-
-
-# ---------------------------------------------------------------- curator secret / content ids
-
-
-def ensure_curator_secret(directory: str | Path | None = None) -> bytes:
-    """Load ``curator.secret`` from ``directory`` (default key dir), creating it (0600) if absent."""
-    d = Path(directory) if directory is not None else default_key_dir()
-    path = d / SECRET_NAME
-    if not path.exists():
-        with contextlib.suppress(KeyFileError):  # lost a creation race: read the winner's
-            _write_atomic(path, secrets.token_bytes(SECRET_BYTES), 0o600, exclusive=True)
-    return load_curator_secret(path)
-
-
-def load_curator_secret(path: str | Path) -> bytes:
-    data = _read(path, "curator secret")
-    if len(data) < 16:
-        raise KeyFileError(f"{path} is too short to be a curator secret")
-    return data
-
-
-def keyed_content_id(secret: bytes, data: bytes) -> str:
-    """``hmac-sha256:<hex>`` of ``data`` under ``secret``.
-
-    The raw primitive: deterministic in ``data``, so equal inputs give equal ids. Releases use
-    :func:`keyed_content_id_for_file`, which mixes in the release id so that ids of different
-    releases cannot be linked. Provenance only, not a privacy-protected output: with the secret
-    anyone can test a guessed input, so the id must not be published if the secret might leak.
-    """
-    if len(secret) < 16:
-        raise ValueError("curator secret must be at least 16 bytes")
-    return "hmac-sha256:" + hmac.new(secret, data, hashlib.sha256).hexdigest()
 
 
 # ---------------------------------------------------------------- helpers for the release
@@ -289,27 +247,3 @@ def resolve_signing_key(path: str | Path | None = None) -> tuple[KeyInfo, bool]:
     else:
         _write_atomic(pub, public_key_pem(key), 0o644, exclusive=False)
     return KeyInfo(key_id(key), p, pub), False
-
-
-def keyed_content_id_for_file(
-    path: str | Path, secret_dir: str | Path | None = None, *, release_id: str, chunk: int = 1 << 20
-) -> str:
-    """``hmac-sha256:<hex>``: HMAC-SHA256 under the curator secret of ``release_id``
-    (UTF-8, length-prefixed with 8 big-endian bytes) followed by the file's bytes (streamed).
-
-    Keyed per release: the curator, who holds the secret and reads the release id in the
-    ledger, proves which file a release came from by recomputing this with that release id;
-    auditors (no secret) cannot tell whether two releases of a source read the same bytes.
-    ``release_id`` is required and non-empty (``ValueError`` otherwise), so no caller can fall
-    back to an id that links releases. The id is still a deterministic function of the file
-    given the release id: keep the secret with the curator."""
-    if not release_id:
-        raise ValueError("a content id needs the release id (keyed per release)")
-    secret = ensure_curator_secret(secret_dir)
-    mac = hmac.new(secret, digestmod=hashlib.sha256)
-    rid = release_id.encode("utf-8")
-    mac.update(len(rid).to_bytes(8, "big") + rid)
-    with open(path, "rb") as fh:
-        while block := fh.read(chunk):
-            mac.update(block)
-    return "hmac-sha256:" + mac.hexdigest()

@@ -17,9 +17,13 @@ Each line is ``canonical_json(entry) + "\\n"`` (see :func:`dpsummary.artifact.ca
   estimation), in [0, 1); see the charging rule.
 * ``epsilon`` stores, for information only, the reserve's standalone epsilon under its
   accountant at its delta; the audit recomputes it and never trusts it.
-* ``content_id`` is an HMAC of the release id and the input file under the curator secret,
-  keyed per release so auditors cannot link releases by it (provenance only, see
-  :func:`dpsummary.keys.keyed_content_id_for_file`).
+* ``content_id`` is always ``null``: an entry carries nothing computed from the records (the
+  ledger is the document auditors receive). A release is bound to what it published by
+  ``artifact_digest`` (the digest of the signed artifact, post-processing of released values).
+  Ledgers written before this change may carry ``hmac-sha256:`` content ids (an HMAC of the
+  input file under ``keys/curator.secret``, which no longer exists in new installations): they
+  verify and audit unchanged; with the secret, such an id tests a guessed input file exactly,
+  so a curator who still has ``curator.secret`` should destroy it (SECURITY.md).
 
 Charging rule
 -------------
@@ -133,6 +137,7 @@ __all__ = [
     "coarse_now",
     "open_holds",
     "read_ledger",
+    "spent_in_entries",
     "verify_ledger",
 ]
 
@@ -615,7 +620,6 @@ class Ledger:
                 release_id=base["release_id"],
                 stage=base["stage"],
                 source_id=base["source_id"],
-                content_id=base["content_id"],
                 delta=base["delta"],
                 extra_delta=0.0,
                 accountant=base["accountant"],
@@ -638,7 +642,7 @@ class Ledger:
     def _settle_locked(self, st: LedgerState, hold: dict[str, Any], reason: str, time: str | None) -> LedgerState:
         entry = self._new_entry(
             st, time=time, kind="settle", ref=hold["seq"], release_id=hold["release_id"], stage=hold["stage"],
-            source_id=hold["source_id"], content_id=hold["content_id"], delta=hold["delta"],
+            source_id=hold["source_id"], delta=hold["delta"],
             accountant=hold["accountant"], reason=reason[:200],
         )
         self._write_line(entry)
@@ -690,7 +694,7 @@ class Ledger:
             return len(self._recover_locked(st).entries) - before
 
     def session(
-        self, *, source_id: str, policy: Policy, release_id: str, started: str, content_id: str | None = None
+        self, *, source_id: str, policy: Policy, release_id: str, started: str
     ) -> ReleaseSession:
         """A release's session (context manager, :class:`ReleaseSession`); see the module
         docstring. ``started`` is the release's start, ISO-8601 UTC at whole seconds (e.g.
@@ -700,7 +704,7 @@ class Ledger:
         if not source_id:
             raise LedgerError("source_id must be non-empty")
         return ReleaseSession(self, source_id=source_id, policy=policy, release_id=release_id,
-                              started=check_session_time(started), content_id=content_id)
+                              started=check_session_time(started))
 
     def reserve(
         self,
@@ -709,7 +713,6 @@ class Ledger:
         events: Sequence[Any],
         delta: float,
         policy: Policy,
-        content_id: str | None = None,
         release_id: str | None = None,
         stage: str | None = None,
         hold_epsilon: float = 0.0,
@@ -790,7 +793,6 @@ class Ledger:
                 release_id=rid,
                 stage=stage,
                 source_id=source_id,
-                content_id=content_id,
                 events=events_json,
                 delta=float(delta),
                 accountant=accountant,
@@ -816,14 +818,12 @@ class ReleaseSession:
     "owner gone" once the liveness lock is released) and the original exception propagates.
     Exit never raises of its own."""
 
-    def __init__(self, ledger: Ledger, *, source_id: str, policy: Policy, release_id: str, started: str,
-                 content_id: str | None) -> None:
+    def __init__(self, ledger: Ledger, *, source_id: str, policy: Policy, release_id: str, started: str) -> None:
         self.ledger = ledger
         self.source_id = source_id
         self.policy = policy
         self.release_id = release_id
         self.started = started
-        self.content_id = content_id
         self.reservations: list[Reservation] = []
         self._live: FileLock | None = None
 
@@ -845,7 +845,7 @@ class ReleaseSession:
         if self._live is None or not self._live.is_locked:
             raise LedgerError("reserve on a release session outside its with block")
         r = self.ledger.reserve(source_id=self.source_id, events=events, delta=delta, policy=self.policy,
-                                content_id=self.content_id, release_id=self.release_id, stage=stage,
+                                release_id=self.release_id, stage=stage,
                                 hold_epsilon=hold_epsilon, extra_delta=extra_delta, time=self.started)
         self.reservations.append(r)
         return r
@@ -897,6 +897,18 @@ def _spent(
         active_holds=sum(_active_holds(entries, source_id).values()),
         release_ids=sorted({e["release_id"] for e in mine}),
     )
+
+
+def spent_in_entries(
+    entries: Sequence[dict[str, Any]],
+    source_id: str,
+    delta: float | None = None,
+    accountants: Sequence[acc.Accountant] = acc.ACCOUNTANTS,
+) -> Spent:
+    """:meth:`Ledger.spent`'s computation on given entries (already read and verified, e.g. by
+    :func:`read_ledger`), so a caller can compare the ledger with and without one release's
+    entries. Public ledger content only; the same charging rule."""
+    return _spent(entries, source_id, delta, accountants)
 
 
 def _accountant(e: dict[str, Any]) -> acc.Accountant:

@@ -26,7 +26,28 @@ accounts for the noise in the posterior itself:
 
 Everything after the mechanisms is post-processing of DP outputs and public parameters (the
 schema's bounds, the prior, the noise multipliers), so it costs no privacy. The raw (not noise-
-aware) posterior ``N((H + P)^-1 (s + H a + P mu0), (H + P)^-1)`` is kept for comparison.
+aware) posterior ``N((H + P)^-1 (s + H a + P mu0), (H + P)^-1)`` is returned for benchmarks
+(:class:`NoiseAwareFit`); releases no longer carry it (issue 25).
+
+3. **Anchors for log-link models** (issue 25). Poisson intercepts sit far from the prior mean
+   (log of a mean count of 150 is 5), where a Newton step from 0 is useless: the curvature at
+   0 is a count's worth of a rate of 1. With ``Schedule.anchor = "log-mean"`` the first round
+   (at the prior mean, slopes 0) is read as an intercept-only Poisson release: its intercept
+   entries are ``s_0 = sum(y_i) - n`` and ``H_00 = n`` (plus noise), so the next anchor is the
+   intercept ``log(1 + s_0 / H_00)`` (the log of a noisy mean count) with slopes 0; a function
+   of round 1's DP outputs, so it costs nothing extra. Every later anchor moves the linear
+   predictor of any record of the public feature box by at most ``Schedule.trust_eta`` (a
+   public trust region), and the statistic bounds follow the anchor's public bound on the
+   linear predictor (:meth:`dpsummary.models.PoissonRegression.linear_predictor_bound`).
+
+4. **Damped anchor steps** (optional, ``Schedule.step_prior = "anchor"``): an intermediate
+   anchor may be computed with the model's prior scale centred at the current anchor instead of
+   the prior mean, so noise-dominated directions stay put instead of shrinking towards the prior
+   mean (e.g. a Poisson intercept of 5 towards 0). Post-processing; the last round's posterior
+   always uses the analyst's prior. Not a default (benchmarks/results/poisson_tune.md).
+
+Totality: whatever the noise draws, :func:`fit` returns finite Gaussians or raises
+:class:`NonFiniteFit` (a DP-decided outcome; the release turns it into a charged refusal).
 
 The noise-aware posterior is the release's target; :mod:`dpsummary.constructors.gaussian_target`
 turns it into weighted pseudopoints any sampler can use.
@@ -65,16 +86,40 @@ class Schedule:
     likelihood is exactly quadratic), others :data:`DEFAULT_ROUNDS`."""
 
     rounds: tuple[tuple[float, float], ...]
+    #: How the anchor after round 1 is chosen: None (the noise-aware mean) or ``"log-mean"``
+    #: (log-link GLMs with an intercept; module docstring, 3.). Public.
+    anchor: str | None = None
+    #: Public trust region: a new anchor changes the linear predictor of any record of the
+    #: public feature box by at most this much (None: no limit). Needs ``feature_norm`` in :func:`fit`.
+    trust_eta: float | None = None
+    #: :func:`noise_aware_posterior`'s fixed-point passes and their start (public).
+    passes: int = 2
+    start: str = "raw"
+    #: The prior the intermediate anchors are computed with: ``"model"`` (the analyst's prior)
+    #: or ``"anchor"`` (the same scale, centred at the current anchor: a damped, noise-aware
+    #: Newton step; module docstring, 4.). The last round's posterior always uses the model's
+    #: prior. Public.
+    step_prior: str = "model"
 
     def __post_init__(self) -> None:
         flat = [w for pair in self.rounds for w in pair]
         if not self.rounds or any(not (w > 0) for w in flat) or abs(sum(flat) - 1.0) > 1e-9:
             raise ValueError("schedule shares must be positive and sum to 1")
+        if self.anchor not in (None, "log-mean"):
+            raise ValueError("schedule anchor must be None or 'log-mean'")
+        if self.trust_eta is not None and not (self.trust_eta > 0 and math.isfinite(self.trust_eta)):
+            raise ValueError("trust_eta must be positive and finite")
+        if self.passes < 1 or self.start not in ("raw", "anchor"):
+            raise ValueError("passes must be >= 1 and start 'raw' or 'anchor'")
+        if self.step_prior not in ("model", "anchor"):
+            raise ValueError("step_prior must be 'model' or 'anchor'")
 
     @classmethod
     def default(cls, model: Model) -> Schedule:
         if model.conjugate:
             return cls(((0.5, 0.5),))
+        if model.name == "poisson" and getattr(model, "intercept", False):
+            return cls(POISSON_ROUNDS, anchor="log-mean", trust_eta=POISSON_TRUST_ETA, passes=3, start="anchor")
         return cls(DEFAULT_ROUNDS)
 
     def noise_multipliers(self, sigma: float) -> list[tuple[float, float]]:
@@ -86,12 +131,47 @@ class Schedule:
         return [acc.gaussian_event(m) for pair in self.noise_multipliers(sigma) for m in pair]
 
     def as_dict(self) -> dict[str, Any]:
-        return {"rounds": [list(r) for r in self.rounds]}
+        out: dict[str, Any] = {"rounds": [list(r) for r in self.rounds]}
+        if self.anchor is not None:
+            out["anchor"] = self.anchor
+        if self.trust_eta is not None:
+            out["trust_eta"] = self.trust_eta
+        if (self.passes, self.start) != (2, "raw"):
+            out["posterior_passes"] = self.passes
+            out["posterior_start"] = self.start
+        return out
 
 
 #: Three rounds (benchmarks/results/trust_schedule.md); the last round, whose statistics the posterior is built from, gets 70% of the
 #: budget, and its score (which sets the posterior mean) the larger part of that.
 DEFAULT_ROUNDS: tuple[tuple[float, float], ...] = ((0.05, 0.1), (0.05, 0.1), (0.5, 0.2))
+#: Poisson (issue 25; rule and candidates in benchmarks/poisson.py ``tune``, simulated tables
+#: only): round 1 at the prior mean gives the log-mean anchor (its curvature only needs the
+#: record count, so it gets a small share), then Newton rounds inside the trust region.
+POISSON_ROUNDS: tuple[tuple[float, float], ...] = ((0.05, 0.05), (0.05, 0.1), (0.1, 0.15), (0.25, 0.25))
+#: Public trust region of the Poisson anchors (change of the linear predictor per round).
+POISSON_TRUST_ETA = 3.0
+#: Convergence rule of the GLMs (issue 25; written down from the expansion's error bound, before
+#: any real table was run). Let ``delta`` be the last step (posterior mean minus last anchor) and
+#: ``eta* = eta_change(delta)`` its largest change of the linear predictor over the public box.
+#: Poisson and logistic curvature weights satisfy ``|d log w / d eta| <= 1``, so the score the
+#: last round released is ``H~ delta`` with ``H~`` between ``H (1 - exp(-eta*)) / eta*`` and
+#: ``H (exp(eta*) - 1) / eta*``: reading it with the released ``H`` (the quadratic expansion)
+#: errs by at most the fraction :func:`expansion_error` ``(eta*) = (exp(eta*) - 1) / eta* - 1``
+#: of the step, i.e. ``moved * expansion_error(eta*)`` posterior sds. A release is reported as
+#: unconverged when the step exceeds :data:`UNCONVERGED_SDS` sds AND that bound exceeds
+#: EXPANSION_BIAS_SDS (half an sd: a 95% interval shifted by half its sd still covers ~92%).
+#: The step in sds alone fires by construction whenever the last round holds most of the budget
+#: (the anchor it starts from is estimated with less), whatever the model's curvature.
+EXPANSION_BIAS_SDS = 0.5
+
+
+def expansion_error(eta_star: float) -> float:
+    """Largest relative error of a Newton step whose linear predictor changes by at most
+    ``eta_star`` (see :data:`EXPANSION_BIAS_SDS`): ``(exp(eta*) - 1) / eta* - 1`` (0 at 0)."""
+    if eta_star < 1e-8:
+        return eta_star / 2.0
+    return math.expm1(min(eta_star, 700.0)) / eta_star - 1.0
 
 
 def calibrate(
@@ -137,6 +217,10 @@ class NoiseAwareFit:
     rounds: list[RoundRelease]
     noise_multipliers: list[tuple[float, float]]
     notes: list[str] = field(default_factory=list)
+    #: The last round's step in posterior sds (largest coordinate).
+    last_step_sds: float = 0.0
+    #: False when the notes carry the convergence warning (see :func:`fit`).
+    converged: bool = True
 
 
 #: ``release(theta, score_bound, curvature_bound, score_noise_multiplier,
@@ -145,6 +229,33 @@ class NoiseAwareFit:
 ReleaseFn = Callable[[torch.Tensor, float, float, float, float], tuple[torch.Tensor, torch.Tensor]]
 #: Public bounds at an anchor: ``theta -> (score_bound, curvature_bound)``.
 BoundsFn = Callable[[torch.Tensor], tuple[float, float]]
+
+
+class NonFiniteFit(ArithmeticError):
+    """The post-processing could not produce a finite Gaussian from the released statistics
+    (e.g. a noise draw so large that the precision overflows). Decided on DP outputs and public
+    values only; the release turns it into a charged refusal (docs/REFUSALS.md, ``non-finite-fit``)."""
+
+
+def _checked(post: GaussianPosterior) -> GaussianPosterior:
+    """``post`` when its mean and scale are finite and the scale non-degenerate, else raise."""
+    diag = torch.diagonal(post.scale_tril)
+    if not (bool(torch.isfinite(post.mean).all()) and bool(torch.isfinite(post.scale_tril).all())
+            and bool((diag > 0).all())):
+        raise NonFiniteFit("the noise-aware posterior is not finite")
+    return post
+
+
+def _from_precision(precision: torch.Tensor, rhs: torch.Tensor) -> GaussianPosterior:
+    """:meth:`GaussianPosterior.from_precision`, total: a non-finite or numerically indefinite
+    precision raises :class:`NonFiniteFit` instead of a linear-algebra error."""
+    if not (bool(torch.isfinite(precision).all()) and bool(torch.isfinite(rhs).all())):
+        raise NonFiniteFit("the released statistics gave a non-finite precision")
+    try:
+        post = GaussianPosterior.from_precision(precision, rhs)
+    except (RuntimeError, ValueError) as exc:  # torch.linalg.LinAlgError is a RuntimeError
+        raise NonFiniteFit("the noise-aware precision is numerically singular") from exc
+    return _checked(post)
 
 
 def psd_part(matrix: torch.Tensor) -> torch.Tensor:
@@ -159,28 +270,46 @@ def _sym(m: torch.Tensor) -> torch.Tensor:
 
 
 def noise_aware_posterior(
-    model: Model, release: RoundRelease, *, passes: int = 2
+    model: Model, release: RoundRelease, *, passes: int = 2, start: str = "raw",
+    prior_mean: torch.Tensor | None = None,
 ) -> tuple[GaussianPosterior, GaussianPosterior]:
-    """(noise-aware, raw) Gaussian posteriors from one round's release (module docstring, 2.)."""
+    """(noise-aware, raw) Gaussian posteriors from one round's release (module docstring, 2.).
+
+    ``passes`` fixed-point passes for ``u``, the first from the raw posterior (``start="raw"``)
+    or from ``u = 0`` (``start="anchor"``). Raises :class:`NonFiniteFit` when no finite
+    Gaussian results."""
+    if start not in ("raw", "anchor"):
+        raise ValueError("start must be 'raw' or 'anchor'")
     d = model.param_dim
     eye = torch.eye(d, dtype=DTYPE)
     prior_prec = eye / model.prior_scale**2
-    mu0 = model.prior_mean
+    mu0 = model.prior_mean if prior_mean is None else prior_mean.detach().to(DTYPE)
     a = release.anchor
     h = psd_part(release.curvature)
     s = release.score
-    raw = GaussianPosterior.from_precision(_sym(h + prior_prec), s + h @ a + prior_prec @ mu0)
+    if not (bool(torch.isfinite(h).all()) and bool(torch.isfinite(s).all())):
+        raise NonFiniteFit("the released statistics are not finite")
+    raw = _from_precision(_sym(h + prior_prec), s + h @ a + prior_prec @ mu0)
     tau2 = release.curvature_noise_std**2
     score_var = release.score_noise_std**2
     post = raw
-    for _ in range(max(passes, 1)):
+    for k in range(max(passes, 1)):
         u = post.mean - a
         spread = float(u @ u) + float(torch.diagonal(post.cov).sum())
+        if k == 0 and start == "anchor":
+            # The first pass assumes the anchor is the data's MLE (u = 0); later passes plug in
+            # the posterior's own u. Avoids starting from the raw posterior, whose mean a noisy
+            # curvature can throw arbitrarily far (issue 25).
+            u = torch.zeros_like(u)
+            spread = 0.0
         sigma_xi = score_var * eye + tau2 * (spread * eye + torch.outer(u, u))
         v = _sym(h + sigma_xi)
-        hv = torch.linalg.solve(v, h).T  # H V^-1 (H, V symmetric)
+        try:
+            hv = torch.linalg.solve(v, h).T  # H V^-1 (H, V symmetric)
+        except RuntimeError as exc:  # singular V: only with zero noise and zero curvature
+            raise NonFiniteFit("the noise-aware statistic covariance is singular") from exc
         precision = _sym(hv @ h + prior_prec)
-        post = GaussianPosterior.from_precision(precision, hv @ (s + h @ a) + prior_prec @ mu0)
+        post = _from_precision(precision, hv @ (s + h @ a) + prior_prec @ mu0)
     return post, raw
 
 
@@ -196,29 +325,97 @@ def init(model: Model) -> State:
     return State(anchor=model.prior_mean.clone(), rounds=())
 
 
+def log_mean_anchor(model: Model, release: RoundRelease, *, target_bound: float) -> torch.Tensor:
+    """The anchor after a Poisson round at an anchor with zero slopes (module docstring, 3.):
+    intercept ``a_0 + log((s_0 + H_00) / H_00)``, the log of the noisy mean count, slopes 0.
+
+    Public rule on DP outputs: when the noisy count sum ``s_0 + H_00`` is below twice its noise
+    sd, or ``H_00`` (the noisy record count times ``exp(a_0)``) is not positive, the anchor
+    stays; the mean count is clamped to ``[MIN_MEAN_COUNT, max(target_bound, 1)]``."""
+    a = release.anchor
+    if bool((a[1:] != 0).any()):
+        raise ValueError("the log-mean anchor needs an anchor with zero slopes")
+    h00 = float(release.curvature[0, 0])
+    total = float(release.score[0]) + h00
+    noise_sd = math.hypot(release.score_noise_std, release.curvature_noise_std)
+    out = a.clone()
+    if not (h00 > 0 and total > 2.0 * noise_sd and math.isfinite(total)):
+        return out
+    mean_count = math.exp(float(a[0])) * total / h00
+    out[0] = math.log(min(max(mean_count, MIN_MEAN_COUNT), max(float(target_bound), 1.0)))
+    return out
+
+
+#: Smallest mean count the log-mean anchor starts from (public).
+MIN_MEAN_COUNT = 0.05
+
+
+def eta_change(model: Model, delta: torch.Tensor, feature_norm: float) -> float:
+    """Largest change of the linear predictor over the public feature box (``||x|| <=
+    feature_norm``) for a parameter change ``delta``: ``|delta_0| + feature_norm ||delta_x||``
+    with an intercept, else ``feature_norm ||delta||``."""
+    if getattr(model, "intercept", False):
+        return abs(float(delta[0])) + feature_norm * float(torch.linalg.vector_norm(delta[1:]))
+    return feature_norm * float(torch.linalg.vector_norm(delta))
+
+
+def trust_region(model: Model, anchor: torch.Tensor, proposal: torch.Tensor, *, trust_eta: float,
+                 feature_norm: float) -> torch.Tensor:
+    """``proposal`` pulled back towards ``anchor`` so the step changes the linear predictor of
+    any record of the public box by at most ``trust_eta`` (public; post-processing)."""
+    delta = proposal - anchor
+    change = eta_change(model, delta, feature_norm)
+    if change <= trust_eta:
+        return proposal
+    return anchor + delta * (trust_eta / change)
+
+
 def step(state: State, model: Model, release: ReleaseFn, bounds: BoundsFn,
-         multipliers: tuple[float, float]) -> State:
+         multipliers: tuple[float, float], *, schedule: Schedule | None = None,
+         feature_norm: float | None = None, target_bound: float | None = None) -> State:
     """One round: release statistics at the current anchor; the next anchor is the noise-aware
     mean (post-processing), which shrinks noise-dominated directions to the prior instead of
-    following a noisy Newton step out of the region where the quadratic expansion holds."""
+    following a noisy Newton step out of the region where the quadratic expansion holds.
+
+    With a ``schedule`` whose ``anchor`` is ``"log-mean"`` the anchor after the first round is
+    :func:`log_mean_anchor` (needs ``target_bound``); with a ``trust_eta`` every other step is
+    limited by :func:`trust_region` (needs ``feature_norm``)."""
     score_bound, curvature_bound = bounds(state.anchor)
     s_mult, c_mult = multipliers
     score, curvature = release(state.anchor, score_bound, curvature_bound, s_mult, c_mult)
     rel = RoundRelease(anchor=state.anchor, score=score, curvature=curvature, score_bound=score_bound,
                        curvature_bound=curvature_bound, score_noise_std=s_mult * score_bound,
                        curvature_noise_std=c_mult * curvature_bound)
-    post, _ = noise_aware_posterior(model, rel)
-    return State(anchor=post.mean, rounds=(*state.rounds, rel))
+    if schedule is not None and schedule.anchor == "log-mean" and not state.rounds:
+        if target_bound is None:
+            raise ValueError("the log-mean anchor needs the public target bound")
+        nxt = log_mean_anchor(model, rel, target_bound=target_bound)
+    else:
+        passes, start = (schedule.passes, schedule.start) if schedule is not None else (2, "raw")
+        centre = state.anchor if schedule is not None and schedule.step_prior == "anchor" else None
+        post, _ = noise_aware_posterior(model, rel, passes=passes, start=start, prior_mean=centre)
+        nxt = post.mean
+        if schedule is not None and schedule.trust_eta is not None:
+            if feature_norm is None:
+                raise ValueError("the trust region needs the public feature norm")
+            nxt = trust_region(model, state.anchor, nxt, trust_eta=schedule.trust_eta, feature_norm=feature_norm)
+    return State(anchor=nxt, rounds=(*state.rounds, rel))
 
 
-def fit(model: Model, release: ReleaseFn, bounds: BoundsFn, *, schedule: Schedule, sigma: float) -> NoiseAwareFit:
+def fit(model: Model, release: ReleaseFn, bounds: BoundsFn, *, schedule: Schedule, sigma: float,
+        feature_norm: float | None = None, target_bound: float | None = None) -> NoiseAwareFit:
     """Run every round of ``schedule`` at single-Gaussian calibration ``sigma`` and return the
-    noise-aware posterior of the last round (earlier rounds only place the anchor)."""
+    noise-aware posterior of the last round (earlier rounds only place the anchor).
+
+    ``feature_norm`` and ``target_bound`` (public, :func:`schema_bounds`) are needed by
+    schedules with an ``anchor`` rule or a ``trust_eta``. Total: returns finite Gaussians or
+    raises :class:`NonFiniteFit`."""
     multipliers = schedule.noise_multipliers(sigma)
     state = init(model)
     for mult in multipliers:
-        state = step(state, model, release, bounds, mult)
-    posterior, raw = noise_aware_posterior(model, state.rounds[-1])
+        state = step(state, model, release, bounds, mult, schedule=schedule, feature_norm=feature_norm,
+                     target_bound=target_bound)
+    posterior, raw = noise_aware_posterior(model, state.rounds[-1], passes=schedule.passes, start=schedule.start)
     notes = [
         f"{MECHANISM}: {len(multipliers)} round(s) of noisy score and curvature sums, noise-aware "
         "Gaussian posterior (Kulkarni et al. 2021 style) by post-processing",
@@ -228,14 +425,23 @@ def fit(model: Model, release: ReleaseFn, bounds: BoundsFn, *, schedule: Schedul
     # hold there (e.g. Poisson with large counts, whose intercept is far from the prior mean).
     # Post-processing of released values: say so in the release.
     moved = float(((posterior.mean - state.rounds[-1].anchor).abs() / torch.diagonal(posterior.cov).sqrt()).max())
-    if moved > UNCONVERGED_SDS:
+    if not math.isfinite(moved):
+        raise NonFiniteFit("the last Newton step is not finite")
+    # GLMs with a public box: the step's expansion error bound decides (EXPANSION_BIAS_SDS);
+    # otherwise the step in sds alone.
+    expansion_ok = feature_norm is not None and moved * expansion_error(
+        eta_change(model, posterior.mean - state.rounds[-1].anchor, feature_norm)) <= EXPANSION_BIAS_SDS
+    converged = not (moved > UNCONVERGED_SDS and not expansion_ok)
+    if not converged:
         notes.append(
             f"warning: the last Newton round moved the estimate by {moved:.1f} posterior sds (> "
-            f"{UNCONVERGED_SDS:g}): the rounds had not converged, so the noise-aware intervals may "
+            f"{UNCONVERGED_SDS:g}) and the quadratic expansion may err by more than "
+            f"{EXPANSION_BIAS_SDS:g} sd there: the rounds had not converged, so the noise-aware intervals may "
             "not cover; treat this release with caution"
         )
     return NoiseAwareFit(posterior=posterior, raw_posterior=raw, rounds=list(state.rounds),
-                         noise_multipliers=multipliers, notes=notes)
+                         noise_multipliers=multipliers, notes=notes, last_step_sds=moved,
+                         converged=converged)
 
 
 def public_bounds(model: Model, *, feature_norm: float, target_bound: float) -> BoundsFn:

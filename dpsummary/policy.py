@@ -3,7 +3,7 @@
 ``load_policy(path)`` parses and validates a policy; every problem raises :class:`PolicyError`
 with a one-line message (malformed TOML, unknown keys, out-of-range values, unknown model
 names, a schema that does not validate). ``default_policy()`` loads the packaged default
-``dpsummary/data/default_policy.toml`` (``policies/default.toml`` in the checkout is the same file,
+``dpsummary/resources/default_policy.toml`` (``policies/default.toml`` in the checkout is the same file,
 kept for reading); it never depends on the current directory, so the budget a command applies
 cannot change with where it is run. Any other policy must be named with ``--policy``.
 
@@ -147,17 +147,17 @@ class Policy(BaseModel):
                 raise ValueError("record_count exceeds n_max")
         elif self.record_count is not None:
             raise ValueError("record_count given but record_count_public is false")
-        from .models import REGISTRY
+        from .model_names import MODEL_NAMES
 
-        unknown = [m for m in self.allowed_models if m not in REGISTRY]
+        unknown = [m for m in self.allowed_models if m not in MODEL_NAMES]
         if unknown:
             raise ValueError(
-                f"unknown model {unknown[0]!r} in allowed_models; known: {', '.join(sorted(REGISTRY))}"
+                f"unknown model {unknown[0]!r} in allowed_models; known: {', '.join(sorted(MODEL_NAMES))}"
             )
         if not self.allowed_models:
             raise ValueError("allowed_models is empty")
         if self.schema_spec is not None:
-            from .data import Schema
+            from .data.schema import Schema
 
             try:
                 self._schema = Schema.model_validate(self.schema_spec)
@@ -261,9 +261,9 @@ def load_policy(path: str | Path) -> Policy:
 
 
 def default_policy_path() -> Path:
-    """The packaged ``dpsummary/data/default_policy.toml``: one file, whatever the current
+    """The packaged ``dpsummary/resources/default_policy.toml``: one file, whatever the current
     directory (a ``policies/default.toml`` lying around never changes the budget silently)."""
-    path = Path(__file__).resolve().parent / "data" / "default_policy.toml"
+    path = Path(__file__).resolve().parent / "resources" / "default_policy.toml"
     if not path.is_file():
         raise PolicyError(f"the packaged default policy is missing ({path}); reinstall dpsummary")
     return path

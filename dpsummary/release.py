@@ -47,12 +47,15 @@ import secrets
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
-
-import torch
+from typing import TYPE_CHECKING, Any, Literal
 
 from . import __version__
 from .errors import ChargedRefusal, PolicyRefusal, Refusal
+
+if TYPE_CHECKING:
+    # torch (like scipy, opacus, dp_accounting and opendp) is imported inside the functions that
+    # need it, after the public checks of stage 0: a refusal on a public fact loads none of them.
+    import torch
 
 Accountant = Literal["rdp", "prv", "pld"]
 
@@ -127,6 +130,10 @@ class ReleaseRequest:
     #: ``--model gmm|dpgmm`` only: the number of components K (gmm) or the truncation T (dpgmm),
     #: public (default :data:`MIXTURE_DEFAULT_COMPONENTS`).
     components: int | None = None
+    #: Replace an existing artifact at the output path (``--force``). Without it, an existing
+    #: file there refuses the release in stage 0, before any reservation (a published artifact
+    #: is never silently replaced).
+    force: bool = False
 
 
 @dataclass
@@ -183,8 +190,14 @@ def software_versions() -> dict[str, str]:
     return out
 
 
+def default_out(req: ReleaseRequest) -> Path:
+    """The artifact's path: ``--out``, else ``DATA.dpsummary.json`` beside the data."""
+    return req.out or req.data.with_name(req.data.stem + ".dpsummary.json")
+
+
 def _check_request(req: ReleaseRequest) -> None:
-    """Public checks of the options and of the file's existence (no record is read)."""
+    """Public checks of the options, of the file's existence and of the output path (no record
+    is read, nothing heavy is imported): an existing artifact is refused unless ``force``."""
     if not (isinstance(req.epsilon, float | int) and math.isfinite(req.epsilon) and req.epsilon > 0):
         raise ReleaseError("--epsilon must be a positive, finite number")
     if req.delta is not None and not (0 < req.delta < 1):
@@ -205,6 +218,14 @@ def _check_request(req: ReleaseRequest) -> None:
         raise ReleaseError("--engine must be local or spark")
     if not (req.data.is_file() or (req.engine == "spark" and req.data.is_dir())):
         raise ReleaseError(f"not a file: {req.data}")
+    out = default_out(req)
+    if out.resolve() == req.data.resolve():
+        raise ReleaseError(f"--out {out} is the data file itself; choose another --out")
+    if out.is_dir():
+        raise ReleaseError(f"--out {out} is a directory; give a file path")
+    if out.exists() and not req.force:
+        raise ReleaseError(f"{out} already exists (a published artifact is never replaced silently); "
+                           "pass --force to replace it, or --out to write elsewhere")
 
 
 # =============================================================================================
@@ -229,7 +250,7 @@ def run_release(
     family = FAMILY_MECHANISMS.get(req.mechanism or "")
     mark("planned-public")
     with public.ledger.session(source_id=public.source_id, policy=public.policy, release_id=public.release_id,
-                               started=public.started, content_id=public.content_id) as session, \
+                               started=public.started) as session, \
             contextlib.ExitStack() as opened:
         # The private source (and its record store) is closed on every exit path.
         source = None
@@ -260,6 +281,8 @@ def run_release(
         stage2_run = family.run if family is not None else run_stage2
         output = stage2_run(public, released, plan, source, progress=progress, checkpoint=mark)
         source.close()
+        if plan.mechanism == "dp-psvi":
+            output = calibrate_dp_psvi(public, output, progress=progress, notice=say)
         digest = write_release(public, released, plan, output)
         try:
             mark("written")
@@ -309,7 +332,6 @@ class PublicPlan:
     source_id: str
     release_id: str
     started: str
-    content_id: str | None
     ledger: Any
     ledger_path: Path
     key_info: Any
@@ -321,19 +343,29 @@ class PublicPlan:
 def plan_public(req: ReleaseRequest, say: NoticeFn) -> PublicPlan:
     """Stage 0. Validate the request and the policy, fix delta, the budget split and stage 1's
     noise, find the key and the ledger, and read the file's HEADER only (column names are public:
-    a missing file, no header or a schema column absent from the header refuse here)."""
-    from dp_accounting import dp_event as dpe
+    a missing file, no header or a schema column absent from the header refuse here).
 
-    from . import accounting as acc
-    from . import data as dmod
-    from . import keys
-    from . import policy as pmod
-    from .ledger import Ledger
+    The first public checks import nothing heavy (torch, scipy, opacus, dp_accounting, opendp):
+    bad options, a missing file, an existing artifact without ``force``, an unreadable header
+    and a target absent from a local file's header refuse in about the time of ``--help``
+    (tests/test_cli_newcomer.py checks ``sys.modules``). Loading the policy validates its
+    models against the model registry, which imports torch; the accountants load after every
+    public check."""
+    from .header import read_header
 
     # Captured before anything else: the only time the release publishes.
     started = _dt.datetime.now(_dt.UTC).replace(microsecond=0).isoformat()
     req = resolve_mechanism(req)
     _check_request(req)
+    if req.engine != "spark":
+        # The header line only, by the light reader, before the policy (whose validation imports
+        # the model registry, hence torch): a target absent from the file is refused either way.
+        header = read_header(req.data)
+        if req.target is not None and req.target not in header:
+            raise ReleaseError(f"target column {req.target!r} is not in the data's header")
+    from . import keys
+    from . import policy as pmod
+
     policy_path = req.policy if req.policy is not None else pmod.default_policy_path()
     pol = pmod.load_policy(policy_path)
     policy_name = str(policy_path) if req.policy is not None else f"packaged default ({policy_path.name})"
@@ -364,9 +396,7 @@ def plan_public(req: ReleaseRequest, say: NoticeFn) -> PublicPlan:
     if req.engine == "spark":
         from .private.spark_engine import public_header
 
-        header = public_header(req.data, pol)  # public checks of --engine spark (schema given)
-    else:
-        header = dmod.read_header(req.data)
+        header = public_header(req.data, pol)  # public checks of --engine spark (metadata only)
     schema_public = pol.data_schema is not None
     if schema_public:
         missing = [c.name for c in pol.data_schema.columns if c.name not in header]
@@ -379,6 +409,12 @@ def plan_public(req: ReleaseRequest, say: NoticeFn) -> PublicPlan:
             _check_model_for_schema(req.model, pol.data_schema)
     elif req.target is not None and req.target not in header:
         raise ReleaseError(f"target column {req.target!r} is not in the data's header")
+
+    # Every public refusal above is decided; the accountants (dp_accounting, scipy) load here.
+    from dp_accounting import dp_event as dpe
+
+    from . import accounting as acc
+    from .ledger import Ledger
 
     key_info, key_created = keys.resolve_signing_key(req.key)
     if key_created:
@@ -396,27 +432,34 @@ def plan_public(req: ReleaseRequest, say: NoticeFn) -> PublicPlan:
     delta = delta_total - delta_selection
     events: list[Any] = []
     count_sigma = schema_sigma = None
-    if not count_public:
-        count_sigma = acc.calibrate_gaussian(target_epsilon=split["count"] * req.epsilon, delta=delta,
-                                             accountant=accountant)
-        events.append(dpe.GaussianDpEvent(count_sigma))
-    if not schema_public:
-        schema_sigma = acc.calibrate_gaussian(
-            target_epsilon=(split["count"] + split["preprocessing"]) * req.epsilon,
-            delta=delta, prior_events=events, accountant=accountant,
-        )
-        events.append(dpe.GaussianDpEvent(schema_sigma))
+    try:
+        if not count_public:
+            count_sigma = acc.calibrate_gaussian(target_epsilon=split["count"] * req.epsilon, delta=delta,
+                                                 accountant=accountant)
+            events.append(dpe.GaussianDpEvent(count_sigma))
+        if not schema_public:
+            schema_sigma = acc.calibrate_gaussian(
+                target_epsilon=(split["count"] + split["preprocessing"]) * req.epsilon,
+                delta=delta, prior_events=events, accountant=accountant,
+            )
+            events.append(dpe.GaussianDpEvent(schema_sigma))
+    except ValueError as exc:
+        # Public facts only (epsilon, the policy's split and delta): refused before any charge.
+        raise PolicyRefusal(
+            f"--epsilon {req.epsilon:g} is too small for the policy at delta {delta:.3g}: its record-count and "
+            f"schema shares cannot be calibrated ({exc}); raise --epsilon, or declare the record count and "
+            "schema public in the policy"
+        ) from exc
     release_id = secrets.token_hex(8)
-    # Keyed per release (dpsummary.keys): auditors cannot link two releases of one file by it.
-    # (A directory of Parquet files for --engine spark has none.)
-    content_id = keys.keyed_content_id_for_file(req.data, release_id=release_id) if req.data.is_file() else None
+    # No hash of the input file anywhere (issue 24): the ledger binds the release to its
+    # artifact's digest (commit entry), post-processing of released values.
     return PublicPlan(
         req=req, policy=pol, policy_name=policy_name, accountant=accountant, delta_total=delta_total,
         delta=delta, delta_selection=delta_selection, split=split,
         stage1=Stage1Plan(events, count_sigma, schema_sigma), source_id=source_id, release_id=release_id,
-        started=started, content_id=content_id, ledger=ledger, ledger_path=ledger_path, key_info=key_info,
+        started=started, ledger=ledger, ledger_path=ledger_path, key_info=key_info,
         key_created=key_info.private_path if key_created else None,
-        out=req.out or req.data.with_name(req.data.stem + ".dpsummary.json"), header=header,
+        out=default_out(req), header=header,
     )
 
 
@@ -747,6 +790,8 @@ def run_stage2(
     """Stage 2 (reads records, charged): encode every record by the public total rules, release
     the noisy quality counts and decide the data-quality refusal on them (:func:`_begin_stage2`),
     then the DP initialisation and the noise-aware mechanism or DP-PSVI."""
+    import torch
+
     from .constructors.base import fit
 
     mark = checkpoint or (lambda _name: None)
@@ -771,17 +816,76 @@ def run_stage2(
     summary = fit(constructor, encoded.records, plan.model, req.size, generator=nonpriv,
                   transform=plan.transform.to_dict(), progress=progress)
     mark("optimised")
-    return _finish_stage2(public, plan, begun, summary, start.description)
+    return _finish_stage2(public, plan, begun, summary, start.description,
+                          {"dppsvi_settings": _dppsvi_bootstrap_settings(public, plan, begun.record_count, start)})
+
+
+def _dppsvi_bootstrap_settings(public: PublicPlan, plan: OptimisationPlan, record_count: float,
+                               start: InitialStart) -> Any:
+    """What the parametric bootstrap re-runs (:mod:`dpsummary.bootstrap`): the public settings of
+    this DP-PSVI run, its noisy (or public) record count and its DP initialisation histograms:
+    public values and DP outputs only, never a record."""
+    from .bootstrap import MechanismSettings
+
+    req = public.req
+    return MechanismSettings(
+        model=plan.model, transform=plan.transform, size=req.size, steps=req.steps, num_samples=req.num_samples,
+        noise_multiplier=plan.noise_multiplier, sample_rate=plan.sample_rate, record_count=float(record_count),
+        count_noise_multiplier=public.stage1.count_sigma, init_noise_multiplier=plan.init_noise_multiplier,
+        init_layout=plan.init_layout, init_marginals=start.marginals,
+    )
+
+
+def calibrate_dp_psvi(public: PublicPlan, output: Stage2Output, *, progress: ProgressFn | None = None,
+                      notice: NoticeFn | None = None) -> Stage2Output:
+    """Stage 3b (post-processing, after the private source is CLOSED; no privacy cost): calibrate
+    DP-PSVI's intervals by the parametric bootstrap of :mod:`dpsummary.bootstrap`, which sees the
+    release's outputs and public settings only. The calibrated pseudocoreset becomes the default
+    summary; the uncalibrated one and the bootstrap's record ride along. ``req.seed`` (if any)
+    seeds the bootstrap's simulation (it protects nothing). A failure of the bootstrap (a bug)
+    ends the charged release in a one-line refusal, never in an uncalibrated artifact."""
+    import dataclasses
+
+    from .bootstrap import MATCH_KL_WARNING, BootstrapConfig, ParametricBootstrap
+
+    say = notice or (lambda _msg: None)
+    extra = dict(output.extra)
+    settings = extra.pop("dppsvi_settings")
+    boot = ParametricBootstrap(settings, BootstrapConfig(seed=public.req.seed))
+    workers = boot.config.resolved_workers()
+    say(f"calibrating DP-PSVI's intervals: parametric bootstrap, {boot.config.rounds} x {boot.config.replicates} "
+        f"re-runs of the mechanism on synthetic tables drawn from the release ({workers} "
+        f"{'worker processes' if workers > 1 else 'process (in-process replicates)'}; post-processing, no privacy cost)")
+    try:
+        result = boot.fit(output.summary, progress=progress)
+    except Exception as exc:  # a bug: the budget is charged, the release refuses in one line
+        raise ChargedRefusal(f"the parametric bootstrap of DP-PSVI failed ({type(exc).__name__}); "
+                             "report this bug") from None
+    cal = result.calibration
+    say(f"bootstrap done in {result.seconds:.0f} s: calibrated posterior (bias and spread per coordinate), "
+        f"leave-one-out bootstrap coverage {cal.loo_coverage:.0%} (Monte Carlo se {cal.loo_coverage_se:.1%}); "
+        f"pseudocoreset matched to it (symmetric KL {cal.match_symmetric_kl:.3g} nats"
+        + (", a poor match: the artifact also carries the calibrated Gaussian)"
+           if cal.match_symmetric_kl > MATCH_KL_WARNING else ")"))
+    extra.update(raw_summary=output.summary, calibration=result.record(settings))
+    return dataclasses.replace(output, summary=result.summary, extra=extra)
 
 
 def _noise_aware_summaries(plan: OptimisationPlan, records: Any, size: int, generator: torch.Generator
                            ) -> tuple[Any, dict[str, Any]]:
     """The noise-aware mechanism (:mod:`dpsummary.noise_aware`) on the private records, then its
-    noise-aware and raw Gaussians turned into pseudocoresets (post-processing,
-    :mod:`dpsummary.constructors.gaussian_target`)."""
+    noise-aware Gaussian turned into a pseudocoreset (post-processing,
+    :mod:`dpsummary.constructors.gaussian_target`). The raw (noise-unaware) Gaussian is no longer
+    matched or released (issue 25: nothing needed it, it doubled the matching time and was the
+    first to go non-finite).
+
+    Total: a fit that yields no finite Gaussian or no finite pseudocoreset (decided on DP outputs
+    and public values only) ends in a :class:`ChargedRefusal` (``non-finite-fit``)."""
+    import torch
+
     from . import noise_aware
     from .constructors.base import Summary
-    from .constructors.gaussian_target import match_gaussians
+    from .constructors.gaussian_target import match_gaussian
 
     model, tf = plan.model, plan.transform
     feature_norm, target_bound = noise_aware.schema_bounds(tf)
@@ -793,23 +897,23 @@ def _noise_aware_summaries(plan: OptimisationPlan, records: Any, size: int, gene
                                             score_noise_multiplier=s_mult, curvature_noise_multiplier=c_mult)
         return st.score, st.curvature
 
-    result = noise_aware.fit(model, release, bounds, schedule=plan.schedule, sigma=plan.noise_multiplier)
-    summaries = {}
-    losses = {}
-    targets = {"noise_aware": result.posterior, "raw": result.raw_posterior}
-    feats = [tf.sample_public_features(size, generator) for _ in targets]
-    # Both Gaussians in one batched fit (the same per-target result, about half the time).
-    matched = match_gaussians(model, list(targets.values()), size=size, initial_features=feats, generator=generator)
-    for name, (points, weights, loss) in zip(targets, matched, strict=True):
-        summaries[name] = Summary(points, weights, model, noise_aware.MECHANISM, tf.to_dict(),
-                                  {"posterior": name, "match_symmetric_kl": loss})
-        losses[name] = loss
-    gaussians = {name: {"mean": post.mean.tolist(), "cov": post.cov.tolist()}
-                 for name, post in (("noise_aware", result.posterior), ("raw", result.raw_posterior))}
-    notes = [*result.notes,
-             f"pseudocoreset matched to the noise-aware Gaussian (symmetric KL {losses['noise_aware']:.3g} nats)"]
-    return summaries["noise_aware"], {
-        "raw_summary": summaries["raw"], "gaussians": gaussians, "notes": notes,
+    try:
+        result = noise_aware.fit(model, release, bounds, schedule=plan.schedule, sigma=plan.noise_multiplier,
+                                 feature_norm=feature_norm, target_bound=target_bound)
+    except noise_aware.NonFiniteFit:
+        raise ChargedRefusal(NON_FINITE_FIT_MESSAGE) from None
+    posterior = result.posterior
+    points, weights, loss = match_gaussian(model, posterior, size=size,
+                                           initial_features=tf.sample_public_features(size, generator),
+                                           generator=generator)
+    if not (math.isfinite(loss) and bool(torch.isfinite(points).all()) and bool(torch.isfinite(weights).all())):
+        raise ChargedRefusal(NON_FINITE_FIT_MESSAGE)
+    summary = Summary(points, weights, model, noise_aware.MECHANISM, tf.to_dict(),
+                      {"posterior": "noise_aware", "match_symmetric_kl": loss})
+    gaussians = {"noise_aware": {"mean": posterior.mean.tolist(), "cov": posterior.cov.tolist()}}
+    notes = [*result.notes, f"pseudocoreset matched to the noise-aware Gaussian (symmetric KL {loss:.3g} nats)"]
+    return summary, {
+        "gaussians": gaussians, "notes": notes,
         "noise_multipliers": [list(m) for m in result.noise_multipliers],
         "schedule": plan.schedule.as_dict(), "bounds": {"feature_norm": feature_norm, "target_bound": target_bound},
         "rounds": [{"score_bound": r.score_bound, "curvature_bound": r.curvature_bound} for r in result.rounds],
@@ -846,6 +950,8 @@ def write_release(public: PublicPlan, released: Released, plan: OptimisationPlan
         if plan.mechanism in FAMILY_MECHANISMS else
         _noise_aware_claim(public, plan, output) if plan.mechanism != "dp-psvi" else {
             "name": "dp-psvi",
+            # The default summary's calibration by parametric bootstrap (dpsummary.bootstrap).
+            "calibration": output.extra.get("calibration"),
             "noise_multiplier": plan.noise_multiplier,
             "sample_rate": plan.sample_rate,
             "steps": req.steps,
@@ -888,12 +994,40 @@ def write_release(public: PublicPlan, released: Released, plan: OptimisationPlan
         "created": public.started,
         "release_id": public.release_id,
     }
-    if output.extra:
-        # The default summary is the noise-aware one; the raw one (no noise accounting) and both
-        # Gaussians ride along for analysts who ask (``dpsummary.load(..., posterior="raw")``).
+    if "calibration" in output.extra:
+        # DP-PSVI: the default summary is the bootstrap-calibrated one (the claim's
+        # mechanism.calibration says how); the uncalibrated pseudocoreset rides along for
+        # analysts who ask (``dpsummary.load(..., posterior="raw")``).
         body["raw_summary"] = output.extra["raw_summary"].to_dict()
+        body["posterior"] = {"default": "calibrated", "gaussians": {"calibrated": output.extra["calibration"]["gaussian"]}}
+    elif output.extra and plan.mechanism != "dp-psvi":
+        # The default (and only) summary is the noise-aware one; its Gaussian rides along. Since
+        # issue 25 there is no raw (noise-unaware) summary; older artifacts that carry one still load.
         body["posterior"] = {"default": "noise_aware", "gaussians": output.extra["gaussians"]}
+    if not _all_finite(body) or not _all_finite(claim):
+        # Post-processing must be total (DEVELOPERS.md): a non-finite number in any summary is
+        # decided on DP outputs and public values only, so it is a charged refusal, never a crash.
+        raise ChargedRefusal(NON_FINITE_FIT_MESSAGE)
     return write_artifact(public.out, body, claim, public.ledger.private_key, public.key_info.keyid)
+
+
+#: The ``non-finite-fit`` refusal (docs/REFUSALS.md): what to change when post-processing of the
+#: DP outputs yields no finite summary.
+NON_FINITE_FIT_MESSAGE = (
+    "the noisy statistics gave no finite summary (the privacy noise overwhelmed them); raise --epsilon, "
+    "or declare tighter public bounds (the target's upper bound) in the policy's schema"
+)
+
+
+def _all_finite(value: Any) -> bool:
+    """True when every float inside ``value`` (nested dicts, lists, tuples) is finite."""
+    if isinstance(value, float):
+        return math.isfinite(value)
+    if isinstance(value, dict):
+        return all(_all_finite(v) for v in value.values())
+    if isinstance(value, list | tuple):
+        return all(_all_finite(v) for v in value)
+    return True
 
 
 def _noise_aware_claim(public: PublicPlan, plan: OptimisationPlan, output: Stage2Output) -> dict[str, Any]:
@@ -964,6 +1098,9 @@ class InitialStart:
     features: Any = None
     targets: Any = None
     description: str | None = None
+    #: The DP histograms themselves (a DP output; the parametric bootstrap draws synthetic
+    #: features from them, :mod:`dpsummary.bootstrap`), None for the public start.
+    marginals: Any = None
 
 
 def initial_samplers(records: Any, transform: Any, layout: Any, noise_multiplier: float | None) -> InitialStart:
@@ -974,7 +1111,7 @@ def initial_samplers(records: Any, transform: Any, layout: Any, noise_multiplier
         return InitialStart()
     marginals = records.noisy_marginals(layout, noise_multiplier=noise_multiplier)
     return InitialStart(marginals.sampler(transform.sample_public_features), marginals.target_sampler(),
-                        marginals.describe())
+                        marginals.describe(), marginals)
 
 
 def dp_psvi_constructor(
@@ -1233,6 +1370,8 @@ def run_bnn_stage2(
     (:func:`dpsummary.private.bnn.fit_private`) on the encoded
     :class:`~dpsummary.private.mechanism.PrivateRecords` from the public start."""
 
+    import torch
+
     from .blackbox.objective import InnerConfig
     from .constructors.base import Summary
     from .private import bnn as pb
@@ -1422,6 +1561,7 @@ def run_mixture_stage2(
     released pseudo-points with a public prior (post-processing)."""
 
     import numpy as np
+    import torch
 
     from .constructors.base import Summary
     from .mixtures.vi import MixturePrior, fit_cavi

@@ -48,6 +48,13 @@ Audits
    A release that refused on a single invalid record (injected bug ``refuse-invalid``, the old
    behaviour) is distinguishable with certainty and the lower bound exceeds any claim.
 
+   A fifth scenario, ``csv-lines``, audits the record count under the CSV line neighbours of
+   issue 24 (an unclosed quote after the header, in the middle and on the last line, a lone
+   quote, a quoted newline, a bare CR; :func:`csv_lines_audit`): the product's reader must move
+   the exact count by at most one, and the noisy count is audited against the neighbour that
+   moved it most. The injected bug ``multiline-csv`` (a quoted field may run across lines, the
+   old reading) swallows every record after an unclosed quote: detected with certainty.
+
 3. Gray-box replay (Cebere et al. 2026): the full DP-PSVI constructor on D and D + canary with
    identical (recorded, non-private) randomness: same control flow, same shapes, and the
    pre-noise sum moves by at most C (:func:`gray_box_replay`).
@@ -82,8 +89,10 @@ Bug injection
 ``fixed-size`` (:class:`FixedSizeRandomness`: exactly round(qn) records per step, still
 accounted as Poisson), ``fixed-seed`` (:class:`FixedSeedRandomness`: noise from a generator
 re-seeded with one constant seed at every call) and ``no-scale`` (:class:`NoScaleLayout`: the
-initialisation histograms forget their 1/sqrt(columns) scaling) and ``refuse-invalid`` (the
-release refuses when one record has an invalid value, the behaviour issue 13 removed).
+initialisation histograms forget their 1/sqrt(columns) scaling), ``refuse-invalid`` (the
+release refuses when one record has an invalid value, the behaviour issue 13 removed) and
+``multiline-csv`` (:func:`_multiline_csv`: a quoted CSV field runs across lines, the reading
+issue 24 removed).
 """
 
 from __future__ import annotations
@@ -115,13 +124,14 @@ from .private.marginals import ColumnBins, HistogramLayout
 from .private.mechanism import PrivacyRandomness, PrivateRecords, SystemRandomness, clip_rows
 from .private.sampling import poisson_indices
 
-Injection = Literal["none", "no-clip", "half-noise", "fixed-size", "fixed-seed", "no-scale", "refuse-invalid"]
+Injection = Literal["none", "no-clip", "half-noise", "fixed-size", "fixed-seed", "no-scale", "refuse-invalid",
+                    "multiline-csv"]
 INJECTIONS: tuple[Injection, ...] = ("none", "no-clip", "half-noise", "fixed-size", "fixed-seed", "no-scale",
-                                     "refuse-invalid")
+                                     "refuse-invalid", "multiline-csv")
 NoisePath = Literal["opendp", "numpy"]
 NOISE_PATHS: tuple[NoisePath, ...] = ("opendp", "numpy")
-Scenario = Literal["dirac", "swap", "histogram", "quality", "newton"]
-SCENARIOS: tuple[Scenario, ...] = ("dirac", "swap", "histogram", "quality", "newton")
+Scenario = Literal["dirac", "swap", "histogram", "quality", "newton", "csv-lines"]
+SCENARIOS: tuple[Scenario, ...] = ("dirac", "swap", "histogram", "quality", "newton", "csv-lines")
 #: Scenarios that audit ``noisy_clipped_sum`` (batched runs); "histogram" audits ``noisy_marginals``.
 SUM_SCENARIOS: tuple[Scenario, ...] = ("dirac", "swap")
 
@@ -569,6 +579,8 @@ class SelfTestConfig:
     bnn: bool = True
     #: Run the mixture mechanism's checks (:func:`mixture_checks`).
     mixture: bool = True
+    #: Check that DP-PSVI's parametric bootstrap never reads a record (:func:`bootstrap_check`).
+    bootstrap: bool = True
     #: Torch threads during the audit (restored afterwards); 1 is fastest for these tiny calls.
     torch_threads: int | None = 1
 
@@ -620,6 +632,8 @@ class AuditResult:
     mechanism: str = "noisy_clipped_sum"
     #: Its noise multiplier (each mechanism is calibrated to the claim on its own).
     noise_multiplier: float | None = None
+    #: "csv-lines": the largest exact move of the record count over the neighbours (must be <= 1).
+    sensitivity: float | None = None
 
 
 @dataclass(frozen=True)
@@ -676,6 +690,8 @@ class SelfTestResult:
     bnn: BNNCheckResult | None = None
     #: The mixture mechanism's checks (None when ``config.mixture`` is false).
     mixture: MixtureCheckResult | None = None
+    #: DP-PSVI's bootstrap never reads a record (None when ``config.bootstrap`` is false).
+    bootstrap: BootstrapCheckResult | None = None
 
     @property
     def max_lower_bound(self) -> float:
@@ -779,6 +795,8 @@ def white_box_audits(
         results.append(quality_audit(cfg, alpha, progress))
     if "newton" in cfg.scenarios:
         results.append(newton_audit(cfg, alpha, progress))
+    if "csv-lines" in cfg.scenarios:
+        results.append(csv_lines_audit(cfg, alpha, progress))
     return results
 
 
@@ -961,6 +979,141 @@ def quality_audit(cfg: SelfTestConfig, alpha: float, progress: Progress | None =
 
         return _gaussian_audit(cfg, alpha, scores, scenario="quality", mechanism="noisy_quality_counts",
                                sigma=sigma, claimed=claimed)
+
+
+#: The "csv-lines" scenario (issue 24): one line inserted into a clean CSV, each a line that a
+#: reader letting a quoted field run across lines, or ending a record at a bare CR, reads as
+#: many records. ``where``: right after the header, before the middle line, or as the last line
+#: (no final newline). The quoted newline is two physical lines.
+CSV_LINE_NEIGHBOURS: dict[str, tuple[bytes, str]] = {
+    "unclosed-quote-after-header": (b'3.5,"a,yes', "header"),
+    "unclosed-quote-middle": (b'3.5,"a,yes', "middle"),
+    "unclosed-quote-last": (b'3.5,a,"yes', "last"),
+    "lone-quote": (b'"', "middle"),
+    "quoted-newline": (b'3.5,"a\nb",yes', "middle"),
+    "bare-cr": (b"3.5,a,yes\r4.5,b,no", "middle"),
+    "bare-cr-in-field": (b"3.5,a\r,yes", "middle"),  # one record (the count's real sensitivity)
+}
+
+
+def csv_line_design(background: int) -> tuple[bytes, dict[str, bytes]]:
+    """D (the "quality" scenario's clean CSV of ``background`` records) and each neighbour of
+    :data:`CSV_LINE_NEIGHBOURS` as CSV bytes."""
+    clean, _ = quality_design(background)
+    lines = clean.split(b"\n")[:-1]
+    out = {}
+    for name, (line, where) in CSV_LINE_NEIGHBOURS.items():
+        if where == "last":
+            out[name] = clean + line
+        else:
+            at = 1 if where == "header" else len(lines) // 2
+            out[name] = b"\n".join(lines[:at] + [line] + lines[at:]) + b"\n"
+    return clean, out
+
+
+def _multiline_csv(self: Any) -> Iterator[Any]:
+    """INJECTED BUG ``multiline-csv``: the CSV reading issue 24 removed (the old stdlib fallback):
+    ``csv.reader`` over the whole file, so a quoted field runs across lines and a bare CR ends a
+    record; ragged rows dropped and counted as before."""
+    import csv
+    import sys
+
+    import pyarrow as pa
+
+    width = len(self.header)
+    old_limit = csv.field_size_limit()
+    csv.field_size_limit(sys.maxsize)
+    try:
+        with open(self.path, encoding="utf-8", errors="surrogateescape", newline="") as fh:
+            fh.readline()
+            cols: list[list[bytes]] = [[] for _ in range(width)]
+            for row in csv.reader(fh, strict=False):
+                if not row:
+                    continue
+                if len(row) != width:
+                    self.ragged_rows += 1
+                    continue
+                for j, v in enumerate(row):
+                    cols[j].append(v.encode("utf-8", errors="surrogateescape"))
+            if cols[0]:
+                yield pa.RecordBatch.from_arrays([pa.array(c, pa.binary()) for c in cols], names=self.header)
+    finally:
+        csv.field_size_limit(old_limit)
+
+
+@contextmanager
+def _csv_reading(inject: Injection) -> Iterator[None]:
+    """The product's CSV reading, or with ``inject="multiline-csv"`` :func:`_multiline_csv` in
+    its place (class attribute swapped for the duration, then restored)."""
+    from .data import BatchStream
+
+    if inject != "multiline-csv":
+        yield
+        return
+    original = BatchStream._csv
+    BatchStream._csv = _multiline_csv  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        BatchStream._csv = original  # type: ignore[method-assign]
+
+
+def csv_lines_audit(cfg: SelfTestConfig, alpha: float, progress: Progress | None = None) -> AuditResult:
+    """White-box audit of the record count's sensitivity under the CSV line neighbours (issue 24).
+
+    The product's reader (:func:`dpsummary.data.stream_pass`) reads D and every neighbour of
+    :func:`csv_line_design` once (deterministic): the exact record counts must differ by at most
+    one (the count's sensitivity, reported as ``sensitivity``; more is a violation on its own).
+    Then the Clopper-Pearson audit of ``PrivateSource.noisy_record_count`` (one Gaussian
+    mechanism, calibrated so that the accountant reports ``cfg.epsilon`` at ``cfg.delta``) on D
+    against the neighbour whose count moved most, score ``|noisy count - count(D)|``.
+    ``inject="multiline-csv"`` restores the old multi-line reading (:func:`_multiline_csv`): an
+    unclosed quote after the header then swallows every record."""
+    import dataclasses
+    import tempfile
+
+    from .data import stream_pass
+    from .private.source import PrivateSource
+
+    class _Count:
+        def __init__(self) -> None:
+            self.rows = 0
+
+        def add(self, batch: Any) -> None:
+            self.rows += batch.num_rows
+
+        def discard(self) -> None:
+            self.rows = 0
+
+    sigma = calibrate_gaussian(target_epsilon=cfg.epsilon, delta=cfg.delta, accountant=cfg.accountant)
+    claimed = epsilon([gaussian_event(sigma)], cfg.delta, cfg.accountant)
+    clean, neighbours = csv_line_design(cfg.design.background)
+    done = [0]
+    total = 2 * (cfg.pilot + cfg.runs)
+    with tempfile.TemporaryDirectory(prefix="dpsummary-selftest-") as tmp, _csv_reading(cfg.inject):
+        paths = {}
+        for name, content in (("base", clean), *neighbours.items()):
+            paths[name] = Path(tmp) / f"{name}.csv"
+            paths[name].write_bytes(content)
+        counts = {name: stream_pass(p, _Count)[0].rows for name, p in paths.items()}
+        moved = {name: abs(counts[name] - counts["base"]) for name in neighbours}
+        worst = max(moved, key=lambda name: moved[name])
+        sources = [PrivateSource.open(paths["base"]), PrivateSource.open(paths[worst])]
+
+        def scores(n: int, canary: bool) -> np.ndarray:
+            source = sources[int(canary)]
+            out = np.empty(n)
+            for i in range(n):
+                out[i] = abs(source.noisy_record_count(noise_multiplier=sigma) - counts["base"])
+                done[0] += 1
+                if progress is not None and (done[0] % 256 == 0 or done[0] == total):
+                    progress("csv-lines", done[0], total)
+            return out
+
+        result = _gaussian_audit(cfg, alpha, scores, scenario="csv-lines", mechanism="noisy_record_count",
+                                 sigma=sigma, claimed=claimed)
+    return dataclasses.replace(result, sensitivity=float(moved[worst]),
+                               violation=result.violation or moved[worst] > 1)
 
 
 def newton_design(background: int) -> tuple[torch.Tensor, torch.Tensor, float]:
@@ -1624,6 +1777,78 @@ def mixture_checks(*, inject: Injection = "none", noise_path: NoisePath = "opend
 # =========================================================================== driver
 
 
+@dataclass(frozen=True)
+class BootstrapCheckResult:
+    """:func:`bootstrap_check`: DP-PSVI's parametric bootstrap (:mod:`dpsummary.bootstrap`) gives
+    bit-identical output with the record store closed and with the records poisoned (NaN)."""
+
+    replicates: int
+    #: Reading the closed store raised (the check really ran with the records unreachable).
+    store_closed: bool
+    #: Calibrated summary and Gaussian identical after poisoning the records in place.
+    identical: bool
+    finite: bool
+
+    @property
+    def ok(self) -> bool:
+        return self.store_closed and self.identical and self.finite
+
+
+def bootstrap_check(*, replicates: int = 5, steps: int = 15) -> BootstrapCheckResult:
+    """Run a small DP-PSVI release path (logistic, public schema, DP initialisation) on an
+    in-memory table, CLOSE its record store, run the bootstrap (seeded, one process); then
+    overwrite the table's memory with NaN and run it again. The bootstrap receives only the
+    release's outputs and public settings, so both runs must agree bit for bit (any read of a
+    record would raise on the closed store or spread NaN)."""
+    from .bootstrap import BootstrapConfig, MechanismSettings, ParametricBootstrap
+    from .constructors.base import fit
+    from .data import ColumnSpec, Schema, Transform
+    from .models import LogisticRegression
+    from .private.noise import quantize_sample_rate
+    from .release import dp_psvi_constructor, initial_samplers, plan_initialisation
+
+    schema = Schema(columns=[ColumnSpec(name="a", kind="numeric", lower=-1.0, upper=1.0),
+                             ColumnSpec(name="b", kind="categorical", categories=["u", "v", "w"]),
+                             ColumnSpec(name="y", kind="categorical", categories=["0", "1"], positive="1")],
+                    target="y")
+    tf = Transform.from_schema(schema)
+    model = LogisticRegression(tf.num_features)
+    gen = torch.Generator().manual_seed(11)
+    n = 400
+    table = model.simulate(torch.tensor([0.3, 1.0, -0.5, 0.0, 0.2], dtype=torch.float64), n, gen,
+                           features=tf.sample_public_features(n, gen))
+    q = quantize_sample_rate(0.2)
+    init_sigma, layout, _ = plan_initialisation(tf, "logistic", prior_events=[], target_epsilon=0.5, delta=1e-5,
+                                                accountant="rdp")
+    records = PrivateRecords(table)
+    try:
+        start = initial_samplers(records, tf, layout, init_sigma)
+        constructor = dp_psvi_constructor(transform=tf, model=model, noise_multiplier=2.0, sample_rate=q,
+                                          record_count=float(n), steps=steps, num_samples=20,
+                                          init_features=start.features, init_targets=start.targets)
+        raw = fit(constructor, records, model, 5, generator=gen, transform=tf.to_dict())
+    finally:
+        records.close()
+    try:
+        records.noisy_marginals(layout, noise_multiplier=1.0)  # reads every record
+        closed = False
+    except Exception:
+        closed = True
+    settings = MechanismSettings(model=model, transform=tf, size=5, steps=steps, num_samples=20, noise_multiplier=2.0,
+                                 sample_rate=q, record_count=float(n), init_noise_multiplier=init_sigma,
+                                 init_layout=layout, init_marginals=start.marginals)
+    config = BootstrapConfig(replicates=replicates, rounds=1, workers=1, seed=3)
+    first = ParametricBootstrap(settings, config).fit(raw)
+    table.fill_(float("nan"))  # poison every record in place
+    second = ParametricBootstrap(settings, config).fit(raw)
+    identical = (torch.equal(first.summary.points, second.summary.points)
+                 and torch.equal(first.summary.weights, second.summary.weights)
+                 and torch.equal(first.calibration.posterior.mean, second.calibration.posterior.mean)
+                 and torch.equal(first.calibration.posterior.scale_tril, second.calibration.posterior.scale_tril))
+    finite = bool(torch.isfinite(first.summary.points).all() and torch.isfinite(first.summary.weights).all())
+    return BootstrapCheckResult(replicates, closed, identical, finite)
+
+
 def run_selftest(config: SelfTestConfig | None = None, progress: Progress | None = None) -> SelfTestResult:
     """Calibrate sigma with the real accountant for the inflated claim, then run the white-box
     audits, the one-run audit and the gray-box replay. ``alpha`` is split equally (Bonferroni)
@@ -1653,9 +1878,10 @@ def run_selftest(config: SelfTestConfig | None = None, progress: Progress | None
         replay = gray_box_replay(inject=cfg.inject, progress=progress) if cfg.replay else None
         bnn = bnn_checks(inject=cfg.inject, progress=progress) if cfg.bnn else None
         mixture = mixture_checks(inject=cfg.inject, noise_path=cfg.noise) if cfg.mixture else None
+        boot = bootstrap_check() if cfg.bootstrap else None
     wb_runs = 2 * len(cfg.scenarios) * (cfg.runs + cfg.pilot)
     violation = (any(a.violation for a in audits) or bool(one and one.violation) or bool(replay and not replay.ok)
-                 or bool(bnn and not bnn.ok) or bool(mixture and not mixture.ok))
+                 or bool(bnn and not bnn.ok) or bool(mixture and not mixture.ok) or bool(boot and not boot.ok))
     lbs = ", ".join(
         f"{a.scenario} {a.epsilon_lower_bound:.3f}"
         + ("" if abs(a.claimed_epsilon - claimed) < 5e-4 else f" (claim {a.claimed_epsilon:.3f})")
@@ -1675,6 +1901,8 @@ def run_selftest(config: SelfTestConfig | None = None, progress: Progress | None
         verdict += f"; BNN mechanism check failed ({', '.join(bnn.failed)})"
     if mixture is not None and not mixture.ok:
         verdict += f"; mixture mechanism check failed ({', '.join(mixture.failed)})"
+    if boot is not None and not boot.ok:
+        verdict += "; DP-PSVI bootstrap check failed (its output changed when the records were closed or poisoned)"
     cfg_dict = asdict(cfg)
     cfg_dict["sample_rate_quantised"] = q
     return SelfTestResult(
@@ -1686,5 +1914,5 @@ def run_selftest(config: SelfTestConfig | None = None, progress: Progress | None
         ),
         white_box_runs=wb_runs, runs_per_second=wb_runs / wb_time if wb_time > 0 else math.inf,
         elapsed_seconds=time.perf_counter() - t0, alpha_per_audit=a_each, violation=violation,
-        verdict=verdict, bnn=bnn, mixture=mixture,
+        verdict=verdict, bnn=bnn, mixture=mixture, bootstrap=boot,
     )

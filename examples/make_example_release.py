@@ -101,7 +101,7 @@ def main() -> None:
         env = {**os.environ, "DPSUMMARY_HOME": home}
         cmd = [sys.executable, "-c", "from dpsummary.cli import main; main()", "release",
                str(HERE / "german_credit.csv"), "--epsilon", "0.5", "--policy", str(policy),
-               "--size", "40", "--seed", "0", "--out", str(artifact)]
+               "--size", "40", "--seed", "0", "--out", str(artifact), "--force"]  # replaces the bundled one
         subprocess.run(cmd, check=True, env=env, cwd=HERE.parent)
         shutil.copy(Path(home) / "keys" / "dpsummary.pub", OUT / "curator.pub")
     print(f"wrote {artifact} and {OUT / 'curator.pub'}")

@@ -427,15 +427,16 @@ def test_real_data(name: str, rows: int, kind: str, positive: str | None) -> Non
     assert back == tr
 
 
-def test_unclosed_quote_falls_back_without_refusing(tmp_path: Path) -> None:
-    """A quote never closed makes one field span pyarrow's block: the stdlib fallback reads it."""
+def test_unclosed_quote_makes_only_its_own_line_ragged(tmp_path: Path) -> None:
+    """A quote never closed no longer swallows the lines after it (issue 24): its line alone is
+    ragged, and the 200,000 lines after it (several blocks) are read, the last one too."""
     p = tmp_path / "u.csv"
     body = "".join(f"{i},{i}\n" for i in range(200_000))
-    p.write_bytes(b'a,b\n1,"2\n' + body.encode() + b"\xff")
+    p.write_bytes(b'a,b\n1,"2\n' + body.encode() + b"\xff,9")
     table, report = read_table(p, private=True)
-    assert table.num_rows == 1 and report.ragged_rows == 0
-    assert report.undecodable.tolist() == [True]
-    assert table.columns["b"][0].endswith("\ufffd")
+    assert table.num_rows == 200_001 and report.ragged_rows == 1
+    assert report.undecodable.sum() == 1 and report.undecodable[-1]
+    assert table.columns["a"][:2] == ["0", "1"] and table.columns["a"][-1] == "\ufffd"
 
 
 def test_poisoned_fields_read_without_exception(tmp_path: Path) -> None:
@@ -444,8 +445,9 @@ def test_poisoned_fields_read_without_exception(tmp_path: Path) -> None:
         b'name,x,y\nNan,-Infinity,yes\n"a, \nb",nan,no\n\xc3\x28,INF,yes\nshort\nok,1,\n'
     )
     table, report = read_table(p, private=True)
-    assert table.columns["name"] == ["Nan", "a, \nb", "\ufffd(", "ok"]
-    assert report.ragged_rows == 1
+    # A quoted newline is not supported in CSV: '"a, ' is ragged, 'b",nan,no' a record of its own.
+    assert table.columns["name"] == ["Nan", 'b"', "\ufffd(", "ok"]
+    assert report.ragged_rows == 2
     assert report.undecodable.tolist() == [False, False, True, False]
     schema = Schema(columns=[
         ColumnSpec(name="name", kind="categorical", categories=["ok"]),
@@ -484,3 +486,95 @@ def test_encode_total_normalises_tables_built_in_memory() -> None:
     assert points.tolist() == [[1.0, 0.0, 0.0], [0.0, 1.0, 0.0]]
     assert q.indicators[:, list(q.names).index("imputed_numeric")].tolist() == [False, True]
     assert not q.indicators[:, list(q.names).index("dropped_category")].any()
+
+
+# ---- a CSV record is one physical line (issue 24) -------------------------------------------
+# (body after the header "a,b,c", expected rows, expected ragged lines): the public per-line rule.
+LINE_RULE_FIXTURES = [
+    (b"1,2,3\n", [("1", "2", "3")], 0),
+    (b'1,"2,3\n4,5,6\n7,8,9\n', [("4", "5", "6"), ("7", "8", "9")], 1),  # unclosed quote
+    (b'1,2,"3\n4,5,6\n', [("4", "5", "6")], 1),  # unclosed quote in the last field
+    (b'"\n4,5,6\n', [("4", "5", "6")], 1),  # a line of only a quote
+    (b'1,"2\n3",4\n5,6,7\n', [("5", "6", "7")], 2),  # a quoted newline: two ragged lines
+    (b'"a,b,c\n1,2,3\n', [("1", "2", "3")], 1),
+    (b'1,"a"",3\n4,5,6\n', [("4", "5", "6")], 1),  # an escaped quote, then no closing one
+    (b'1,2,"\n', [], 1),
+    (b'1,2,"3', [], 1),  # unclosed on the last line, no final newline
+    (b'""",2,3\n', [], 1),
+    (b'1,"ab"c,3\n', [("1", "abc", "3")], 0),  # text after a closing quote
+    (b'1,a"b,3\n', [("1", 'a"b', "3")], 0),  # a quote inside an unquoted field is literal
+    (b'1,2,3"\n', [("1", "2", '3"')], 0),
+    (b'"a"b"c,2,3\n', [('ab"c', "2", "3")], 0),
+    (b'1,"a""b",3\n', [("1", 'a"b', "3")], 0),
+    (b'1, "a",3\n', [("1", '"a"', "3")], 0),
+    (b"1,2,3\r\n4,5,6\r\n", [("1", "2", "3"), ("4", "5", "6")], 0),  # CRLF
+    (b"1,2\r3,4\n", [("1", "2 3", "4")], 0),  # a bare CR is a character of its line (a space)
+    (b'1,"2\r3",4\n', [("1", "2 3", "4")], 0),
+    (b"1,2,3\r\r\n", [("1", "2", "3")], 0),
+    (b"\r\n\r\n4,5,6", [("4", "5", "6")], 0),  # blank lines skipped, last line without newline
+    (b"   \n1,2\n1,2,3,\n", [], 3),
+    (b"1,\xff,3\n1,\x00,3\n", [("1", "\ufffd", "3"), ("1", "\x00", "3")], 0),
+]
+
+
+def _read_both(path: Path) -> list[tuple[list[tuple[str, ...]], int]]:
+    """The rows and ragged count of the pyarrow path and of the stdlib per-line path."""
+    from dpsummary.data import BatchStream, text_column
+
+    out = []
+    for fallback in (False, True):
+        stream = BatchStream(path, fallback=fallback)
+        rows: list[tuple[str, ...]] = []
+        for batch in stream:
+            cols = [text_column(batch.column(i))[0].to_pylist() for i in range(batch.num_columns)]
+            rows.extend(zip(*cols, strict=True))
+        out.append((rows, stream.ragged_rows))
+    return out
+
+
+@pytest.mark.parametrize(("body", "rows", "ragged"), LINE_RULE_FIXTURES)
+def test_a_record_is_one_physical_line_in_both_readers(tmp_path: Path, body: bytes,
+                                                       rows: list[tuple[str, ...]], ragged: int) -> None:
+    p = tmp_path / "f.csv"
+    p.write_bytes(b"a,b,c\n" + body)
+    arrow, stdlib = _read_both(p)
+    assert arrow == stdlib == (rows, ragged)
+    table, report = read_table(p, private=True)
+    assert table.num_rows == len(rows) and report.ragged_rows == ragged
+
+
+def test_readers_agree_and_lines_are_independent_on_random_lines(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Random lines over the characters that matter (quotes, CR, LF, commas, bad bytes), widths
+    1 to 3, blocks of a few bytes: both readers agree, and reading the file gives exactly what
+    reading each line alone gives, concatenated (no line can change how another is read)."""
+    import random
+
+    from dpsummary.data import BatchStream
+    from dpsummary.data import stream as stream_module
+
+    # The patch reaches the reader: blocks of one byte give one batch per line.
+    monkeypatch.setattr(stream_module, "STREAM_BLOCK_BYTES", 1)
+    three = tmp_path / "three.csv"
+    three.write_bytes(b"c\n1\n2\n3\n")
+    assert len(list(BatchStream(three))) == 3
+    rng = random.Random(24)
+    pieces = [b"a", b",", b'"', b'""', b"\r", b"\n", b"\r\n", b" ", b"\xff", b"1"]
+    p, one = tmp_path / "r.csv", tmp_path / "one.csv"
+    for trial in range(300):
+        monkeypatch.setattr(stream_module, "STREAM_BLOCK_BYTES", rng.choice([1, 7, 64, 4 << 20]))
+        width = rng.choice([1, 2, 3])
+        header = b",".join(b"c%d" % i for i in range(width)) + b"\n"
+        body = b"".join(rng.choice(pieces) for _ in range(rng.randint(0, 60)))
+        p.write_bytes(header + body)
+        arrow, stdlib = _read_both(p)
+        assert arrow == stdlib, (trial, body)
+        alone_rows: list[tuple[str, ...]] = []
+        alone_ragged = 0
+        for line in body.split(b"\n"):
+            one.write_bytes(header + line)
+            rows, ragged = _read_both(one)[1]
+            alone_rows += rows
+            alone_ragged += ragged
+            assert len(rows) + ragged <= 1
+        assert arrow == (alone_rows, alone_ragged), (trial, body)

@@ -49,38 +49,12 @@ def test_default_dir_env(monkeypatch, tmp_path):
     assert keys.default_key_dir() == tmp_path / "x" / "dpsummary" / "keys"
 
 
-def test_ensure_default_key_and_secret(monkeypatch, tmp_path):
+def test_ensure_default_key_creates_no_curator_secret(monkeypatch, tmp_path):
+    """Issue 24: no secret keys a hash of the data any more, so none is created."""
     monkeypatch.setenv("DPSUMMARY_HOME", str(tmp_path))
     info, created = keys.ensure_default_key()
     assert created
     info2, created2 = keys.ensure_default_key()
     assert not created2 and info2 == info
-    secret_path = tmp_path / "keys" / keys.SECRET_NAME
-    assert stat.S_IMODE(secret_path.stat().st_mode) == 0o600
-    secret = keys.ensure_curator_secret()
-    assert secret == secret_path.read_bytes() and len(secret) == 32
-    a = keys.keyed_content_id(secret, b"data")
-    assert a == keys.keyed_content_id(secret, b"data")
-    assert a != keys.keyed_content_id(secret, b"data2")
-    assert a != keys.keyed_content_id(b"x" * 32, b"data")
-    assert a.startswith("hmac-sha256:")
-
-
-def test_file_content_id_is_keyed_per_release(tmp_path):
-    import hashlib
-    import hmac
-
-    data = tmp_path / "d.csv"
-    data.write_bytes(b"a,b\n1,2\n")
-    sdir = tmp_path / "secret"
-    a1 = keys.keyed_content_id_for_file(data, sdir, release_id="r1")
-    assert a1 == keys.keyed_content_id_for_file(data, sdir, release_id="r1")  # the curator can recompute
-    assert a1 != keys.keyed_content_id_for_file(data, sdir, release_id="r2")  # releases cannot be linked
-    secret = keys.ensure_curator_secret(sdir)
-    expect = hmac.new(secret, len(b"r1").to_bytes(8, "big") + b"r1" + data.read_bytes(), hashlib.sha256)
-    assert a1 == "hmac-sha256:" + expect.hexdigest()
-    assert a1 != keys.keyed_content_id(secret, data.read_bytes())  # not the unkeyed-by-release id
-    data.write_bytes(b"a,b\n1,3\n")
-    assert a1 != keys.keyed_content_id_for_file(data, sdir, release_id="r1")
-    with pytest.raises(ValueError, match="release id"):
-        keys.keyed_content_id_for_file(data, sdir, release_id="")
+    assert sorted(p.name for p in (tmp_path / "keys").iterdir()) == ["dpsummary.key", "dpsummary.pub"]
+    assert stat.S_IMODE(info.private_path.stat().st_mode) == 0o600

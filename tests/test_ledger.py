@@ -66,7 +66,7 @@ def fill(path, key, n=3, source="s1"):
     pol = make_policy()
     for i in range(n):
         r = led.reserve(source_id=source, events=ev(), delta=DELTA, policy=pol,
-                        content_id="hmac-sha256:00", release_id=f"r{i}", stage="all")
+                        release_id=f"r{i}", stage="all")
         if i % 2:
             r.abort("boom")
         else:
@@ -537,3 +537,35 @@ def test_normal_exit_aborts_unfinished_reservations(tmp_path, key):
     assert [(e["kind"], e["reason"], e["time"]) for e in entries] == [
         ("reserve", None, STARTED_Z), ("abort", "not finished", STARTED_Z)]
     assert led.spent("s").reservations == 1  # still charged
+
+
+def test_entries_carry_no_content_id_and_legacy_ones_still_verify(tmp_path, key):
+    """Issue 24: nothing computed from the records goes into the ledger. A ledger written
+    before carries HMAC content ids in signed entries: it verifies and audits unchanged, and
+    finishing or settling such a reserve does not copy its content id into a new entry."""
+    from dpsummary import audit as AU
+
+    led = L.Ledger(tmp_path / "l.jsonl", *key)
+    pol = make_policy()
+    legacy_id = "hmac-sha256:" + "5e" * 32
+    with led.lock:  # a reserve as dpsummary wrote it before issue 24 (signed with the content id)
+        st = led._read_verified()
+        legacy = led._new_entry(st, kind="reserve", release_id="old", stage="all", source_id="s1",
+                                content_id=legacy_id, events=A.events_to_json(ev()), delta=DELTA,
+                                epsilon={"rdp": A.epsilon(ev(), DELTA, "rdp")}, hold_epsilon=1.0)
+        led._write_line(legacy)
+    with led.session(source_id="s1", policy=pol, release_id="new", started="2026-11-23T10:00:00Z") as s:
+        s.reserve(events=ev(), delta=DELTA, stage="all").commit("sha256:" + "cd" * 32)
+    L.Reservation(led, legacy).commit("sha256:" + "ab" * 32)
+    assert L.verify_ledger(led.path, led.public_key) == []
+    entries = [json.loads(x) for x in led.path.read_bytes().splitlines()]
+    # The session's reserve settled the legacy hold (no live owner); the legacy reserve committed.
+    assert [(e["kind"], e["ref"]) for e in entries if e["ref"] == 0] == [("settle", 0), ("commit", 0)]
+    assert [e["content_id"] for e in entries] == [legacy_id] + [None] * (len(entries) - 1)
+    assert led.path.read_bytes().count(b"hmac-sha256") == 1
+    assert led.spent("s1", delta=DELTA).reservations == 2
+    rep = AU.audit(led.path, led.public_key, pol)
+    assert rep.ok and not rep.problems
+    assert [e.flags for e in rep.entries] == [["legacy-content-id"]] + [[]] * (len(entries) - 1)
+    with pytest.raises(TypeError):
+        led.reserve(source_id="s1", events=ev(), delta=DELTA, policy=pol, content_id=legacy_id)  # type: ignore[call-arg]

@@ -9,7 +9,14 @@ import torch
 from dpsummary import accounting as acc
 from dpsummary.gaussian import GaussianPosterior
 from dpsummary.inference import prior_posterior
-from dpsummary.metrics import Z95, data_hessian, effects, full_posterior, idealised_floor, trust_report
+from dpsummary.metrics import (
+    Z95,
+    data_hessian,
+    effects,
+    full_posterior,
+    idealised_floor,
+    trust_report,
+)
 from dpsummary.models import DTYPE, LogisticRegression
 
 

@@ -73,6 +73,8 @@ CASES: dict[str, tuple[Any, str]] = {
                     "--sample-rate"),
     "file-missing": (lambda t: [str(t / "nope.csv"), "--epsilon", "0.5", "--policy", str(_pub(t))], "not found"),
     "not-a-file": (lambda t: [str(t), "--epsilon", "0.5", "--policy", str(_pub(t))], "not a file"),
+    "out-exists": (lambda t: [str(_data(t)), "--epsilon", "0.5", "--out", str(_write(t / "o.json", "{}")), "--policy",
+                              str(_pub(t))], "already exists"),
     "file-empty": (lambda t: [str(_write(t / "e.csv", "")), "--epsilon", "0.5", "--policy", str(_pub(t))], "empty"),
     "header-bad": (lambda t: [str(_write(t / "h.csv", "x1,x1,y\n1,a,yes\n")), "--epsilon", "0.5", "--policy",
                               str(_pub(t))], "duplicate"),
@@ -89,6 +91,7 @@ CASES: dict[str, tuple[Any, str]] = {
     "policy-invalid": (lambda t: [str(_data(t)), "--epsilon", "0.5", "--policy", str(_write(t / "b.toml", "x = [\n"))],
                        "policy"),
     "epsilon-cap": (lambda t: [str(_data(t)), "--epsilon", "2.5", "--policy", str(_pub(t))], "max_epsilon_per_release"),
+    "epsilon-too-small": (lambda t: [str(_data(t)), "--epsilon", "0.001"], "too small for the policy"),
     "delta-cap": (lambda t: [str(_data(t)), "--epsilon", "0.5", "--delta", "0.5", "--policy", str(_pub(t))], "delta"),
     "model-policy": (lambda t: [str(_data(t)), "--epsilon", "0.5", "--model", "poisson", "--policy",
                                 str(_pub(t, extra='allowed_models = ["logistic"]'))], "allowed"),
@@ -112,6 +115,9 @@ CASES: dict[str, tuple[Any, str]] = {
                                 "--epsilon", "1", "--policy",
                                 str(_pub(t, n=2000, tail="[budget_split]\ncount = 0\npreprocessing = 0\nquality = 0.1\noptimisation = 0.9\n"))],
                      "max_dropped_fraction"),
+    # Post-processing of DP outputs that overflow (simulated below: the score mechanism's noisy
+    # sums come back infinite) ends in the charged refusal, never in a crash.
+    "non-finite-fit": (lambda t: [str(_data(t)), "--epsilon", "0.5", "--policy", str(_pub(t))], "no finite summary"),
     "mixture-options": (lambda t: [str(_data(t)), "--epsilon", "0.5", "--model", "logistic", "--components", "3",
                                    "--policy", str(_pub(t))], "--components"),
     "mixture-schema": (lambda t: [str(_data(t)), "--epsilon", "0.5", "--model", "gmm", "--policy",
@@ -127,8 +133,8 @@ CASES: dict[str, tuple[Any, str]] = {
     "spark-session": (lambda t: [str(_parquet(t)), "--epsilon", "0.5", "--policy", str(_pub(t, n=None)),
                                  "--engine", "spark", "--spark-master", "spark://127.0.0.1:7077"],
                       "could not start a Spark session"),
-    "spark-schema": (lambda t: [str(_parquet(t)), "--epsilon", "0.5", "--policy", str(_pub(t, schema=False)),
-                                "--engine", "spark"], "[schema]"),
+    "spark-executors": (lambda t: [str(_parquet(t)), "--epsilon", "0.5", "--policy", str(_pub(t, n=None)),
+                                   "--engine", "spark"], "spark.pyspark.python"),
     "spark-input": (lambda t: [str(_data(t)), "--epsilon", "0.5", "--policy", str(_pub(t)), "--engine", "spark"],
                     "Parquet"),
 }
@@ -168,7 +174,7 @@ def test_refusal(rid: str, tmp_path: Path, home: Path, monkeypatch: pytest.Monke
     if rid == "spark-unavailable":  # a machine without Java: nothing on PATH, no JAVA_HOME
         monkeypatch.setenv("PATH", str(tmp_path / "empty-path"))
         monkeypatch.delenv("JAVA_HOME", raising=False)
-    elif rid in ("spark-schema", "spark-input", "spark-session"):
+    elif rid in ("spark-executors", "spark-input", "spark-session"):
         from dpsummary.private import spark_engine
 
         if spark_engine.spark_available() is not None:
@@ -179,6 +185,24 @@ def test_refusal(rid: str, tmp_path: Path, home: Path, monkeypatch: pytest.Monke
                 raise RuntimeError("java.net.ConnectException: Connection refused")
 
             monkeypatch.setattr(spark_engine, "build_session", unreachable)
+        if rid == "spark-executors":  # the probe's answer from executors without dpsummary (the real
+            # probe against a bare Python: tests/spark/test_workers.py)
+            session = type("Session", (), {"stop": lambda self: None})()
+            monkeypatch.setattr(spark_engine, "build_session", lambda options, scratch: session)
+            monkeypatch.setattr(spark_engine, "executor_report",
+                                lambda spark, scratch: [("error", "ModuleNotFoundError: No module named 'dpsummary'")])
+    elif rid == "non-finite-fit":
+        from dpsummary.private import score_stats
+
+        real_release = score_stats.release_statistics
+
+        def overflowing(*a: Any, **k: Any) -> Any:
+            import dataclasses
+
+            st = real_release(*a, **k)
+            return dataclasses.replace(st, score=st.score * float("inf"))
+
+        monkeypatch.setattr(score_stats, "release_statistics", overflowing)
     build, fragment = CASES[rid]
     args = build(tmp_path)
     before = len(ledger_lines(home))

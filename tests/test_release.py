@@ -183,16 +183,16 @@ def test_zero_configuration_default_mechanism_is_noise_aware(tmp_path: Path, hom
     assert len(entries[2]["events"]) == 2  # quality counts; the noise-aware rounds (composed)
     assert len({e["time"] for e in entries}) == 1  # every entry carries the release's start
     rel = dpsummary.load(out, key=home / "keys" / "dpsummary.pub")
-    raw = dpsummary.load(out, key=home / "keys" / "dpsummary.pub", posterior="raw")
-    assert rel.noise_aware and not raw.noise_aware
+    assert rel.noise_aware
     assert rel.claim["mechanism"]["name"] == "noise-aware-newton"
     assert rel.body["created"] == entries[0]["time"]
-    # The noise-aware Gaussian is wider than the raw one in every coordinate: its precision
-    # H V^-1 H + P is below H + P (V = H + noise covariance >= H), whatever the noise drawn.
-    gaussians = rel.body["posterior"]["gaussians"]
-    wide = np.diag(np.array(gaussians["noise_aware"]["cov"]))
-    narrow = np.diag(np.array(gaussians["raw"]["cov"]))
-    assert np.all(wide >= narrow * (1 - 1e-9))
+    # Issue 25: no raw (noise-unaware) summary any more; asking for it is a one-line error.
+    assert "raw_summary" not in rel.body and set(rel.body["posterior"]["gaussians"]) == {"noise_aware"}
+    from dpsummary.analyst import ReleaseFormatError
+
+    with pytest.raises(ReleaseFormatError, match="no raw summary"):
+        dpsummary.load(out, key=home / "keys" / "dpsummary.pub", posterior="raw")
+    assert np.all(np.isfinite(np.array(rel.body["posterior"]["gaussians"]["noise_aware"]["cov"])))
 
 
 @pytest.mark.parametrize(

@@ -251,3 +251,44 @@ def test_quality_handling_without_the_bug_passes():
     # audit reports a violation with probability at most alpha = 1e-4 (its construction).
     r = st.run_selftest(_cfg(runs=2000, scenarios=("quality",), alpha=1e-4))
     assert not r.violation
+
+
+def test_multiline_csv_reading_is_detected():
+    # Issue 24's bug restored (a quoted field runs across lines): the unclosed quote after the
+    # header swallows all 10 background records, so the exact count moves by 10 (a violation on
+    # its own) and the noisy counts sit 10 apart, about 7.7 sigma at the claim's sigma (~1.3):
+    # both sides separate (FP = FN = 0 up to a 1e-13 normal tail), so the bound is
+    # ln((1 - delta) / pFP) with pFP = 1 - (alpha/2)^(1/1000): about 5.6 > claim 2.
+    from dpsummary.data import BatchStream
+
+    reader = BatchStream._csv
+    r = st.run_selftest(_cfg(inject="multiline-csv", runs=1000, scenarios=("csv-lines",)))
+    (audit,) = r.audits
+    assert audit.scenario == "csv-lines" and audit.mechanism == "noisy_record_count"
+    assert audit.sensitivity == st.Design().background
+    assert audit.epsilon_lower_bound > CLAIM and r.violation
+    assert BatchStream._csv is reader  # the product's reader is back
+
+
+def test_csv_line_neighbours_without_the_bug_pass():
+    # The product's reader: every line neighbour moves the exact count by at most one (the
+    # bare CR inside a field keeps its record: exactly one), and the Gaussian count at the
+    # claim's sigma is reported above its claim with probability at most alpha = 1e-4.
+    r = st.run_selftest(_cfg(runs=2000, scenarios=("csv-lines",), alpha=1e-4))
+    (audit,) = r.audits
+    assert audit.sensitivity == 1.0 and not r.violation, r.verdict
+
+
+def test_cli_selftest_injects_the_multiline_csv_reading():
+    from typer.testing import CliRunner
+
+    import dpsummary.cli.selftest  # noqa: F401  (registers the command)
+    from dpsummary.cli import app
+
+    bad = CliRunner().invoke(app, ["selftest", "--runs", "300", "--noise", "numpy", "--one-run-canaries", "0",
+                                   "--no-replay", "--no-bnn", "--no-mixture", "--no-histogram", "--no-quality",
+                                   "--no-newton", "--alpha", "1e-5", "--json", "--inject", "multiline-csv"])
+    assert bad.exit_code == 1, bad.output
+    data = json.loads(bad.stdout)
+    (lines,) = [a for a in data["audits"] if a["scenario"] == "csv-lines"]
+    assert lines["violation"] is True and lines["sensitivity"] == st.Design().background

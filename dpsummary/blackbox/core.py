@@ -11,10 +11,18 @@ step to the next, and the inner Adam moments. One outer step (:func:`outer_step`
 3. chains it into the coreset parameters (autograd through the weight parameterisation),
    takes one Adam step, projects (labels onto their support, weights >= 0), and keeps ``psi*``
    (detached) as the next warm start (truncated iterative differentiation, Section 3.4).
+
+The private path (``dpsummary release --model bnn``, :mod:`dpsummary.private.bnn`) takes the
+same step from a gradient statistic instead of a minibatch (:func:`statistic_step`): the same
+loss (:func:`~dpsummary.blackbox.objective.coreset_loss`, data term
+:func:`~dpsummary.blackbox.objective.statistic_data_fit`) and the same update
+(:func:`apply_outer_gradient`); :mod:`dpsummary.private.bnn` keeps only the statistic's release
+(sampling, clipping, noise).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -22,7 +30,14 @@ import torch
 
 from ..models import DTYPE, Model
 from ..models.bnn import MeanFieldGaussian
-from .objective import AdamMoments, InnerConfig, inner_fit, outer_gradient
+from .objective import (
+    AdamMoments,
+    InnerConfig,
+    coreset_loss,
+    inner_fit,
+    outer_gradient,
+    statistic_data_fit,
+)
 
 
 @dataclass
@@ -30,7 +45,9 @@ class WeightParam:
     """How the coreset weights v are parameterised (Section 3.2).
 
     ``kind="softmax"``: ``v = alpha * softmax(beta)`` with ``log alpha`` learned when
-    ``learn_total`` (initialised at N: pseudo-evidence equal to the data's); ``kind="projected"``:
+    ``learn_total`` (initialised at N: pseudo-evidence equal to the data's), or, without
+    ``log_total`` (:meth:`softmax_fixed`), ``alpha = scale`` fixed (a public total, e.g. the
+    released record count on the private path); ``kind="projected"``:
     ``v = scale * c`` with ``c >= 0`` projected after every step (Algorithms 3-5, ``max(v, 0)``),
     ``scale = N / M`` so one learning rate fits every N.
     """
@@ -42,7 +59,8 @@ class WeightParam:
 
     def weights(self) -> torch.Tensor:
         if self.kind == "softmax":
-            assert self.log_total is not None
+            if self.log_total is None:
+                return self.scale * torch.softmax(self.raw, 0)
             return self.log_total.exp() * torch.softmax(self.raw, 0)
         return self.scale * self.raw
 
@@ -61,6 +79,11 @@ class WeightParam:
         raw = torch.zeros(m, dtype=dtype, requires_grad=True)
         log_total = torch.tensor(float(total), dtype=dtype).log().requires_grad_(learn_total)
         return cls("softmax", raw, log_total)
+
+    @classmethod
+    def softmax_fixed(cls, m: int, total: float, *, dtype: torch.dtype = DTYPE) -> WeightParam:
+        """``v = total * softmax(beta)`` with the total fixed (not learned)."""
+        return cls("softmax", torch.zeros(m, dtype=dtype, requires_grad=True), None, float(total))
 
     @classmethod
     def projected(cls, initial: torch.Tensor, scale: float) -> WeightParam:
@@ -157,6 +180,16 @@ def make_state(
     return BBState(pts, weight, mu, rho, mom, opt, num_records, learn_points, learn_labels, sched)
 
 
+def step_noise(model: Model, inner: InnerConfig, outer_samples: int, generator: torch.Generator,
+               dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """The standard-normal noise of one outer step, in this order: the inner loop's
+    ``(steps, num_samples, d)`` and the outer draws' ``(outer_samples, d)``."""
+    d = model.param_dim
+    inner_eps = torch.randn(inner.steps, inner.num_samples, d, generator=generator, dtype=dtype)
+    outer_eps = torch.randn(outer_samples, d, generator=generator, dtype=dtype)
+    return inner_eps, outer_eps
+
+
 def outer_step(state: BBState, data: torch.Tensor, model: Model, generator: torch.Generator, *,
                inner: InnerConfig, batch_size: int, outer_samples: int, reset_moments: bool = False) -> BBState:
     """One outer iteration of Algorithm 1 (BB-PSVI) / Algorithm 4 (batch BB-SparseVI).
@@ -169,15 +202,25 @@ def outer_step(state: BBState, data: torch.Tensor, model: Model, generator: torc
     n = data.shape[0]
     b = min(batch_size, n)
     batch = data[torch.randperm(n, generator=generator)[:b]] if b < n else data
-    d = model.param_dim
-    dtype = state.mu.dtype
-    inner_eps = torch.randn(inner.steps, inner.num_samples, d, generator=generator, dtype=dtype)
-    outer_eps = torch.randn(outer_samples, d, generator=generator, dtype=dtype)
+    inner_eps, outer_eps = step_noise(model, inner, outer_samples, generator, state.mu.dtype)
     family = MeanFieldGaussian(model.prior_scale)
     weights = state.weight.weights()
     g_points, g_weights, loss, (mu, rho, mom) = outer_gradient(
         state.points.detach(), weights.detach(), state.mu, state.rho, batch, state.num_records,
         inner_eps, outer_eps, model, family, inner, None if reset_moments else state.moments)
+    return apply_outer_gradient(state, model, g_points, g_weights, mu=mu, rho=rho, moments=mom, loss=float(loss))
+
+
+def apply_outer_gradient(state: BBState, model: Model, g_points: torch.Tensor, g_weights: torch.Tensor, *,
+                         mu: torch.Tensor, rho: torch.Tensor, moments: AdamMoments | None = None,
+                         loss: float | None = None) -> BBState:
+    """THE update of a BB-PSVI outer step, shared by the non-private and the private path (on the
+    private path, post-processing of the noisy statistic): the gradients of the outer loss in
+    the points and the weights, chained into the coreset parameters (autograd through the weight
+    parameterisation; label columns zeroed unless labels are learned), one optimiser step (and
+    learning-rate schedule step), projection of the points onto their support and of the
+    weights, and ``psi* = (mu, rho)`` (with ``moments``, when given) as the next warm start."""
+    weights = state.weight.weights()
     state.optimizer.zero_grad(set_to_none=True)
     if state.learn_points:
         if not state.learn_labels:
@@ -192,7 +235,52 @@ def outer_step(state: BBState, data: torch.Tensor, model: Model, generator: torc
         if state.learn_points:
             model.project_points(state.points)
     state.weight.project()
-    state.mu, state.rho, state.moments = mu, rho, mom
+    state.mu, state.rho = mu, rho
+    if moments is not None:
+        state.moments = moments
     state.step += 1
-    state.losses.append(float(loss))
+    if loss is not None:
+        state.losses.append(loss)
     return state
+
+
+#: ``theta (K, d) -> (L (K,), G (K, d))``: the sums over a (Poisson) sample of records of
+#: ``log p(x | theta_k)`` and of its gradient in ``theta_k``, exact or noisy (the private path's
+#: only contact with records, :func:`dpsummary.private.bnn.statistic`).
+GradientStatistic = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+
+
+def statistic_outer_gradient(state: BBState, statistic: GradientStatistic, model: Model, generator: torch.Generator,
+                             *, inner: InnerConfig, outer_samples: int, sample_rate: float
+                             ) -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+    """Gradients of :func:`~dpsummary.blackbox.objective.coreset_loss` in the state's points and
+    weights with the data term from a gradient statistic (:func:`statistic_data_fit`), and the
+    new ``psi* = (mu, rho)`` (detached).
+
+    Pass 1 (no records): the unrolled inner fit from zero inner-Adam moments gives the draws
+    ``theta_k``. ``statistic(theta)``: the sums over the records sampled at rate
+    ``sample_rate``, called exactly once. Pass 2 (no records): the surrogate differentiated
+    through the same inner fit (same noise, so the same draws). ``generator`` drives only the
+    variational draws; everything after ``statistic`` is post-processing of its output."""
+    family = MeanFieldGaussian(model.prior_scale)
+    inner_eps, outer_eps = step_noise(model, inner, outer_samples, generator, state.mu.dtype)
+    points, weights = state.points.detach(), state.weights.detach()
+    with torch.no_grad():
+        mu, rho, _ = inner_fit(state.mu, state.rho, points, weights, inner_eps, model, family, inner)
+        theta = family.sample(mu, rho, outer_eps)
+    stat_l, stat_g = statistic(theta)
+    fn = torch.func.grad(coreset_loss, argnums=(0, 1), has_aux=True)
+    (g_p, g_w), aux = fn(points, weights, state.mu, state.rho, statistic_data_fit(stat_l, stat_g, theta, sample_rate),
+                         state.num_records, inner_eps, outer_eps, model, family, inner)
+    return g_p, g_w, (aux[0].detach(), aux[1].detach())
+
+
+def statistic_step(state: BBState, statistic: GradientStatistic, model: Model, generator: torch.Generator, *,
+                   inner: InnerConfig, outer_samples: int, sample_rate: float) -> BBState:
+    """One BB-PSVI outer step from a gradient statistic (the private path's step; exact sums give
+    the non-private gradient): :func:`statistic_outer_gradient`, then
+    :func:`apply_outer_gradient`. The inner Adam restarts from zero moments every step (both
+    passes must see the same inner trajectory), so ``state.moments`` is left as it is."""
+    g_p, g_w, (mu, rho) = statistic_outer_gradient(state, statistic, model, generator, inner=inner,
+                                                   outer_samples=outer_samples, sample_rate=sample_rate)
+    return apply_outer_gradient(state, model, g_p, g_w, mu=mu, rho=rho)

@@ -31,6 +31,7 @@ protocol's ``theta`` is ``(S, d)``), or from ``torch.func.vmap`` of a per-draw f
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -298,6 +299,66 @@ def importance_log_weights(mu: torch.Tensor, rho: torch.Tensor, theta: torch.Ten
     return coreset_ll + model.log_prior(theta) - family.log_prob(mu, rho, theta)
 
 
+#: The data term of the outer objective, in two calls: ``data_fit(theta)`` takes the records'
+#: part at the draws ``theta`` (K, d) and returns ``finish(wt, coreset_ll)``, an estimate of
+#: ``sum_k wt_k [log p(y | x, theta_k) - v . log p(z | u, theta_k)]`` (a scalar, differentiable
+#: in ``wt`` and ``theta``) from the importance weights ``wt`` (K,) and the weighted coreset
+#: log-likelihoods ``coreset_ll`` (K,). (Two calls keep each path's autograd graph, hence its
+#: floating-point results, exactly as they were before the paths shared this code.) The only
+#: place records enter the objective: :func:`minibatch_data_fit` (exact, non-private) or
+#: :func:`statistic_data_fit` (from sums over records, exact or noisy: the private path).
+DataFit = Callable[[torch.Tensor], Callable[[torch.Tensor, torch.Tensor], torch.Tensor]]
+
+
+def minibatch_data_fit(batch: torch.Tensor, num_records: int, model: Model) -> DataFit:
+    """The data term from a minibatch of records, its log-likelihood scaled by N/B (eq. 9)."""
+
+    def data_fit(theta: torch.Tensor) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+        data_ll = loglik_matrix(model, batch, theta).sum(1) * (num_records / batch.shape[0])  # (K,)
+
+        def finish(wt: torch.Tensor, coreset_ll: torch.Tensor) -> torch.Tensor:
+            return (wt * (data_ll - coreset_ll)).sum()
+
+        return finish
+
+    return data_fit
+
+
+def statistic_data_fit(stat_l: torch.Tensor, stat_g: torch.Tensor, theta_fixed: torch.Tensor,
+                       sample_rate: float) -> DataFit:
+    """The data term from the gradient statistic of a (Poisson) sample of records taken at rate
+    ``sample_rate``: ``stat_l`` (K,) the sums of ``log p(x | theta_k)`` and ``stat_g`` (K, d) the
+    sums of their gradients in ``theta_k``, computed at the draws ``theta_fixed`` (noisy sums on
+    the private path, :mod:`dpsummary.private.bnn`; exact sums in tests).
+
+    The surrogate ``sum_k wt_k L_k / q + sum_k sg(wt_k) (theta_k - theta_fixed_k) . G_k / q``
+    (sg = stop-gradient) has, at ``theta = theta_fixed``, the value and the gradient (through
+    ``wt`` and through ``theta``) of the minibatch data term with the statistic in place of the
+    records. Only post-processing of the statistic."""
+
+    def data_fit(theta: torch.Tensor) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+        def finish(wt: torch.Tensor, coreset_ll: torch.Tensor) -> torch.Tensor:
+            data = (wt * stat_l).sum() + (wt.detach()[:, None] * (theta - theta_fixed) * stat_g).sum()
+            return data / sample_rate - (wt * coreset_ll).sum()
+
+        return finish
+
+    return data_fit
+
+
+def elbo_with(mu: torch.Tensor, rho: torch.Tensor, points: torch.Tensor, weights: torch.Tensor,
+              data_fit: DataFit, eps: torch.Tensor, model: Model, family: MeanFieldGaussian) -> torch.Tensor:
+    """``ELBO_PSVI-IS-BB`` (eq. 9) with the data term from ``data_fit`` (:data:`DataFit`).
+
+    ``(mu, rho)`` should be the inner loop's output ``psi*``; ``eps`` is ``(K, d)``."""
+    theta = family.sample(mu, rho, eps)
+    coreset_ll = loglik_matrix(model, points, theta) @ weights  # (K,)
+    finish = data_fit(theta)
+    log_iw = importance_log_weights(mu, rho, theta, coreset_ll, model, family)
+    wt = torch.softmax(log_iw, 0)
+    return finish(wt, coreset_ll) + log_iw.mean()
+
+
 def outer_elbo(
     mu: torch.Tensor,
     rho: torch.Tensor,
@@ -314,12 +375,34 @@ def outer_elbo(
     ``(mu, rho)`` should be the inner loop's output ``psi*``; ``eps`` is ``(K, d)``. Returns a
     scalar estimate of a lower bound on ``log p(y | x)`` (up to the minibatch estimate).
     """
-    theta = family.sample(mu, rho, eps)
-    coreset_ll = loglik_matrix(model, points, theta) @ weights  # (K,)
-    data_ll = loglik_matrix(model, batch, theta).sum(1) * (num_records / batch.shape[0])  # (K,)
-    log_iw = importance_log_weights(mu, rho, theta, coreset_ll, model, family)
-    wt = torch.softmax(log_iw, 0)
-    return (wt * (data_ll - coreset_ll)).sum() + log_iw.mean()
+    return elbo_with(mu, rho, points, weights, minibatch_data_fit(batch, num_records, model), eps, model, family)
+
+
+def coreset_loss(
+    points: torch.Tensor,
+    weights: torch.Tensor,
+    mu0: torch.Tensor,
+    rho0: torch.Tensor,
+    data_fit: DataFit,
+    num_records: int,
+    inner_eps: torch.Tensor,
+    outer_eps: torch.Tensor,
+    model: Model,
+    family: MeanFieldGaussian,
+    config: InnerConfig,
+    moments: AdamMoments | None = None,
+) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+    """THE BB-PSVI outer loss, shared by the non-private and the private path:
+    ``-ELBO_PSVI-IS-BB / N`` after the unrolled inner loop from ``(mu0, rho0)``, with the data
+    term from ``data_fit`` (:data:`DataFit`).
+
+    Returns ``(loss, (mu*, rho*, m_mu, v_mu, m_rho, v_rho))`` (a pytree of tensors, as
+    ``torch.func`` requires of auxiliary outputs). Dividing by N only rescales (Adam is invariant
+    to it) and keeps the value readable per record.
+    """
+    mu, rho, mom = inner_fit(mu0, rho0, points, weights, inner_eps, model, family, config, moments)
+    elbo = elbo_with(mu, rho, points, weights, data_fit, outer_eps, model, family)
+    return -elbo / num_records, (mu, rho, mom.m_mu, mom.v_mu, mom.m_rho, mom.v_rho)
 
 
 def bilevel_loss(
@@ -336,16 +419,11 @@ def bilevel_loss(
     config: InnerConfig,
     moments: AdamMoments | None = None,
 ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
-    """``-ELBO_PSVI-IS-BB / N`` after the unrolled inner loop from ``(mu0, rho0)``.
-
-    Returns ``(loss, (mu*, rho*, m_mu, v_mu, m_rho, v_rho))`` (a pytree of tensors, as
-    ``torch.func`` requires of auxiliary outputs); differentiate ``loss`` in ``points``/``weights``
-    with ``torch.func.grad(..., has_aux=True)`` (see :func:`outer_gradient`). Dividing by N only
-    rescales (Adam is invariant to it) and keeps the value readable per record.
-    """
-    mu, rho, mom = inner_fit(mu0, rho0, points, weights, inner_eps, model, family, config, moments)
-    elbo = outer_elbo(mu, rho, points, weights, batch, num_records, outer_eps, model, family)
-    return -elbo / num_records, (mu, rho, mom.m_mu, mom.v_mu, mom.m_rho, mom.v_rho)
+    """:func:`coreset_loss` with the data term from the minibatch ``batch`` (the non-private
+    path); differentiate ``loss`` in ``points``/``weights`` with ``torch.func.grad(...,
+    has_aux=True)`` (see :func:`outer_gradient`)."""
+    return coreset_loss(points, weights, mu0, rho0, minibatch_data_fit(batch, num_records, model), num_records,
+                        inner_eps, outer_eps, model, family, config, moments)
 
 
 def outer_gradient(

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from . import app
+from .application import app
 from .common import UserError, configure_torch, guarded
 
 METHODS = ("psvi", "sparsevi", "giga", "giga-realistic", "uniform", "lightweight")

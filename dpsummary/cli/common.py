@@ -43,6 +43,7 @@ def user_facing_errors() -> tuple[type[BaseException], ...]:
     types: list[type[BaseException]] = [UserError, Refusal, FileNotFoundError, PermissionError,
                                         IsADirectoryError]
     for mod, names in (
+        ("dpsummary.header", ("DataError",)),  # dpsummary.data re-exports this class
         ("dpsummary.data", ("DataError",)),
         ("dpsummary.policy", ("PolicyError",)),
         ("dpsummary.keys", ("KeyFileError",)),

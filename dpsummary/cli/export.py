@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 
 import typer
 
-from . import app
+from .application import app
 from .common import UserError, guarded
 
 

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from . import app
+from .application import app
 from .common import EXIT_FAILED, guarded
 
 
@@ -55,6 +55,7 @@ def inspect(
     """A human summary of a release: what was released, under which privacy claim."""
     from .. import keys
     from ..artifact import read_artifact
+    from .render import mechanism_rows
 
     public = keys.load_public_key(key) if key is not None else None
     body, claim, info = read_artifact(artifact, public, allow_unsigned=allow_unsigned)
@@ -81,6 +82,8 @@ def inspect(
         "budget_split": claim.get("budget_split"),
         "public_inputs": claim.get("public_inputs"),
         "source_id": claim.get("source_id"),
+        # What each mechanism released, in the words `dpsummary release` printed (one renderer).
+        "released": [{"what": label, "detail": text} for label, text in mechanism_rows(claim)],
     }
     if json_output:
         typer.echo(json.dumps(out, indent=2))
@@ -96,14 +99,9 @@ def inspect(
                    f"with {len(out['parameters'] or [])} parameters, prior N(0, {model.get('prior_scale')}^2 I)")
     eps = out["epsilon"] or {}
     typer.echo("  privacy: epsilon " + ", ".join(f"{k} {v:.4g}" for k, v in eps.items())
-               + f"; delta {out['delta']}; {out['adjacency']}; {out['sampling']} sampling")
-    mech = out["mechanism"] or {}
-    if mech.get("name") == "dp-kd-tree":
-        typer.echo(f"  mechanism: dp-kd-tree, sigma {mech.get('noise_multiplier')}, {mech.get('levels')} levels, "
-                   f"split at {mech.get('split_threshold')} sigma, keep at {mech.get('keep_threshold')} sigma")
-    else:
-        typer.echo(f"  mechanism: sigma {mech.get('noise_multiplier')}, q {mech.get('sample_rate')}, "
-                   f"T {mech.get('steps')}, clip: {mech.get('clip_norm_rule')}")
+               + f"; delta {out['delta']:.3g}; {out['adjacency']}; {out['sampling']} sampling")
+    for label, text in mechanism_rows(claim):
+        typer.echo(f"  {label}: {text}")
     split = out["budget_split"] or {}
     typer.echo("  budget split: " + ", ".join(f"{k} {v:.4g}" for k, v in split.items()))
     typer.echo(f"  data source: {out['source_id']}; public inputs: {out['public_inputs']}")

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import typer
 
-from . import app
+from .application import app
 from .common import configure_torch, guarded
 
 
@@ -35,23 +36,27 @@ def release(
     engine: Annotated[Literal["local", "spark"], typer.Option(help="Where the records are read and the mechanisms run: local (one machine, CSV or Parquet) or spark (a Parquet file or directory, through Apache Spark; needs the `spark` extra, Java 17 and the schema in the policy).")] = "local",
     spark_master: Annotated[str, typer.Option(help="Spark master URL for --engine spark (default local[2]; e.g. spark://host:7077, yarn, k8s://...).")] = "local[2]",
     spark_conf: Annotated[list[str] | None, typer.Option(help="Extra Spark configuration for --engine spark, key=value (repeatable).")] = None,
+    force: Annotated[bool, typer.Option("--force", help="Replace an existing artifact at the output path (without it, an existing file is refused before any budget is spent).")] = False,
     json_output: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
 ) -> None:
     """Release a differentially private pseudocoreset of DATA (default mechanism: noise-aware
     noisy score statistics; --mechanism dp-psvi for the paper's DP-PSVI; --model bnn: a Bayesian
     neural network by DP black-box PSVI; --model gmm|dpgmm: a Gaussian mixture summary by a noisy
     kd-tree)."""
-    configure_torch()
+    # Nothing heavy yet: the public checks of stage 0 (options, file, header, target, output path,
+    # policy) refuse first; torch and the accountants load once they pass (`stage` below).
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from ..release import DEFAULT_STEPS, ReleaseError, ReleaseRequest, run_release
+    from ..release import DEFAULT_STEPS, ReleaseError, ReleaseRequest, default_out, run_release
 
     err = Console(stderr=True)
-    if steps is None:
-        from ..private.bnn import DEFAULT_STEPS as BNN_STEPS
+    if steps is None and model == "bnn":
+        from ..private.bnn import DEFAULT_STEPS as BNN_STEPS  # imports torch: --model bnn only
 
-        steps = BNN_STEPS if model == "bnn" else DEFAULT_STEPS
+        steps = BNN_STEPS
+    elif steps is None:
+        steps = DEFAULT_STEPS
     widths: tuple[int, ...] | None = None
     if bnn_widths is not None:
         try:
@@ -61,9 +66,10 @@ def release(
     req = ReleaseRequest(
         data=data, epsilon=epsilon, delta=delta, model=model, target=target, size=size, steps=steps,
         sample_rate=sample_rate, policy=policy, out=out, seed=seed, ledger=ledger, key=key,
-        calibrate_to=calibrate_to, mechanism=mechanism, bnn_widths=widths, components=components,
+        calibrate_to=calibrate_to, mechanism=mechanism, bnn_widths=widths, components=components, force=force,
         **_engine_options(engine, spark_master, spark_conf),
     )
+    replacing = force and default_out(req).exists()
     label = {"dp-psvi": "DP-PSVI", "dp-bb-psvi": "DP BB-PSVI", "dp-kd-tree": "noisy kd-tree"}.get(
         mechanism or "", "noise-aware")
     if model == "bnn":
@@ -77,11 +83,18 @@ def release(
         def progress(done: int, total: int) -> None:
             bar.update(task, completed=done, total=total)
 
-        result = run_release(req, progress=progress, notice=lambda m: err.print(f"note: {m}"))
+        def stage(name: str) -> None:
+            if name == "planned-public":  # every public check passed: load torch (and prefetch the rest)
+                configure_torch()
+
+        result = run_release(req, progress=progress, notice=lambda m: err.print(f"note: {m}"), checkpoint=stage)
+    view = _release_view(result, req)
+    written = f"{result.out} ({'replaced the previous file, --force' if replacing else 'new file'})"
     if json_output:
-        typer.echo(json.dumps(result.as_dict(), indent=2))
+        typer.echo(json.dumps({**result.as_dict(), "written": written,
+                               "spending": [s.as_dict() for s in view.spending]}, indent=2))
         return
-    _print_table(result)
+    _print_table(result, view, written)
 
 
 def _engine_options(engine: str, master: str, conf: list[str] | None) -> dict[str, Any]:
@@ -95,35 +108,60 @@ def _engine_options(engine: str, master: str, conf: list[str] | None) -> dict[st
     return {"engine": "spark", "spark": SparkOptions(master=master, conf=parse_spark_conf(conf))}
 
 
-def _print_table(r: Any) -> None:
+@dataclass(frozen=True)
+class _ReleaseView:
+    """What the release table shows beyond :class:`~dpsummary.release.ReleaseResult`: the
+    artifact's claim (read back and verified) and the spending per accountant."""
+
+    claim: dict[str, Any]
+    spending: list[Any]
+
+
+def _release_view(r: Any, req: Any) -> _ReleaseView:
+    """Read the just-written artifact back (verified with the signing key's public half) and the
+    ledger: the table is rendered from the same claim ``dpsummary inspect`` reads."""
+    from .. import keys
+    from .. import policy as pmod
+    from ..artifact import read_artifact
+    from .render import source_spending
+
+    key_info, _ = keys.resolve_signing_key(req.key)
+    public = keys.load_public_key(key_info.public_path)
+    body, claim, _ = read_artifact(r.out, public)
+    pol = pmod.load_policy(req.policy) if req.policy is not None else pmod.default_policy()
+    spending = source_spending(
+        ledger_path=r.ledger, public_key=public, source_id=r.source_id, release_id=body["release_id"],
+        policy=pol, release_epsilons=r.epsilons, release_delta=r.delta, composed=tuple(r.composed_total),
+    )
+    return _ReleaseView(claim=claim, spending=spending)
+
+
+def _print_table(r: Any, view: _ReleaseView, written: str) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from ..release import SUBSAMPLED_MECHANISMS
+    from .render import SPENDING_COLUMNS, SPENDING_NOTE, mechanism_rows, spending_rows
 
+    console = Console()
     t = Table(title="dpsummary release", show_header=False)
     t.add_column("what")
     t.add_column("value")
-    t.add_row("epsilon (RDP)", f"{r.epsilons['rdp']:.4f}")
-    t.add_row("epsilon (PRV)", f"{r.epsilons['prv']:.4f}")
-    t.add_row("epsilon (PLD)", f"{r.epsilons['pld']:.4f}")
-    t.add_row("delta", f"{r.delta:.3g}")
-    t.add_row("noise multiplier sigma", f"{r.noise_multiplier:.4f}")
-    t.add_row("mechanism", r.mechanism)
-    if r.mechanism in SUBSAMPLED_MECHANISMS:
-        t.add_row("sample rate q (Poisson)", f"{r.sample_rate:.6g}")
-        t.add_row("steps T", str(r.steps))
-    elif r.mechanism == "dp-kd-tree":
-        t.add_row("kd-tree levels (Gaussian releases)", str(r.steps))
+    for label, text in mechanism_rows(view.claim):
+        t.add_row(label, text)
     t.add_row("pseudopoints M", str(r.size))
     split = ", ".join(f"{k} {v:.4f}" for k, v in r.budget_split.items())
-    t.add_row("budget split (epsilon of each part alone; composed, they give the epsilon above)", split)
-    t.add_row(f"source '{r.source_id}' spent (composed)", ", ".join(f"{k} {v:.4f}" for k, v in r.composed_total.items()))
-    t.add_row(f"source '{r.source_id}' spent (naive sum)", f"{r.naive_total:.4f}")
+    t.add_row("budget split (epsilon of each part alone)", split)
     t.add_row("policy", r.policy)
-    t.add_row("artifact", str(r.out))
+    t.add_row("artifact written", written)
     t.add_row("artifact sha256", r.artifact_digest)
     t.add_row("ledger", str(r.ledger))
-    Console().print(t)
+    console.print(t)
+    spent = Table(title=f"privacy spent (epsilon; source {r.source_id!r}, add/remove one record)")
+    for column in SPENDING_COLUMNS:
+        spent.add_column(column)
+    for row in spending_rows(view.spending):
+        spent.add_row(*row)
+    console.print(spent)
+    console.print(SPENDING_NOTE)
     for note in r.notes:
-        Console().print(f"note: {note}")
+        console.print(f"note: {note}")

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from . import app
+from .application import app
 from .common import configure_torch, guarded
 
 

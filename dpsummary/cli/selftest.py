@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import typer
 
-from . import app
+from .application import app
 from .common import UserError, guarded
 
 if TYPE_CHECKING:
@@ -22,7 +22,7 @@ def selftest(
     runs: Annotated[int, typer.Option(help="Main runs per side (without / with the canary) per canary scenario.")] = 10_000,
     pilot_runs: Annotated[int | None, typer.Option(help="Pilot runs per side for the threshold (default runs/4).")] = None,
     alpha: Annotated[float, typer.Option(help="1 - confidence; split equally over the audits (Bonferroni).")] = 0.05,
-    inject: Annotated[Literal["none", "no-clip", "half-noise", "fixed-size", "fixed-seed", "no-scale", "refuse-invalid"], typer.Option(help="Inject a known bug to see the self-test catch it.")] = "none",
+    inject: Annotated[Literal["none", "no-clip", "half-noise", "fixed-size", "fixed-seed", "no-scale", "refuse-invalid", "multiline-csv"], typer.Option(help="Inject a known bug to see the self-test catch it.")] = "none",
     noise: Annotated[Literal["opendp", "numpy"], typer.Option(help="opendp: the product's noise (audited path); numpy: fast vectorised Gaussian, product coins and clipping.")] = "opendp",
     sample_rate: Annotated[float, typer.Option(help="Poisson sampling rate q of the audited mechanism.")] = 0.1,
     steps: Annotated[int, typer.Option(help="Mechanism steps T per run.")] = 10,
@@ -32,8 +32,10 @@ def selftest(
     histogram: Annotated[bool, typer.Option(help="Also audit the DP initialisation histograms (noisy_marginals).")] = True,
     quality: Annotated[bool, typer.Option(help="Also audit the invalid-record handling (total rules and noisy quality counts).")] = True,
     newton: Annotated[bool, typer.Option(help="Also audit the noise-aware mechanism's score release (the default release mechanism).")] = True,
+    csv_lines: Annotated[bool, typer.Option(help="Also audit the record count under the CSV line neighbours (unclosed quotes, bare CR).")] = True,
     bnn: Annotated[bool, typer.Option(help="Also check the BNN mechanism (dp-bb-psvi): noise scale, accountant reproduction, gray-box replay.")] = True,
     mixture: Annotated[bool, typer.Option(help="Also check the mixture mechanism (dp-kd-tree): noise scale, accountant reproduction, coupled neighbour replay.")] = True,
+    bootstrap: Annotated[bool, typer.Option(help="Also check that DP-PSVI's parametric bootstrap never reads a record (closed and poisoned record store).")] = True,
     json_output: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
 ) -> None:
     """Audit the release mechanism empirically: a statistically valid LOWER bound on epsilon.
@@ -50,14 +52,14 @@ def selftest(
         cfg = SelfTestConfig(
             epsilon=epsilon, delta=delta, runs=runs, pilot_runs=pilot_runs, alpha=alpha, inject=inject,
             noise=noise, sample_rate=sample_rate, steps=steps, accountant=accountant,
-            one_run_canaries=one_run_canaries, replay=replay, bnn=bnn, mixture=mixture,
+            one_run_canaries=one_run_canaries, replay=replay, bnn=bnn, mixture=mixture, bootstrap=bootstrap,
             scenarios=("dirac", "swap") + (("histogram",) if histogram else ()) + (("quality",) if quality else ())
-            + (("newton",) if newton else ()),
+            + (("newton",) if newton else ()) + (("csv-lines",) if csv_lines else ()),
         ).validated()
     except ValueError as exc:
         raise UserError(str(exc)) from None
     err = Console(stderr=True)
-    labels = {"pilot": "pilot runs", "main": "main runs", "histogram": "histogram audit", "quality": "quality audit", "newton": "newton audit",
+    labels = {"pilot": "pilot runs", "main": "main runs", "histogram": "histogram audit", "quality": "quality audit", "newton": "newton audit", "csv-lines": "CSV line audit",
               "one-run": "one-run audit",
               "replay": "gray-box replay", "bnn": "BNN mechanism checks"}
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
@@ -99,7 +101,9 @@ def _print(r: SelfTestResult) -> None:
         t.add_column(col)
     for a in r.audits:
         sigma = "" if a.noise_multiplier is None else f"{a.noise_multiplier:.4f}"
-        t.add_row(a.scenario, sigma, f"{a.claimed_epsilon:.3f} @ {a.delta:g}", f"{a.epsilon_lower_bound:.3f}",
+        # csv-lines: the largest exact move of the record count over the line neighbours (<= 1).
+        name = a.scenario if a.sensitivity is None else f"{a.scenario} (count moved {a.sensitivity:g})"
+        t.add_row(name, sigma, f"{a.claimed_epsilon:.3f} @ {a.delta:g}", f"{a.epsilon_lower_bound:.3f}",
                   str(a.runs_per_side), f"{a.false_positives} / {a.false_negatives}",
                   "YES" if a.violation else "no")
     if r.one_run is not None:
@@ -132,6 +136,11 @@ def _print(r: SelfTestResult) -> None:
                   f"Opacus {x.opacus_epsilon:.6f}; coupled replay max move {x.replay_max_move:.4g} <= 1, same "
                   f"output {x.replay_same_output}: {'ok' if x.ok else 'FAILED: ' + ', '.join(x.failed)}",
                   markup=False)
+    if r.bootstrap is not None:
+        bs = r.bootstrap
+        con.print(f"DP-PSVI parametric bootstrap: {bs.replicates} replicates with the record store closed "
+                  f"(reading it raised: {bs.store_closed}) and again with every record poisoned (NaN): identical "
+                  f"output {bs.identical}, finite {bs.finite}: {'ok' if bs.ok else 'FAILED'}", markup=False)
     con.print(r.verdict, markup=False)
     con.print(f"certifies: {r.certifies}", markup=False)
     con.print(f"does not certify: {r.does_not_certify}", markup=False)

@@ -140,6 +140,9 @@ class PoissonRegression(GLM):
 
     #: Linear predictors are clipped here only when *simulating* so synthetic counts stay finite.
     SIMULATION_ETA_MAX: ClassVar[float] = 8.0
+    #: Public cap on the curvature weight's linear predictor above the anchor's intercept
+    #: (statistic_bounds; benchmarks/poisson.py ``tune``, simulated tables only).
+    CURVATURE_ETA_MARGIN: ClassVar[float] = 1.5
 
     def log_lik_eta(self, y, eta):
         return y * eta - torch.exp(eta) - torch.lgamma(y + 1)
@@ -153,13 +156,39 @@ class PoissonRegression(GLM):
         rate = torch.exp(eta.clamp(max=self.SIMULATION_ETA_MAX))
         return torch.poisson(rate, generator=generator)
 
+    def linear_predictor_bound(self, theta: torch.Tensor, *, feature_norm: float, target_bound: float) -> float:
+        """Public upper bound ``eta_max`` on the linear predictor at ``theta`` (issue 25).
+
+        For every record of the public feature box (``||x|| <= feature_norm``) Cauchy-Schwarz
+        gives ``eta = theta_0 + x . theta_x <= theta_0 + feature_norm ||theta_x||``; the bound is
+        that, capped at ``log(max(target_bound, 1))`` (a rate above the public count bound fits
+        no possible count). A function of public values only (``theta`` is the prior mean or an
+        earlier DP output), so the curvature weight ``exp(eta)`` has the public bound
+        ``exp(eta_max)``: with it, the curvature bound follows the anchor's rates instead of
+        the count bound (at the prior mean it is ``r^2``, not ``r^2`` times the count bound)."""
+        theta = theta.detach().to(DTYPE)
+        slopes = theta[1:] if self.intercept else theta
+        base = float(theta[0]) if self.intercept else 0.0
+        cap = math.log(max(float(target_bound), 1.0))
+        eta_max = base + float(feature_norm) * float(torch.linalg.vector_norm(slopes))
+        return min(eta_max, cap) if math.isfinite(eta_max) else cap
+
     def statistic_bounds(self, theta, *, feature_norm, target_bound):
-        # Score (y - exp(eta)) z and curvature exp(eta) z z^T are unbounded in eta; the public
-        # rate bound max(target_bound, 1) (the count column's upper bound) caps both. Records
-        # whose fitted rate or residual exceeds it are clipped (bias only for them).
+        # Score (y - exp(eta)) z and curvature exp(eta) z z^T: with counts in [0, B] (the count
+        # column's public upper bound) and eta <= eta_max (linear_predictor_bound, public), the
+        # residual lies in [-exp(eta_max), B] and the curvature weight in (0, exp(eta_max)]. The
+        # kernel clips every record to these norms (a record outside the public box, or whose
+        # rate exceeds the cap, has its curvature weight clipped: Frobenius clipping of the
+        # rank-one c_i z_i z_i^T scales c_i), so the sensitivities hold for every record.
+        # The curvature weight is further capped at exp(theta_0 + CURVATURE_ETA_MARGIN) (public):
+        # records whose rate at the anchor exceeds it have their curvature weight clipped, which
+        # only lowers the released curvature (wider intervals), while the score stays unclipped.
         r = self.design_norm_bound(feature_norm)
-        rate = max(float(target_bound), 1.0)
-        return r * rate, r * r * rate
+        eta_max = self.linear_predictor_bound(theta, feature_norm=feature_norm, target_bound=target_bound)
+        curvature_eta = eta_max
+        if self.intercept:
+            curvature_eta = min(eta_max, float(theta[0]) + self.CURVATURE_ETA_MARGIN)
+        return r * max(float(target_bound), 1.0, math.exp(eta_max)), r * r * math.exp(curvature_eta)
 
     def project_points(self, points):
         points[:, -1].clamp_(min=0.0)

@@ -26,7 +26,11 @@ sum is post-processing: the gradient is that of the surrogate
     sum_k wt_k(phi) L~_k / q + sum_k sg(wt_k) theta_k(phi) . G~_k / q
 
 (sg = stop-gradient), whose gradient equals the formula above with the noisy sums (tested
-against the non-private gradient at sigma = 0, q = 1, C = inf). Initial pseudopoints come from
+against the non-private gradient at sigma = 0, q = 1, C = inf). That surrogate, the loss around
+it and the coreset update are the non-private BB-PSVI's own code, outside this package
+(:func:`dpsummary.blackbox.objective.statistic_data_fit`,
+:func:`dpsummary.blackbox.core.statistic_step`): this module keeps only what reads records or
+draws privacy randomness, and hands the step its noisy statistic. Initial pseudopoints come from
 public information only (:func:`public_init`).
 
 Alternatives measured against this one: the K log-likelihoods alone (DP-PSVI's statistic,
@@ -58,7 +62,6 @@ on the release path (:attr:`NoisyStatistic.batch_size` is -1 there).
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -67,10 +70,16 @@ import numpy as np
 import torch
 from torch.func import grad, vmap
 
-from ..blackbox.core import BBState
-from ..blackbox.objective import InnerConfig, importance_log_weights, inner_fit, loglik_matrix
+from ..blackbox.core import (
+    BBState,
+    WeightParam,
+    make_state,
+    statistic_outer_gradient,
+    statistic_step,
+)
+from ..blackbox.objective import InnerConfig
 from ..models import DTYPE, Model
-from ..models.bnn import BNN, MeanFieldGaussian
+from ..models.bnn import BNN
 from . import kernel
 from . import noise as noise_mod
 from .mechanism import (
@@ -225,49 +234,26 @@ def statistic(records: Any, model: Model, theta: torch.Tensor, *, sample_rate: f
                              noise_multiplier=noise_multiplier)
 
 
-def private_loss(points: torch.Tensor, weights: torch.Tensor, mu0: torch.Tensor, rho0: torch.Tensor,
-                 stat_l: torch.Tensor, stat_g: torch.Tensor, theta_fixed: torch.Tensor, sample_rate: float,
-                 num_records: int, inner_eps: torch.Tensor, outer_eps: torch.Tensor, model: Model,
-                 family: MeanFieldGaussian, config: InnerConfig) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
-    """``-ELBO_PSVI-IS-BB / N`` with the data term replaced by the surrogate on noisy sums.
-
-    ``theta_fixed`` are the draws at which the statistic was computed (the same values as the
-    differentiable ``theta`` here; the surrogate's ``theta . G`` term uses ``theta - theta_fixed``
-    so that its value, too, equals the data term)."""
-    mu, rho, mom = inner_fit(mu0, rho0, points, weights, inner_eps, model, family, config)
-    theta = family.sample(mu, rho, outer_eps)
-    coreset_ll = loglik_matrix(model, points, theta) @ weights
-    log_iw = importance_log_weights(mu, rho, theta, coreset_ll, model, family)
-    wt = torch.softmax(log_iw, 0)
-    data = (wt * stat_l).sum() + (wt.detach()[:, None] * (theta - theta_fixed) * stat_g).sum()
-    elbo = data / sample_rate - (wt * coreset_ll).sum() + log_iw.mean()
-    return -elbo / num_records, (mu, rho)
-
-
 def private_outer_gradient(state: BBState, records: Any, model: Model, generator: torch.Generator, *,
                            inner: InnerConfig, outer_samples: int, sample_rate: float, clip_norm: float,
                            noise_multiplier: float, mask: np.ndarray | None = None
                            ) -> tuple[torch.Tensor, torch.Tensor, NoisyStatistic, tuple[torch.Tensor, torch.Tensor]]:
-    """Gradients of the private surrogate w.r.t. the state's points and weights.
+    """Gradients of the private surrogate w.r.t. the state's points and weights: the shared
+    :func:`dpsummary.blackbox.core.statistic_outer_gradient` with this module's mechanism
+    (:func:`statistic`, released once, at the draws of the step's first pass) as the gradient
+    statistic. Returns the released :class:`NoisyStatistic` too. ``generator`` drives only
+    non-private randomness."""
+    released: list[NoisyStatistic] = []
 
-    Pass 1 (no records): run the inner fit to get ``theta_k``. Mechanism: noisy sums at those
-    draws. Pass 2 (no records): differentiate the surrogate through the same inner fit (same
-    noise, so the same draws). ``generator`` drives only non-private randomness.
-    """
-    d = model.param_dim
-    family = MeanFieldGaussian(model.prior_scale)
-    inner_eps = torch.randn(inner.steps, inner.num_samples, d, generator=generator, dtype=DTYPE)
-    outer_eps = torch.randn(outer_samples, d, generator=generator, dtype=DTYPE)
-    points, weights = state.points.detach(), state.weights.detach()
-    with torch.no_grad():
-        mu, rho, _ = inner_fit(state.mu, state.rho, points, weights, inner_eps, model, family, inner)
-        theta = family.sample(mu, rho, outer_eps)
-    stat = statistic(records, model, theta, sample_rate=sample_rate, clip_norm=clip_norm,
-                     noise_multiplier=noise_multiplier, mask=mask)
-    fn = torch.func.grad(private_loss, argnums=(0, 1), has_aux=True)
-    (g_p, g_w), (mu_new, rho_new) = fn(points, weights, state.mu, state.rho, stat.L, stat.G, theta, sample_rate,
-                                       state.num_records, inner_eps, outer_eps, model, family, inner)
-    return g_p, g_w, stat, (mu_new.detach(), rho_new.detach())
+    def mechanism(theta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        stat = statistic(records, model, theta, sample_rate=sample_rate, clip_norm=clip_norm,
+                         noise_multiplier=noise_multiplier, mask=mask)
+        released.append(stat)
+        return stat.L, stat.G
+
+    g_p, g_w, psi = statistic_outer_gradient(state, mechanism, model, generator, inner=inner,
+                                             outer_samples=outer_samples, sample_rate=sample_rate)
+    return g_p, g_w, released[0], psi
 
 
 def public_init(model: BNN, size: int, generator: torch.Generator) -> torch.Tensor:
@@ -294,51 +280,21 @@ def privacy_events(noise_multiplier: float, sample_rate: float, steps: int) -> l
 def private_step(state: BBState, records: Any, model: Model, generator: torch.Generator, *,
                  inner: InnerConfig, outer_samples: int, sample_rate: float, clip_norm: float,
                  noise_multiplier: float) -> BBState:
-    """One DP outer step: the mechanism, then an optimiser step on the coreset (post-processing).
+    """One DP outer step: the mechanism (:func:`statistic`), then the shared BB-PSVI step on the
+    coreset (:func:`dpsummary.blackbox.core.statistic_step`: post-processing)."""
 
-    The inner Adam restarts from zero moments every step (both passes must see the same inner
-    trajectory)."""
-    g_p, g_w, _stat, (mu, rho) = private_outer_gradient(
-        state, records, model, generator, inner=inner, outer_samples=outer_samples, sample_rate=sample_rate,
-        clip_norm=clip_norm, noise_multiplier=noise_multiplier)
-    weights = state.weight.weights()
-    state.optimizer.zero_grad(set_to_none=True)
-    if state.learn_points:
-        if not state.learn_labels:
-            g_p = g_p.clone()
-            g_p[:, model.num_features:] = 0.0
-        state.points.grad = g_p
-    torch.autograd.backward([weights], [g_w])
-    state.optimizer.step()
-    with torch.no_grad():
-        if state.learn_points:
-            model.project_points(state.points)
-    state.weight.project()
-    state.mu, state.rho = mu, rho
-    state.step += 1
-    return state
+    def mechanism(theta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        stat = statistic(records, model, theta, sample_rate=sample_rate, clip_norm=clip_norm,
+                         noise_multiplier=noise_multiplier)
+        return stat.L, stat.G
+
+    return statistic_step(state, mechanism, model, generator, inner=inner, outer_samples=outer_samples,
+                          sample_rate=sample_rate)
 
 
 # ---------------------------------------------------------------------------------------------
 # The release's private BB-PSVI run (dpsummary release --model bnn)
 # ---------------------------------------------------------------------------------------------
-class _SoftmaxWeights:
-    """Coreset weights ``v = total * softmax(beta)`` with a fixed public ``total`` (the released
-    record count): the duck type of :class:`BBState`'s ``weight`` that :func:`private_step`
-    uses (``weights``, ``project``, ``raw``)."""
-
-    def __init__(self, m: int, total: float) -> None:
-        self.raw = torch.zeros(m, dtype=DTYPE, requires_grad=True)
-        self.total = float(total)
-
-    def weights(self) -> torch.Tensor:
-        return self.total * torch.softmax(self.raw, 0)
-
-    def project(self) -> None:
-        with torch.no_grad():
-            self.raw.clamp_(-30.0, 30.0)
-
-
 def public_init_from_schema(model: BNN, size: int, generator: torch.Generator,
                             feature_sampler: Callable[[int, torch.Generator], torch.Tensor]) -> torch.Tensor:
     """Initial pseudopoints from public information only: features from ``feature_sampler``
@@ -389,29 +345,11 @@ def fit_private(records: Any, model: BNN, *, size: int, steps: int, sample_rate:
         raise ValueError("initial_points must have shape (size, point_dim)")
     cfg = inner if inner is not None else InnerConfig(steps=DEFAULT_INNER_STEPS)
     q = noise_mod.quantize_sample_rate(sample_rate)
-    family = MeanFieldGaussian(model.prior_scale)
-    weight = _SoftmaxWeights(size, max(float(record_count), 1.0))
-    pts = model.project_points(initial_points.detach().clone().to(DTYPE)).requires_grad_(True)
-    mu, rho = MeanFieldGaussian.init(model, generator, init_sd=init_sd)
-    # Warm start of psi on the public initial coreset (no records): plain inner steps in chunks.
-    mom = None
-    done = 0
-    with torch.no_grad():
-        w0 = weight.weights()
-        while done < warmup_steps:
-            chunk = min(cfg.steps, warmup_steps - done)
-            ccfg = dataclasses.replace(cfg, steps=chunk)
-            eps = torch.randn(chunk, cfg.num_samples, model.param_dim, generator=generator, dtype=DTYPE)
-            mu, rho, mom = inner_fit(mu, rho, pts.detach(), w0, eps, model, family, ccfg, mom)
-            done += chunk
-    if mom is None:
-        _, _, mom = inner_fit(mu, rho, pts.detach(), weight.weights().detach(),
-                              torch.zeros(0, cfg.num_samples, model.param_dim, dtype=DTYPE), model, family,
-                              dataclasses.replace(cfg, steps=0))
-    opt = torch.optim.Adam([{"params": [weight.raw], "lr": weights_lr}, {"params": [pts], "lr": points_lr}])
-    state = BBState(points=pts, weight=weight, mu=mu.detach(), rho=rho.detach(), moments=mom,  # type: ignore[arg-type]
-                    optimizer=opt, num_records=max(int(round(record_count)), 1), learn_points=True,
-                    learn_labels=True)
+    # Public start (no records): psi warmed up on the initial coreset, weights total * softmax.
+    weight = WeightParam.softmax_fixed(size, max(float(record_count), 1.0))
+    state = make_state(model, initial_points.to(DTYPE), weight, max(int(round(record_count)), 1), generator,
+                       learn_points=True, learn_labels=True, points_lr=points_lr, weights_lr=weights_lr,
+                       total_lr=0.0, inner=cfg, init_sd=init_sd, warmup_steps=warmup_steps)
     announce = getattr(records, "expect_clipped_sums", None)
     if announce is not None:
         # Public: T releases of K (d + 1) coordinates at noise multiplier sigma (unit mechanism).
@@ -422,5 +360,5 @@ def fit_private(records: Any, model: BNN, *, size: int, steps: int, sample_rate:
         if progress is not None:
             progress(t + 1, steps)
     with torch.no_grad():
-        return PrivateFit(state.points.detach().clone(), weight.weights().detach().clone(), state.mu.clone(),
+        return PrivateFit(state.points.detach().clone(), state.weights.detach().clone(), state.mu.clone(),
                           state.rho.clone())

@@ -44,7 +44,7 @@ import torch
 
 from ..models import DTYPE, Model
 from . import noise
-from .mechanism import MechanismError, clip_rows, fixed_point_unit
+from .fixed_point import MechanismError, clip_rows, fixed_point_unit
 
 __all__ = [
     "CHUNK_ROWS",

@@ -31,6 +31,13 @@ import torch
 
 from ..models import DTYPE, Model
 from . import noise
+
+# Re-exported for callers that import them from here (they live in fixed_point since issue 30).
+from .fixed_point import FIXED_POINT_BITS as FIXED_POINT_BITS
+from .fixed_point import MAX_EXACT_ROWS as MAX_EXACT_ROWS
+from .fixed_point import MechanismError as MechanismError
+from .fixed_point import clip_rows as clip_rows
+from .fixed_point import fixed_point_unit as fixed_point_unit
 from .store import RecordStore
 
 if TYPE_CHECKING:
@@ -117,39 +124,12 @@ def draw_sample(randomness: Any, num_records: int, sample_rate: float) -> np.nda
     return np.flatnonzero(mask).astype(np.int64)
 
 
-class MechanismError(RuntimeError):
-    """An internal invariant of a mechanism failed; the release must abort (budget stays spent)."""
-
-
 @dataclass(frozen=True)
 class ClipReport:
     """What a noisy-sum call may tell its caller: nothing data-dependent."""
 
     clip_norm: float
     effective_clip_norm: float
-
-
-#: Fixed-point resolution of clipped sums: every coordinate is rounded toward zero onto the grid
-#: ``2^(floor(log2 C) + 1 - FIXED_POINT_BITS)``, so one row contributes integers below
-#: ``2^FIXED_POINT_BITS`` in magnitude.
-FIXED_POINT_BITS = 29
-#: Public cap on the rows of one exact sum: ``2^24 * 2^29 = 2^53``, so every partial and final
-#: integer sum fits int64 AND converts to float64 exactly. Batches are Poisson draws whose size is
-#: private; 2^24 (16.7 million) rows is far above any batch a policy allows (n_max * q), and
-#: beyond it the sum is still computed exactly in Python integers (see :func:`exact_clipped_sum`).
-MAX_EXACT_ROWS = 2**24
-
-
-def fixed_point_unit(clip_norm: float) -> float:
-    """The public grid step of :func:`exact_clipped_sum` for this clip norm (a power of two).
-
-    It is a multiple of OpenDP's noise grid ``2^grid_exponent(C)`` (``FIXED_POINT_BITS < 45``
-    bits below C versus 45), so an exact fixed-point sum is already on the noise grid and
-    OpenDP's input rounding leaves it unchanged.
-    """
-    if not (clip_norm > 0 and np.isfinite(clip_norm)):
-        raise MechanismError("clip_norm must be positive and finite")
-    return math.ldexp(1.0, math.floor(math.log2(clip_norm)) + 1 - FIXED_POINT_BITS)
 
 
 def exact_clipped_sum(clipped: np.ndarray, clip_norm: float) -> np.ndarray:
@@ -173,19 +153,6 @@ def exact_clipped_sum(clipped: np.ndarray, clip_norm: float) -> np.ndarray:
         raise MechanismError("exact_clipped_sum expects a 2-d array of rows")
     unit = fixed_point_unit(clip_norm)
     return kernel.finish(kernel.fixed_point_sum(rows, unit), clip_norm)
-
-
-def clip_rows(vectors: torch.Tensor, clip_norm: float) -> torch.Tensor:
-    """Scale every row to L2 norm at most ``clip_norm``; non-finite rows become zero.
-
-    Zeroing a non-finite row is itself a per-record function with norm <= clip_norm, so it keeps
-    the sensitivity bound and branches on nothing shared between records.
-    """
-    finite = torch.isfinite(vectors).all(1, keepdim=True)
-    vectors = torch.where(finite, vectors, torch.zeros_like(vectors))
-    norms = vectors.norm(dim=1, keepdim=True)
-    factor = torch.clamp(clip_norm / torch.clamp(norms, min=1e-300), max=1.0)
-    return vectors * factor
 
 
 class PrivateRecords:

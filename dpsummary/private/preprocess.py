@@ -303,6 +303,19 @@ class SchemaCounts:
             for v, c in zip(uniq, counts.tolist(), strict=True):
                 table[v] = table.get(v, 0) + c
 
+    def merge(self, other: SchemaCounts) -> None:
+        """Add the counts of ``other`` (the same header, e.g. another partition's pass): the
+        result is exactly what one pass over both parts gives (integer counts; :meth:`vector`
+        orders the keys)."""
+        if other.header != self.header:
+            raise ValueError("schema counts of different headers")
+        for name in self.header:
+            self._types[name] += other._types[name]
+            self._grid[name] += other._grid[name]
+            table = self._values[name]
+            for v, c in other._values[name].items():
+                table[v] = table.get(v, 0) + c
+
     def vector(self) -> CountVector:
         keys: list[tuple[str, str, str]] = []
         parts: list[np.ndarray] = []

@@ -75,7 +75,7 @@ def symmetric_from_upper(values: torch.Tensor, dim: int) -> torch.Tensor:
 
 def _check_positive(**values: float) -> None:
     """Every public mechanism parameter must be positive and finite (else a bug: abort)."""
-    from .mechanism import MechanismError
+    from .fixed_point import MechanismError
 
     for name, value in values.items():
         if not (value > 0 and np.isfinite(value)):
@@ -135,7 +135,7 @@ def release_statistics(
     summed over every record by any engine: local passes or Spark partitions). The one place
     the noise-aware mechanism adds its noise; the totals never leave it."""
     from . import kernel
-    from .mechanism import MechanismError
+    from .fixed_point import MechanismError
 
     _check_positive(score_bound=score_bound, curvature_bound=curvature_bound,
                     score_noise_multiplier=score_noise_multiplier,

@@ -113,6 +113,20 @@ class _EncodePass:
         self.store.close()
 
 
+def release_schema(counts: Any, *, noise_multiplier: float, target: str | None, delta: float,
+                   target_classes: int | None) -> Any:
+    """DP schema estimation on exact :class:`~dpsummary.private.preprocess.SchemaCounts` (any
+    engine's pass): the one Gaussian mechanism and partition selection of
+    :func:`~dpsummary.private.preprocess.estimate_schema`, with the release's target rule
+    (noisy top-k with an even noise share when ``target_classes`` is given)."""
+    from .preprocess import estimate_schema
+
+    if target_classes is not None:
+        return estimate_schema(counts, noise_multiplier=noise_multiplier, target=target, delta=delta,
+                               target_classes=target_classes, target_share=None)
+    return estimate_schema(counts, noise_multiplier=noise_multiplier, target=target, delta=delta)
+
+
 class PrivateSource:
     """A private file, read only in streaming passes. Construct with :meth:`open` after the
     reservation; :meth:`close` (or the context manager) releases everything it holds.
@@ -187,14 +201,9 @@ class PrivateSource:
         ``target_classes`` (public: 2 when the requested model is logistic) selects the target's
         classes by noisy top-k with an even noise share (benchmarks/results/schema_refusal_rate.md);
         otherwise the target gets its own share of the noise budget."""
-        from .preprocess import estimate_schema
-
         self._scan_stage1(schema=True)
-        counts = self._schema_counts
-        if target_classes is not None:
-            return estimate_schema(counts, noise_multiplier=noise_multiplier, target=target, delta=delta,
-                                   target_classes=target_classes, target_share=None)
-        return estimate_schema(counts, noise_multiplier=noise_multiplier, target=target, delta=delta)
+        return release_schema(self._schema_counts, noise_multiplier=noise_multiplier, target=target, delta=delta,
+                              target_classes=target_classes)
 
     # ---- stage 2: records in model space ----------------------------------------------------
     def encode(self, transform: Transform, *, missing_numeric: str, unseen_category: str) -> EncodedSource:

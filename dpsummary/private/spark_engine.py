@@ -4,9 +4,10 @@ The ONLY module that imports pyspark (lazily, inside functions; install the ``sp
 Java 17). It runs the same mechanisms as the local engine, through the same kernel, on data that
 lives in a Spark cluster (or in ``local[2]``):
 
-* **Full passes** (stage 1's record count and quality counts; the noise-aware mechanism's
-  rounds): ``mapInArrow`` runs, per partition and per Arrow batch, the shared per-batch encoder
-  and kernel, which return exact fixed-point INTEGER partial sums; the driver adds them as Python
+* **Full passes** (stage 1's record count and DP schema counts; the quality counts; the
+  noise-aware mechanism's rounds): ``mapInArrow`` runs, per partition and per Arrow batch, the
+  shared per-batch code (schema counting, encoder, kernel), which returns exact INTEGER partial
+  sums; the driver adds them as Python
   integers (exact, so the total is bit-identical to the local engine's whatever the partitioning)
   and then adds the noise ONCE through the mechanism's own noise path.
 * **DP-PSVI**: ONE pass pre-materialises every step's batch. Each row's steps come from keyed
@@ -60,8 +61,8 @@ DEFAULT_MASTER = "local[2]"
 
 
 class SparkEngineError(Refusal):
-    """The Spark engine cannot run (pyspark or Java missing, bad --spark-conf, no public schema):
-    a public fact, decided before the reservation; one line."""
+    """The Spark engine cannot run (pyspark or Java missing, bad --spark-conf, executors without
+    dpsummary): a public fact, decided before the reservation; one line."""
 
 
 def spark_available() -> str | None:
@@ -89,15 +90,12 @@ def parse_spark_conf(items: list[str] | None) -> dict[str, str]:
 
 def public_header(location: str | Path, policy: Any) -> list[str]:
     """The checks ``--engine spark`` makes before the reservation, all on public facts: pyspark
-    and Java are installed, the policy gives the schema (zero-configuration schema estimation
-    runs only on the local engine), and the Parquet input's column names (its metadata; no
-    record is read). Returns the header; raises :class:`SparkEngineError` (one line)."""
+    and Java are installed, and the Parquet input's column names (its metadata; no record is
+    read). Returns the header; raises :class:`SparkEngineError` (one line). Without a schema in
+    the policy, stage 1 estimates it on Spark (:meth:`SparkSource.estimate_schema`)."""
     reason = spark_available()
     if reason is not None:
         raise SparkEngineError(f"--engine spark: {reason}")
-    if getattr(policy, "data_schema", None) is None:
-        raise SparkEngineError("--engine spark needs the schema in the policy ([schema]); zero-configuration "
-                               "schema estimation runs only with --engine local")
     path = Path(location)
     if path.is_dir():
         files = sorted(f for f in path.rglob("*.parquet") if not any(part.startswith((".", "_"))
@@ -172,14 +170,127 @@ def build_session(options: SparkOptions, scratch: Path) -> Any:
                .config("spark.speculation", "false")
                .config("spark.sql.execution.arrow.maxRecordsPerBatch", "65536")
                .config("spark.sql.sources.partitionOverwriteMode", "static"))
+    python = worker_python(options)
+    if python is not None:
+        builder = builder.config("spark.pyspark.python", python)
     if options.master.startswith("local"):
-        builder = builder.config("spark.pyspark.python", sys.executable).config(
-            "spark.pyspark.driver.python", sys.executable)
+        builder = builder.config("spark.pyspark.driver.python", sys.executable)
     for key, value in options.conf.items():
         builder = builder.config(key, value)
-    spark = builder.getOrCreate()
+    # PySpark takes the workers' interpreter from PYSPARK_PYTHON when the context starts (the
+    # spark.pyspark.python setting is read only by spark-submit): set it for that moment only.
+    saved = os.environ.get("PYSPARK_PYTHON")
+    if python is not None:
+        os.environ["PYSPARK_PYTHON"] = python
+    try:
+        spark = builder.getOrCreate()
+    finally:
+        if python is not None:
+            if saved is None:
+                os.environ.pop("PYSPARK_PYTHON", None)
+            else:
+                os.environ["PYSPARK_PYTHON"] = saved
     _quiet_spark(spark)
     return spark
+
+
+def worker_python(options: SparkOptions) -> str | None:
+    """The executors' Python: ``spark.pyspark.python`` from ``--spark-conf`` if given; for a
+    local master the driver's own interpreter (no activated virtual environment needed); else
+    None (the cluster's default, ``PYSPARK_PYTHON`` of the executors' environment)."""
+    given = options.conf.get("spark.pyspark.python")
+    if given:
+        return given
+    return sys.executable if options.master.startswith("local") else None
+
+
+# ---- the executors' dpsummary: shipped, then checked by a probe that touches no record ------
+#: Modules an executor imports to run the engine's passes (the probe imports them all).
+EXECUTOR_MODULES = ("numpy", "pyarrow", "torch", "dpsummary.data.encode", "dpsummary.private.kernel",
+                    "dpsummary.private.spark_engine", "dpsummary.private.prf")
+
+
+def package_zip(scratch: Path) -> Path:
+    """A zip of the installed dpsummary package (its ``.py`` files and package data), written
+    inside the private directory, for :meth:`SparkContext.addPyFile`."""
+    import zipfile
+
+    from .. import __version__
+
+    root = Path(__file__).resolve().parents[1]
+    out = scratch / f"dpsummary-{__version__}.zip"
+    with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as zf:
+        for path in sorted(root.rglob("*")):
+            rel = path.relative_to(root.parent)
+            if path.is_file() and "__pycache__" not in rel.parts and path.suffix != ".pyc":
+                zf.write(path, rel.as_posix())
+    return out
+
+
+def ship_package(spark: Any, scratch: Path) -> None:
+    """Ship this dpsummary to the executors (PySpark's ``addPyFile`` of a zip: on every
+    executor's ``sys.path`` ahead of any installed copy), once per SparkContext."""
+    from .. import __version__
+
+    sc = spark.sparkContext
+    if f"dpsummary-{__version__}.zip" in (getattr(sc, "_python_includes", None) or []):
+        return
+    sc.addPyFile(str(package_zip(scratch)))
+
+
+def _probe_function() -> Any:
+    """The probe run on the executors (a nested function: pickled by value, so unpickling it
+    needs no dpsummary). It touches no record: it imports :data:`EXECUTOR_MODULES`."""
+    modules = EXECUTOR_MODULES
+
+    def probe(_: Any) -> tuple[str, str]:
+        import importlib
+
+        try:
+            for name in modules:
+                importlib.import_module(name)
+            import dpsummary
+
+            return ("ok", str(dpsummary.__version__))
+        except Exception as exc:  # noqa: BLE001 - reported to the driver as one line
+            return ("error", f"{type(exc).__name__}: {exc}".splitlines()[0][:200])
+
+    return probe
+
+
+def executor_report(spark: Any, scratch: Path) -> list[tuple[str, str]]:
+    """Ship the package, then run the probe in one task per default-parallelism slot: the
+    distinct answers (("ok", version) or ("error", one line)). A job that fails (e.g. the
+    executors' Python cannot start) is one ("job", exception type) answer."""
+    ship_package(spark, scratch)
+    sc = spark.sparkContext
+    slots = max(1, int(sc.defaultParallelism))
+    try:
+        return sorted(set(sc.parallelize(range(slots), slots).map(_probe_function()).collect()))
+    except Exception as exc:  # noqa: BLE001 - a worker that cannot start: one line, no traceback
+        return [("job", type(exc).__name__)]
+
+
+def check_executors(spark: Any, scratch: Path, options: SparkOptions) -> None:
+    """Before any reservation: the executors import the driver's dpsummary version (a public
+    fact about the cluster; no record is read). Else a one-line :class:`SparkEngineError`."""
+    from .. import __version__
+
+    answers = executor_report(spark, scratch)
+    bad = [a for a in answers if a != ("ok", __version__)]
+    if not bad:
+        return
+    kind, detail = bad[0]
+    if kind == "ok":
+        what = f"import dpsummary {detail}, not the driver's {__version__}"
+    elif kind == "job":
+        what = f"could not run the probe job ({detail})"
+    else:
+        what = f"cannot import dpsummary {__version__} and its dependencies ({detail})"
+    python = worker_python(options) or "the cluster's default python"
+    raise SparkEngineError(
+        f"--engine spark: the Spark executors ({python}) {what}; install dpsummary with its 'spark' extra in "
+        "the executors' Python, or point them at one that has it (--spark-conf spark.pyspark.python=/path/to/python)")
 
 
 @contextmanager
@@ -317,6 +428,39 @@ class QualityPass:
         if touched is not None:
             rows.append(("quality", _ints_json(touched.tolist())))
         yield pa.RecordBatch.from_pydict({"name": [r[0] for r in rows], "ints": [r[1] for r in rows]})
+
+
+STAGE1_SCHEMA = "read long, counts binary"
+
+
+@dataclass(frozen=True)
+class Stage1Pass:
+    """Per partition: records read and, with a ``header``, the exact counts of DP schema
+    estimation (a pickled :class:`~dpsummary.private.preprocess.SchemaCounts`, filled as the
+    local engine's stage-1 scan fills it: :func:`dpsummary.data.text_column` per column of
+    each Arrow batch). One output row per partition; the driver adds them exactly."""
+
+    header: tuple[str, ...] | None
+
+    def __call__(self, batches: Iterator[Any]) -> Iterator[Any]:
+        import pickle
+
+        import pyarrow as pa
+
+        from ..data import batch_columns, text_column
+        from .preprocess import SchemaCounts
+
+        read = 0
+        counts = SchemaCounts(list(self.header)) if self.header is not None else None
+        for batch in batches:
+            data = _data_columns(batch)
+            read += data.num_rows
+            if counts is not None:
+                for name, col in batch_columns(data).items():
+                    counts.add(name, text_column(col)[0])
+        blob = pickle.dumps(counts, protocol=pickle.HIGHEST_PROTOCOL) if counts is not None else None
+        yield pa.RecordBatch.from_pydict({"read": [read], "counts": [blob]},
+                                         schema=pa.schema([("read", pa.int64()), ("counts", pa.binary())]))
 
 
 @dataclass(frozen=True)
@@ -492,7 +636,8 @@ class SparkSource:
     unreachable cluster refuses for free: opening starts the session and reads only metadata
     (the schema and the file list), never a record."""
 
-    __slots__ = ("_coins", "_df", "_file_index", "_owned", "_randomness", "_scratch", "_spark", "_steps")
+    __slots__ = ("_coins", "_df", "_file_index", "_header", "_owned", "_randomness", "_rows", "_schema_counts",
+                 "_scratch", "_spark", "_steps")
 
     def __init__(self, spark: Any, location: str | Path, scratch: Path, *, steps: int,
                  randomness: Any = None, coins: Any = None, partitions: int | None = None) -> None:
@@ -510,6 +655,12 @@ class SparkSource:
         #: Tests replay with a given :class:`StepCoins`; a release draws a fresh key.
         self._coins = coins
         self._owned: Any = None
+        from ..data import normalise_text
+
+        #: The data columns by normalised name (the local reader's header rule).
+        self._header = [normalise_text(str(c)) for c in self._df.columns if c not in (FILE_COLUMN, ROW_COLUMN)]
+        self._rows: int | None = None  # PRIVATE exact count of records read (stage 1's pass)
+        self._schema_counts: Any = None  # PRIVATE exact schema counts (stage 1's pass)
 
     @classmethod
     def open(cls, location: str | Path, options: SparkOptions, *, steps: int) -> SparkSource:
@@ -531,6 +682,7 @@ class SparkSource:
                 f"--engine spark: could not start a Spark session on {options.master!r} ({type(exc).__name__}); "
                 "check --spark-master, --spark-conf and that the cluster is reachable") from None
         try:
+            check_executors(spark, scratch, options)
             source = cls(spark, location, scratch, steps=steps)
         except BaseException:
             scope.__exit__(None, None, None)
@@ -559,15 +711,59 @@ class SparkSource:
         """Records read (Parquet rows) plus Gaussian noise: sensitivity 1, noise on the driver."""
         from .mechanism import release_count
 
-        try:
-            count = int(self._df.count())
-        except Exception as exc:  # noqa: BLE001
-            raise _job_failed(exc) from None
-        return release_count(self._randomness, count, noise_multiplier=noise_multiplier)
+        if self._rows is None:
+            self._scan_stage1(schema=False)
+        assert self._rows is not None
+        return release_count(self._randomness, self._rows, noise_multiplier=noise_multiplier)
 
-    def estimate_schema(self, **_: Any) -> Any:
-        raise SparkEngineError("--engine spark needs the schema in the policy ([data_schema]); "
-                               "zero-configuration schema estimation runs only with --engine local")
+    def _scan_stage1(self, *, schema: bool) -> None:
+        """Stage 1's one full pass (:class:`Stage1Pass`): the exact record count and, with
+        ``schema``, the schema counts, merged exactly on the driver (PRIVATE, kept here)."""
+        import pickle
+
+        from .preprocess import SchemaCounts
+
+        if self._rows is not None and (not schema or self._schema_counts is not None):
+            return
+        if not schema:
+            # The count alone: Spark's Parquet count (row-group footers; the same number of
+            # records the local reader reads from Parquet, which has no ragged rows).
+            try:
+                self._rows = int(self._df.count())
+            except Exception as exc:  # noqa: BLE001
+                raise _job_failed(exc) from None
+            return
+        fn = Stage1Pass(tuple(self._header) if schema else None)
+        try:
+            parts = self._df.mapInArrow(fn, STAGE1_SCHEMA).collect()
+        except Exception as exc:  # noqa: BLE001 - a Spark failure: one line, no worker traceback
+            raise _job_failed(exc) from None
+        rows = 0
+        merged = SchemaCounts(self._header) if schema else None
+        for part in parts:
+            rows += int(part["read"])
+            if merged is not None and part["counts"] is not None:
+                merged.merge(pickle.loads(part["counts"]))  # noqa: S301 - our executors' own output
+        self._rows = rows
+        if merged is not None:
+            self._schema_counts = merged
+
+    def schema_counts(self) -> Any:
+        """PRIVATE exact schema counts of stage 1's pass: for the mechanism below and for
+        cross-engine replay tests only."""
+        self._scan_stage1(schema=True)
+        return self._schema_counts
+
+    def estimate_schema(self, *, noise_multiplier: float, target: str | None, delta: float,
+                        target_classes: int | None = None) -> Any:
+        """DP schema estimation on Spark: one full pass of exact counts (:class:`Stage1Pass`,
+        also stage 1's record count), then the local engine's mechanism on the driver
+        (:func:`~dpsummary.private.source.release_schema`: one Gaussian mechanism plus
+        partition selection at ``delta``), on exactly the counts the local engine sums."""
+        from .source import release_schema
+
+        return release_schema(self.schema_counts(), noise_multiplier=noise_multiplier, target=target, delta=delta,
+                              target_classes=target_classes)
 
     def encode(self, transform: Any, *, missing_numeric: str, unseen_category: str) -> SparkEncoded:
         encoder = BatchEncoder(transform, missing_numeric, unseen_category)

@@ -1,6 +1,6 @@
 """``dpsummary release --engine spark`` end to end (typer CliRunner, shared local[2] session):
-both mechanisms, the public refusal without a schema, the private directory removed and the PRF
-key never shown or written."""
+both mechanisms, a zero-configuration release (stage 1 on Spark), the private directory removed
+and the PRF key never shown or written."""
 
 from __future__ import annotations
 
@@ -70,14 +70,20 @@ def test_release_engine_spark_both_mechanisms(spark: Any, tmp_path: Path, home: 
         assert keys[0] not in path.read_bytes()
 
 
-def test_engine_spark_needs_a_public_schema(spark: Any, tmp_path: Path, home: Path) -> None:
-    data = write_parquet(tmp_path / "records.parquet", table(300, 2))
-    pol = write_policy(tmp_path / "policy.toml", n=None, schema=False)
-    r = _release("--engine", "spark", "--epsilon", "0.5", "--policy", str(pol), str(data))
-    assert r.exit_code == 2
-    errors = [line for line in r.output.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1 and "schema" in errors[0] and r.output.strip().endswith(errors[0])
-    assert ledger_lines(home) == []  # public refusal: nothing reserved
+def test_engine_spark_zero_configuration(spark: Any, tmp_path: Path, home: Path) -> None:
+    """No schema and no count in the policy: stage 1 (noisy count, DP schema) runs on Spark and
+    the release completes with the default mechanism (issue 29)."""
+    data = write_parquet(tmp_path / "records.parquet", table(3000, 2, dirty=False))
+    pol = write_policy(tmp_path / "policy.toml", n=None, schema=False, total_epsilon=10.0, cap=5.0)
+    out = tmp_path / "zero.json"
+    r = _release("--engine", "spark", "--epsilon", "4.0", "--target", "y", "--policy", str(pol), "--out", str(out),
+                 "--json", str(data))
+    assert r.exit_code == 0, r.output
+    body = json.loads(r.stdout)
+    assert body["mechanism"] == "noise-aware-newton"
+    assert {"count", "preprocessing"} <= {k for k, v in body["budget_split"].items() if v > 0}
+    stages = [e.get("stage") for e in ledger_lines(home) if e.get("kind") == "reserve"]
+    assert stages[0] == "count-and-schema"
 
 
 def test_spark_options_need_engine_spark(tmp_path: Path, home: Path) -> None:

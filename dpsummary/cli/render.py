@@ -1,0 +1,244 @@
+"""What a release released and what it cost, in words: one renderer for ``dpsummary release``'s
+table and ``dpsummary inspect``.
+
+Everything here reads the artifact's signed claim or the ledger, both public, never the data.
+The mechanism rows come from the claim alone, so the release table and ``inspect`` of the same
+artifact say the same thing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["SPENDING_COLUMNS", "SPENDING_NOTE", "AccountantSpending", "mechanism_rows", "source_spending",
+           "spending_rows"]
+
+Row = tuple[str, str]
+
+
+def _num(x: Any) -> str:
+    return f"{x:.4g}" if isinstance(x, int | float) and not isinstance(x, bool) else str(x)
+
+
+def _gaussian(sigma: Any, sensitivity: Any, unit: str = "") -> str:
+    """``noise multiplier s x L2 sensitivity c = noise sd s*c``, or the parts that are known."""
+    if not isinstance(sigma, int | float):
+        return "no noise recorded"
+    if isinstance(sensitivity, int | float) and not isinstance(sensitivity, bool):
+        sd = f" = noise sd {_num(sigma * sensitivity)}{unit}"
+        return f"multiplier {_num(sigma)} x sensitivity {_num(sensitivity)}{sd}"
+    return f"multiplier {_num(sigma)} x sensitivity {sensitivity}"
+
+
+def _stage1_rows(mech: dict[str, Any]) -> list[Row]:
+    """The Gaussian releases a release may make besides its main mechanism (one release each)."""
+    parts = (
+        ("count_noise_multiplier", "record count", "sensitivity 1, noise sd {sd} records"),
+        ("preprocessing_noise_multiplier", "schema estimation", "counts scaled to sensitivity 1"),
+        ("quality_noise_multiplier", "data-quality counts", "counts scaled to sensitivity 1"),
+    )
+    rows: list[Row] = []
+    for key, label, what in parts:
+        sigma = mech.get(key)
+        if isinstance(sigma, int | float):
+            rows.append((label, f"1 Gaussian, multiplier {_num(sigma)}: {what.format(sd=_num(sigma))}"))
+        else:
+            rows.append((label, "not released (public, or no budget share)"))
+    return rows
+
+
+def _noise_aware_rows(mech: dict[str, Any]) -> list[Row]:
+    rounds = mech.get("rounds") or []
+    sigmas = mech.get("noise_multipliers") or []
+    schedule = (mech.get("schedule") or {}).get("rounds") or []
+    rows: list[Row] = [(
+        "mechanism",
+        f"noise-aware-newton: {len(rounds)} rounds; each adds Gaussian noise once to the sums over every "
+        "record (no sampling) of the clipped scores and of the clipped curvatures",
+    )]
+    for i, bounds in enumerate(rounds):
+        s_sigma, c_sigma = (list(sigmas[i]) + [None, None])[:2] if i < len(sigmas) else (None, None)
+        share = f" (shares {', '.join(_num(x) for x in schedule[i])})" if i < len(schedule) else ""
+        rows.append((
+            f"round {i + 1}",
+            f"score: {_gaussian(s_sigma, bounds.get('score_bound'))}; "
+            f"curvature: {_gaussian(c_sigma, bounds.get('curvature_bound'))}{share}",
+        ))
+    single = mech.get("single_gaussian_noise_multiplier")
+    if isinstance(single, int | float):
+        rows.append((
+            "noise multiplier sigma",
+            f"{single:.4f}: the {2 * len(rounds)} releases compose to one Gaussian of this multiplier "
+            "(share s: multiplier sigma / sqrt(s))",
+        ))
+    return rows
+
+
+def _dp_psvi_rows(mech: dict[str, Any]) -> list[Row]:
+    steps, q, sigma = mech.get("steps"), mech.get("sample_rate"), mech.get("noise_multiplier")
+    rows: list[Row] = [
+        ("mechanism", f"dp-psvi: {steps} steps; each Poisson-samples every record with rate q = {_num(q)} and "
+                      "releases the sum of the sampled records' clipped log-likelihood vectors with Gaussian noise"),
+        (f"steps 1..{steps}", f"each: {_gaussian(sigma, 'C_t (the clip norm of step t)')}, so noise sd "
+                              f"{_num(sigma)} x C_t; C_t by the public rule: {mech.get('clip_norm_rule')}"),
+    ]
+    if isinstance(sigma, int | float):
+        rows.append(("noise multiplier sigma", f"{sigma:.4f} (every step)"))
+    init = mech.get("initialisation")
+    if isinstance(init, dict):
+        rows.append(("initialisation", f"1 Gaussian release of per-column histograms: noise multiplier "
+                                       f"{_num(init.get('noise_multiplier'))} x L2 sensitivity 1 (counts scaled)"))
+    return rows
+
+
+def _dp_bb_psvi_rows(mech: dict[str, Any]) -> list[Row]:
+    steps, q, sigma, clip = mech.get("steps"), mech.get("sample_rate"), mech.get("noise_multiplier"), mech.get("clip_norm")
+    rows: list[Row] = [
+        ("mechanism", f"dp-bb-psvi: {steps} steps; each Poisson-samples every record with rate q = {_num(q)} and "
+                      f"releases the sum of the sampled records' statistics (dimension "
+                      f"{mech.get('statistic_dimension')}, clipped) with Gaussian noise"),
+        (f"steps 1..{steps}", f"each: {_gaussian(sigma, clip)}"),
+    ]
+    if isinstance(sigma, int | float):
+        rows.append(("noise multiplier sigma", f"{sigma:.4f} (every step)"))
+    return rows
+
+
+def _kd_tree_rows(mech: dict[str, Any]) -> list[Row]:
+    levels, sigma = mech.get("levels"), mech.get("noise_multiplier")
+    rows: list[Row] = [
+        ("mechanism", f"dp-kd-tree: {levels} levels; each releases the record counts of that level's nodes "
+                      f"(every record in one node) with Gaussian noise; a node splits when its noisy count is at "
+                      f"least {_num(mech.get('split_threshold'))} sigma, a leaf is kept at "
+                      f"{_num(mech.get('keep_threshold'))} sigma"),
+        (f"levels 1..{levels}", f"each: {_gaussian(sigma, 1.0, ' records')}"),
+    ]
+    if isinstance(sigma, int | float):
+        rows.append(("noise multiplier sigma", f"{sigma:.4f} (every level)"))
+    return rows
+
+
+_MECHANISM_ROWS = {
+    "noise-aware-newton": _noise_aware_rows,
+    "dp-psvi": _dp_psvi_rows,
+    "dp-bb-psvi": _dp_bb_psvi_rows,
+    "dp-kd-tree": _kd_tree_rows,
+}
+
+
+def mechanism_rows(claim: dict[str, Any]) -> list[Row]:
+    """What each mechanism of the release released (rounds, steps or levels; each one's noise
+    multiplier, L2 sensitivity and noise sd), read from the artifact's signed claim only.
+
+    The same rows make ``dpsummary release``'s table and ``dpsummary inspect``. A mechanism
+    name this version does not know is shown with its scalar claim fields, never hidden."""
+    mech = claim.get("mechanism") or {}
+    name = mech.get("name")
+    render = _MECHANISM_ROWS.get(name or "")
+    if render is not None:
+        rows = render(mech)
+    else:
+        scalars = ", ".join(f"{k} {_num(v)}" for k, v in mech.items() if isinstance(v, int | float | str) and k != "name")
+        rows = [("mechanism", f"{name} (not described by this dpsummary version): {scalars}")]
+    return [*rows, *_stage1_rows(mech)]
+
+
+# ---- spending -------------------------------------------------------------------------------
+#: Why the source's composed total can read below this release's own epsilon (truthful for this
+#: code: the release's epsilon is at the release's delta, the source's at the policy's total_delta;
+#: see dpsummary.release.plan_public and dpsummary.ledger's charging rule).
+SPENDING_NOTE = (
+    "Why a source total can read below this release's own epsilon: the release is stated at its own "
+    "delta, the source's total at the policy's larger total_delta (at a larger delta the same noise "
+    "gives a smaller epsilon), and the ledger composes all the source's Gaussian events under one "
+    "accountant, which adds up to less than the sum of the parts (RDP and PLD composition is "
+    "sub-additive). Only the accountant of record's budget is enforced."
+)
+
+
+@dataclass(frozen=True)
+class AccountantSpending:
+    """One accountant's view of a release: its own cost and the source's running total."""
+
+    accountant: str
+    of_record: bool
+    release_epsilon: float
+    release_delta: float
+    #: The source's composed totals; None when not composed here (PRV unless it is the
+    #: accountant of record: slower; ``dpsummary audit`` composes it).
+    before: float | None
+    after: float | None
+    total_delta: float
+    total_epsilon: float
+    active_holds: float
+
+    @property
+    def left(self) -> float | None:
+        """The budget left: the policy's total minus the composed total and active holds."""
+        return None if self.after is None else self.total_epsilon - self.after - self.active_holds
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"accountant": self.accountant, "of_record": self.of_record,
+                "release": {"epsilon": self.release_epsilon, "delta": self.release_delta},
+                "source_before": {"epsilon": self.before, "delta": self.total_delta},  # None: not composed
+                "source_after": {"epsilon": self.after, "delta": self.total_delta},
+                "budget_left": {"epsilon": self.left, "of": self.total_epsilon, "delta": self.total_delta,
+                                "enforced": self.of_record}}
+
+
+#: Column headers of :func:`spending_rows`.
+SPENDING_COLUMNS = ("accountant", "this release", "source total: before -> after", "budget left")
+
+
+def spending_rows(spending: list[AccountantSpending]) -> list[tuple[str, str, str, str]]:
+    """One row per accountant (:data:`SPENDING_COLUMNS`): this release's cost, the source's
+    composed total before and after it, and the budget left, each with its delta. Explain them
+    with :data:`SPENDING_NOTE`."""
+    rows = []
+    for s in spending:
+        name = s.accountant.upper() + (" (of record)" if s.of_record else "")
+        cost = f"{s.release_epsilon:.4f} (delta {s.release_delta:.3g})"
+        if s.before is None or s.after is None or s.left is None:
+            rows.append((name, cost, "see `dpsummary audit`", "-"))
+            continue
+        left = f"{s.left:.4f} of {s.total_epsilon:g} (delta {s.total_delta:.3g})"
+        if s.active_holds > 0:
+            left += f"; {s.active_holds:.4f} held by releases in progress"
+        if not s.of_record:
+            left += "; not enforced"
+        rows.append((name, cost, f"{s.before:.4f} -> {s.after:.4f} (delta {s.total_delta:.3g})", left))
+    return rows
+
+
+def source_spending(
+    *,
+    ledger_path: Any,
+    public_key: Any,
+    source_id: str,
+    release_id: str,
+    policy: Any,
+    release_epsilons: dict[str, float],
+    release_delta: float,
+    composed: tuple[str, ...],
+) -> list[AccountantSpending]:
+    """Each accountant's line for a finished release (one per key of ``release_epsilons``), from
+    ONE verified read of the ledger: under each accountant in ``composed``, the source's composed total with every charged event (after) and without this release's
+    entries (before), both at the policy's ``total_delta`` by the ledger's own computation
+    (:func:`dpsummary.ledger.spent_in_entries`). Composition is not additive, so "before" is
+    composed from the ledger, not subtracted. Releases of the same source that ran concurrently
+    count in both."""
+    from ..ledger import LedgerError, read_ledger, spent_in_entries
+
+    state = read_ledger(ledger_path, public_key)
+    if state.errors:
+        raise LedgerError(f"ledger {ledger_path} fails verification: {state.errors[0].message}")
+    others = [e for e in state.entries if e["release_id"] != release_id]
+    after = spent_in_entries(state.entries, source_id, delta=policy.total_delta, accountants=composed)  # type: ignore[arg-type]
+    before = spent_in_entries(others, source_id, delta=policy.total_delta, accountants=composed)  # type: ignore[arg-type]
+    order = sorted(release_epsilons, key=lambda a: (a != policy.accountant, a not in composed, a))
+    return [AccountantSpending(
+        accountant=a, of_record=a == policy.accountant, release_epsilon=release_epsilons[a],
+        release_delta=release_delta, before=before.composed.get(a), after=after.composed.get(a),
+        total_delta=policy.total_delta, total_epsilon=policy.total_epsilon, active_holds=after.active_holds,
+    ) for a in order]

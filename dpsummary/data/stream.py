@@ -1,0 +1,288 @@
+"""The streaming reader: one pass over a CSV or Parquet file as Arrow record batches (the
+release path, every engine; see :mod:`dpsummary.data` for the record rule). pyarrow is imported
+inside the functions that use it."""
+
+from __future__ import annotations
+
+import csv
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..header import DataError, _is_parquet, normalise_text, read_header
+from .parsing import parse_floats
+
+#: Bytes per block of the streaming CSV reader (a public constant; bounds the reader's memory).
+STREAM_BLOCK_BYTES = 4 << 20
+#: Bytes per pyarrow parse task within a block (pyarrow parses a block's tasks in parallel).
+_ARROW_PARSE_BYTES = 1 << 20
+#: Rows per batch of the stdlib fallback reader and of Parquet batches.
+STREAM_BATCH_ROWS = 1 << 16
+
+
+def text_column(col: Any) -> tuple[Any, np.ndarray]:
+    """One Arrow column of a batch as normalised text, and which rows held undecodable bytes.
+
+    The reader's public rules, vectorised: binary columns are decoded as UTF-8 (undecodable
+    bytes become U+FFFD and flag their row), typed columns (Parquet) are cast to their Arrow text
+    form, nulls are missing (""), then Unicode NFKC (skipped for all-ASCII batches, where it is
+    the identity) and leading/trailing Unicode whitespace removed. Returns ``(pa.StringArray,
+    bool ndarray)``; PRIVATE (the flags go only into the quality-count mechanism)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if isinstance(col, pa.ChunkedArray):
+        col = col.combine_chunks()
+    n = len(col)
+    bad = np.zeros(n, dtype=bool)
+    if pa.types.is_dictionary(col.type):
+        col = col.dictionary_decode()
+    if pa.types.is_binary(col.type) or pa.types.is_large_binary(col.type):
+        try:
+            text = pc.cast(col, pa.string())
+        except (pa.ArrowInvalid, pa.ArrowTypeError):
+            values = []
+            for i, b in enumerate(col.to_pylist()):
+                b = b or b""
+                try:
+                    values.append(b.decode("utf-8"))
+                except UnicodeDecodeError:
+                    bad[i] = True
+                    values.append(b.decode("utf-8", errors="replace"))
+            text = pa.array(values, type=pa.string())
+    elif pa.types.is_string(col.type) or pa.types.is_large_string(col.type):
+        text = col
+    else:
+        text = pc.cast(col, pa.string())
+    text = pc.fill_null(text, "")
+    if not pc.all(pc.string_is_ascii(text)).as_py() if n else False:
+        text = pc.utf8_normalize(text, "NFKC")
+    return pc.utf8_trim_whitespace(text), bad
+
+
+def text_numbers(text: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(values, ok, missing)`` of a normalised text column (see :func:`text_column`), the
+    rule of :func:`parse_floats` after :func:`normalise_text`: ``ok`` where the value is a
+    finite number, ``values`` NaN elsewhere, ``missing`` where the field is empty. Arrow's
+    vectorised cast decides a batch whenever it parses every field (on those strings it agrees
+    with Python's ``float``); otherwise the batch falls back to the per-distinct-value rule."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    empty = pc.equal(text, "")
+    missing = empty.to_numpy(zero_copy_only=False)
+    nullable = pc.if_else(empty, pa.scalar(None, pa.string()), text)
+    try:
+        # A cheap probe first: a text column fails on its first values, without a full cast.
+        pc.cast(nullable.slice(0, 64), pa.float64())
+        parsed = pc.cast(nullable, pa.float64())
+        values = parsed.to_numpy(zero_copy_only=False).astype(np.float64, copy=True)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        uniq, codes = dictionary_codes(text)
+        arr = np.empty(len(uniq), dtype=object)
+        arr[:] = [normalise_text(u) for u in uniq]
+        uvals, _ = parse_floats(arr)
+        values = uvals[codes] if len(uniq) else np.zeros(len(text))
+    ok = np.isfinite(values) & ~missing
+    return np.where(ok, values, np.nan), ok, missing
+
+
+def dictionary_codes(text: Any) -> tuple[list[str], np.ndarray]:
+    """Distinct values of a text column and each row's index among them (Arrow's hashing)."""
+    import pyarrow.compute as pc
+
+    enc = pc.dictionary_encode(text)
+    if hasattr(enc, "combine_chunks"):
+        enc = enc.combine_chunks()
+    return enc.dictionary.to_pylist(), enc.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+
+
+def batch_columns(batch: Any) -> dict[str, Any]:
+    """The columns of an Arrow record batch by normalised name (:func:`normalise_text`)."""
+    return {normalise_text(str(name)): batch.column(i) for i, name in enumerate(batch.schema.names)}
+
+
+class BatchStream:
+    """One streaming pass over a private CSV or Parquet file, as Arrow record batches whose
+    columns are named by the normalised header (:func:`read_header`).
+
+    CSV, THE record rule (public, per line): **a record is one physical line**. The bytes after
+    the header line are split on ``\\n``; one ``\\r`` before it is part of the line end
+    (``\\r\\n``); every other ``\\r`` byte reads as a space (a character of its line, so it can
+    neither add nor join records); an empty line is skipped. Each line is then parsed on its own
+    as CSV (``,`` delimiter, ``"`` quotes, ``""`` an escaped quote, a quote that does not open
+    a field is a literal character). A line whose field count differs from the header's, or
+    which ends inside a quoted field (an unclosed quote, a lone ``"``, a quoted value holding a
+    newline: not supported in CSV, use Parquet), is *ragged*: dropped and counted in
+    :attr:`ragged_rows` (PRIVATE: only for the quality-count mechanism). So adding or removing
+    one line adds or removes at most one record: whatever a line holds, it affects no other.
+
+    Reading: blocks of about :data:`STREAM_BLOCK_BYTES` cut at line ends (memory O(block +
+    longest line), never the table). A block is parsed by pyarrow's CSV reader when that is
+    provably the per-line rule: pyarrow parses the block without error (a ragged row raises),
+    returns one row per line, and, if the block holds a ``"``, no value holding a newline (a
+    quoted field that pyarrow runs across a line end leaves fewer rows than lines, or its
+    newline in the last value). Otherwise, and always with
+    ``fallback=True``, the block is parsed line by line by the stdlib ``csv`` module
+    (:func:`parse_csv_lines`). The two agree on every line (``tests/test_data.py`` runs both on
+    the same fixtures). Parquet: ``ParquetFile.iter_batches``: a row is a row."""
+
+    def __init__(self, path: str | Path, *, fallback: bool = False, header: list[str] | None = None) -> None:
+        self.path = Path(path)
+        self.header = header if header is not None else read_header(self.path)
+        self.fallback = fallback
+        self.ragged_rows = 0
+
+    def __iter__(self) -> Any:
+        if _is_parquet(self.path):
+            return self._parquet()
+        return self._csv()
+
+    def _parquet(self) -> Any:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        try:
+            pf = pq.ParquetFile(self.path)
+        except (OSError, ValueError):
+            raise DataError(f"cannot read the Parquet file {self.path}; is it Parquet?") from None
+        for batch in pf.iter_batches(batch_size=STREAM_BATCH_ROWS):
+            yield pa.RecordBatch.from_arrays(batch.columns, names=self.header)
+
+    def _csv(self) -> Any:
+        try:
+            fh = open(self.path, "rb")  # noqa: SIM115 - closed in the finally below
+        except OSError as exc:
+            raise DataError(f"cannot read data file {self.path}: {type(exc).__name__}") from None
+        try:
+            fh.readline()  # the header line, already checked by read_header
+            while (block := _line_block(fh)) is not None:
+                if self.fallback:
+                    batches, ragged = parse_csv_lines(block, self.header)
+                else:
+                    batches, ragged = _arrow_block(block, self.header)
+                self.ragged_rows += ragged
+                yield from batches
+        except OSError as exc:
+            raise DataError(f"cannot read data file {self.path}: {type(exc).__name__}") from None
+        finally:
+            fh.close()
+
+
+_BARE_CR = re.compile(rb"\r(?!\n)")
+_EMPTY_LINES = re.compile(rb"\n(?:\r?\n)+")
+
+
+def _line_block(fh: Any) -> bytes | None:
+    """The next block of whole lines (about :data:`STREAM_BLOCK_BYTES`, extended to the end of
+    its last line; the file's last line gets a ``\\n`` if it has none), with every ``\\r`` that
+    does not end a line replaced by a space; ``None`` at the end of the file."""
+    block: bytes = fh.read(STREAM_BLOCK_BYTES)
+    if not block:
+        return None
+    if not block.endswith(b"\n"):
+        block += fh.readline()
+        if not block.endswith(b"\n"):
+            block += b"\n"
+    if b"\r" in block and block.count(b"\r") != block.count(b"\r\n"):
+        block = _BARE_CR.sub(b" ", block)
+    return block
+
+
+def _non_empty_lines(block: bytes) -> int:
+    """Lines of a block from :func:`_line_block` that are not empty (both readers skip empty
+    ones; every ``\\r`` left in the block ends a line)."""
+    return _EMPTY_LINES.sub(b"\n", block.lstrip(b"\r\n")).count(b"\n")
+
+
+def _arrow_block(block: bytes, header: list[str]) -> tuple[list[Any], int]:
+    """Parse one block of whole lines with pyarrow when that provably gives the per-line rule
+    of :class:`BatchStream`, else with :func:`parse_csv_lines`. Returns (batches, ragged).
+
+    pyarrow gets no invalid-row handler: a ragged row makes it raise, and the block goes to
+    :func:`parse_csv_lines`, which counts ragged lines itself (pyarrow cannot hand a row that is
+    not UTF-8 to a Python handler: it would print a warning about the row's bytes instead)."""
+    import pyarrow as pa
+    import pyarrow.csv as pcsv
+
+    names = list(header)
+    try:
+        table = pcsv.read_csv(
+            pa.py_buffer(block),
+            read_options=pcsv.ReadOptions(column_names=names, block_size=_ARROW_PARSE_BYTES, use_threads=True),
+            parse_options=pcsv.ParseOptions(newlines_in_values=False),
+            convert_options=pcsv.ConvertOptions(column_types={c: pa.binary() for c in names}, null_values=[],
+                                                strings_can_be_null=False, quoted_strings_can_be_null=False),
+        )
+    except (pa.ArrowInvalid, pa.ArrowCapacityError):  # a ragged row (its message is dropped unread)
+        return parse_csv_lines(block, header)
+    # pyarrow's rows start at line starts and do not overlap, so one row per (non-empty) line
+    # means no row ran across a line end, except perhaps the last one, whose quoted value would
+    # then hold the newline. A quoted field run across a line end can also make pyarrow drop
+    # rows silently (at the end of one of its parse tasks): the row count catches that too.
+    lines = block.count(b"\n")
+    if table.num_rows != lines:
+        lines = _non_empty_lines(block)  # the slower count, only when the fast one disagrees
+    if table.num_rows != lines or (
+            b'"' in block and any(_holds_newline(chunk) for col in table.columns for chunk in col.chunks)):
+        return parse_csv_lines(block, header)
+    return [b for b in table.to_batches() if b.num_rows], 0
+
+
+def _holds_newline(chunk: Any) -> bool:
+    """Whether the value bytes of a binary Arrow array hold a ``\\n`` (its whole data buffer is
+    searched: bytes outside the array's slice can only give a false alarm, a slower block)."""
+    data = chunk.buffers()[2]
+    return data is not None and b"\n" in data.to_pybytes()
+
+
+def parse_csv_lines(block: bytes, header: list[str]) -> tuple[list[Any], int]:
+    """THE per-line CSV rule of :class:`BatchStream` by the stdlib ``csv`` module: each line of
+    ``block`` (whole lines, bare ``\\r`` already replaced, see :func:`_line_block`) parsed on
+    its own, fields kept as bytes (undecodable bytes round-trip through ``surrogateescape``).
+    Returns ``([one Arrow record batch] or [], ragged)``; ``ragged`` is PRIVATE. A line is
+    parsed with a ``\\n`` appended, so a line that ends inside a quoted field is recognised by
+    the newline left in its value (a line holds no other newline) and counted as ragged."""
+    import sys
+
+    import pyarrow as pa
+
+    width = len(header)
+    cols: list[list[bytes]] = [[] for _ in range(width)]
+    ragged = 0
+    old_limit = csv.field_size_limit()
+    csv.field_size_limit(sys.maxsize)  # a field is never refused for its length
+    try:
+        for raw in block.split(b"\n"):
+            line = raw[:-1] if raw.endswith(b"\r") else raw
+            if not line:
+                continue  # an empty line, as pyarrow's ignore_empty_lines
+            text = line.decode("utf-8", errors="surrogateescape") + "\n"
+            fields = next(csv.reader((text,), strict=False), [])
+            if len(fields) != width or any("\n" in v for v in fields):
+                ragged += 1
+                continue
+            for j, v in enumerate(fields):
+                cols[j].append(v.encode("utf-8", errors="surrogateescape"))
+    finally:
+        csv.field_size_limit(old_limit)
+    if not cols or not cols[0]:
+        return [], ragged
+    return [pa.RecordBatch.from_arrays([pa.array(c, pa.binary()) for c in cols], names=header)], ragged
+
+
+def stream_pass(path: str | Path, consumer_factory: Any, *, header: list[str] | None = None) -> tuple[Any, int]:
+    """Run one full pass: ``consumer = consumer_factory()``; ``consumer.add(batch)`` for every
+    batch of :class:`BatchStream`; on an exception the consumer's ``discard()`` is called and
+    the exception propagates. Returns ``(consumer, ragged_rows)`` (``ragged_rows`` PRIVATE)."""
+    consumer = consumer_factory()
+    stream = BatchStream(path, header=header)
+    try:
+        for batch in stream:
+            consumer.add(batch)
+    except BaseException:
+        consumer.discard()
+        raise
+    return consumer, stream.ragged_rows

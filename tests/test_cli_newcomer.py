@@ -1,0 +1,278 @@
+"""Issue 26, what a newcomer trips over: help text, public refusals that load nothing heavy, no
+silent overwrite, a spending display that names its deltas, ``inspect`` and the release table
+from one renderer, and the repository's own hygiene (license string, benchmark data paths, one
+check command for the README and CI)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+from release_support import ledger_lines
+from release_support import write_csv as _write_csv
+from release_support import write_policy as _policy
+from typer.testing import CliRunner
+
+from dpsummary.cli import app
+from dpsummary.cli.render import SPENDING_NOTE, mechanism_rows
+
+ROOT = Path(__file__).resolve().parents[1]
+HEAVY = ("torch", "scipy", "opacus", "dp_accounting", "opendp")
+runner = CliRunner()
+WIDE = {"COLUMNS": "400"}  # rich wraps table cells at the terminal width; keep rows on one line
+
+
+@pytest.fixture()
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    h = tmp_path / "home"
+    monkeypatch.setenv("DPSUMMARY_HOME", str(h))
+    return h
+
+
+# ---- help text ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("command", [[], ["release"], ["inspect"], ["report"], ["verify"], ["keygen"]])
+def test_help_shows_upper_case_arguments_and_untyped_flags(command: list[str]) -> None:
+    res = runner.invoke(app, [*command, "--help"], env=WIDE)
+    assert res.exit_code == 0, res.output
+    assert "<bool>" not in res.output
+    assert not re.search(r"\{[a-z_]+\}", res.output), res.output
+    usage = next(line for line in res.output.splitlines() if "Usage:" in line)
+    if command == ["release"]:
+        assert usage.split("Usage:")[1].split() == ["dpsummary", "release", "[OPTIONS]", "DATA"]
+        assert re.search(r"--epsilon\s+<float>", res.output)  # options that take a value keep a type
+        assert re.search(r"--force\s+Replace", res.output)  # a flag: no type between name and help
+    if command == ["report"]:
+        assert usage.split("Usage:")[1].split()[-2:] == ["ARTIFACT", "DATA"]
+
+
+# ---- public refusals: fast, one line, nothing heavy imported -------------------------------------
+_PROBE = """
+import json, sys
+heavy = json.loads(sys.argv[2])
+sys.argv = ["dpsummary", *json.loads(sys.argv[1])]
+from dpsummary.cli import main
+code = 0
+try:
+    main()
+except SystemExit as exc:
+    code = exc.code
+print(json.dumps({"code": code, "heavy": [m for m in heavy if m in sys.modules]}))
+"""
+
+
+def _probe(args: list[str], tmp: Path) -> tuple[dict, str]:
+    env = {**os.environ, "DPSUMMARY_HOME": str(tmp / "home"), "OMP_NUM_THREADS": "1", "COLUMNS": "200"}
+    done = subprocess.run([sys.executable, "-c", _PROBE, json.dumps(args), json.dumps(HEAVY)],
+                          capture_output=True, text=True, env=env, timeout=120)
+    return json.loads(done.stdout.strip().splitlines()[-1]), done.stderr
+
+
+def test_public_refusals_import_no_heavy_library(tmp_path: Path) -> None:
+    data = _write_csv(tmp_path / "d.csv", 300)
+    (tmp_path / "published.json").write_text("an artifact already published\n")
+    (tmp_path / "bad.csv").write_bytes(b"\xff\xfe,b\n1,2\n")
+    (tmp_path / "empty.csv").write_text("")
+    cases = {
+        "missing target column": ["release", str(data), "--epsilon", "0.2", "--target", "nope"],
+        "header not UTF-8": ["release", str(tmp_path / "bad.csv"), "--epsilon", "0.2"],
+        "empty file": ["release", str(tmp_path / "empty.csv"), "--epsilon", "0.2"],
+        "missing file": ["release", str(tmp_path / "missing.csv"), "--epsilon", "0.2"],
+        "existing output": ["release", str(data), "--epsilon", "0.2", "--out", str(tmp_path / "published.json")],
+        "bad option": ["release", str(data), "--epsilon", "-1"],
+        "bad size": ["release", str(data), "--epsilon", "0.2", "--size", "0"],
+    }
+    # Policy refusals (exit 3) are public too: the policy's model names are checked without torch.
+    strict = tmp_path / "strict.toml"
+    strict.write_text(Path(__file__).resolve().parents[1].joinpath("policies", "default.toml").read_text()
+                      .replace('allowed_models = ["gaussian_mean", "linear", "logistic", "poisson", "bnn", "gmm", '
+                               '"dpgmm"]', 'allowed_models = ["logistic"]'))
+    assert 'allowed_models = ["logistic"]' in strict.read_text()
+    policy_cases = {
+        "epsilon over the cap": ["release", str(data), "--epsilon", "3"],
+        "model not allowed": ["release", str(data), "--epsilon", "0.2", "--model", "poisson", "--policy", str(strict)],
+    }
+    codes = {**dict.fromkeys(cases, 2), **dict.fromkeys(policy_cases, 3)}
+    for name, args in {**cases, **policy_cases}.items():
+        result, stderr = _probe(args, tmp_path)
+        assert result["code"] == codes[name], (name, stderr)
+        assert result["heavy"] == [], (name, result["heavy"])
+        errors = [line for line in stderr.splitlines() if line.startswith("error:")]
+        assert len(errors) == 1 and "Traceback" not in stderr, (name, stderr)
+    # Refusing an epsilon too small to calibrate needs the accountant's arithmetic (dp_accounting),
+    # but nothing is read or charged.
+    result, stderr = _probe(["release", str(data), "--epsilon", "0.0005"], tmp_path)
+    assert result["code"] == 3 and "too small for the policy" in stderr, stderr
+    assert "torch" not in result["heavy"], result["heavy"]
+    assert not (tmp_path / "home" / "ledger.jsonl").exists()  # refused before any reservation
+    assert (tmp_path / "published.json").read_text() == "an artifact already published\n"
+
+
+def test_help_imports_no_heavy_library(tmp_path: Path) -> None:
+    result, _ = _probe(["release", "--help"], tmp_path)
+    assert result == {"code": 0, "heavy": []}
+
+
+# ---- overwrite, spending, inspect: real releases ------------------------------------------------
+def _release(data: Path, pol: Path, out: Path, *extra: str) -> dict:
+    res = runner.invoke(app, ["release", str(data), "--epsilon", "0.5", "--policy", str(pol), "--out", str(out),
+                              "--size", "5", "--json", *extra], env=WIDE)
+    assert res.exit_code == 0, res.output
+    return json.loads(res.stdout[res.stdout.index("{"):])
+
+
+@pytest.fixture(scope="module")
+def released(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """Two releases of one source (the second replaces the first's artifact with --force), then a
+    refused third without --force; the outputs and the ledger before the refusal."""
+    tmp = tmp_path_factory.mktemp("newcomer")
+    mp = pytest.MonkeyPatch()
+    mp.setenv("DPSUMMARY_HOME", str(tmp / "home"))
+    try:
+        data = _write_csv(tmp / "d.csv", 600)
+        pol = _policy(tmp / "p.toml", n=600, total_epsilon=3.0, cap=1.0, total_delta=1e-6)
+        out = tmp / "d.dpsummary.json"
+        first = _release(data, pol, out)
+        first_digest = out.read_bytes()
+        second = _release(data, pol, out, "--force")
+        entries_before = ledger_lines(tmp / "home")
+        refused = runner.invoke(app, ["release", str(data), "--epsilon", "0.5", "--policy", str(pol)], env=WIDE)
+        table = runner.invoke(app, ["release", str(data), "--epsilon", "0.5", "--policy", str(pol), "--size", "5",
+                                    "--out", str(tmp / "third.json")], env=WIDE)
+        inspect = runner.invoke(app, ["inspect", str(tmp / "third.json")], env=WIDE)
+        inspect_json = runner.invoke(app, ["inspect", str(tmp / "third.json"), "--json"], env=WIDE)
+        from dpsummary.artifact import read_artifact
+
+        _, claim, _ = read_artifact(tmp / "third.json", None)
+        return {"tmp": tmp, "first": first, "second": second, "first_bytes": first_digest, "out": out,
+                "entries_before": entries_before, "entries_after": ledger_lines(tmp / "home"), "refused": refused,
+                "table": table, "inspect": inspect, "inspect_json": inspect_json, "claim": claim}
+    finally:
+        mp.undo()
+
+
+def test_existing_artifact_is_refused_before_the_reservation_and_force_says_it_replaced(released: dict) -> None:
+    refused = released["refused"]
+    assert refused.exit_code == 2
+    assert "already exists" in refused.output and "--force" in refused.output
+    # The refusal wrote no ledger entry (it came before the reservation): every entry after it
+    # belongs to the one release that followed.
+    later = released["entries_after"][len(released["entries_before"]):]
+    assert later and len({e["release_id"] for e in later}) == 1
+    assert released["first"]["written"].endswith("(new file)")
+    assert released["second"]["written"].endswith("(replaced the previous file, --force)")
+    assert released["out"].read_bytes() != released["first_bytes"]
+
+
+def test_spending_shows_release_cost_and_source_totals_with_their_deltas(released: dict) -> None:
+    first, second = released["first"], released["second"]
+    by_acc = {s["accountant"]: s for s in second["spending"]}
+    first_by_acc = {s["accountant"]: s for s in first["spending"]}
+    assert set(by_acc) == {"rdp", "prv", "pld"}
+    rdp = by_acc["rdp"]
+    assert rdp["of_record"] and rdp["budget_left"]["enforced"]
+    assert rdp["release"] == {"epsilon": second["epsilon"]["rdp"], "delta": second["delta"]}
+    assert rdp["source_before"]["delta"] == rdp["source_after"]["delta"] == 1e-6  # the policy's total_delta
+    # "before" is the first release's "after" (same ledger, composed without the second release).
+    for acc in ("rdp", "pld"):
+        assert by_acc[acc]["source_before"]["epsilon"] == pytest.approx(first_by_acc[acc]["source_after"]["epsilon"],
+                                                                         rel=1e-9)
+        assert first_by_acc[acc]["source_before"]["epsilon"] == 0.0
+        assert by_acc[acc]["source_after"]["epsilon"] > by_acc[acc]["source_before"]["epsilon"]
+    assert rdp["budget_left"]["epsilon"] == pytest.approx(3.0 - rdp["source_after"]["epsilon"])
+    # Sub-additive composition: two releases cost less than twice one, under RDP.
+    assert rdp["source_after"]["epsilon"] < 2 * first_by_acc["rdp"]["source_after"]["epsilon"]
+    # PRV is not composed here; it says where to find it instead of showing a number.
+    assert by_acc["prv"]["source_after"]["epsilon"] is None
+
+
+def test_release_table_names_each_delta_and_explains_the_totals(released: dict) -> None:
+    out = released["table"].output
+    assert released["table"].exit_code == 0, out
+    assert "privacy spent" in out and "budget left" in out
+    assert re.search(r"RDP \(of record\)\s*│\s*0\.\d{4} \(delta [0-9.e-]+\)\s*│\s*0\.\d{4} -> 0\.\d{4} "
+                     r"\(delta 1e-06\)\s*│\s*\d\.\d{4} of 3 \(delta 1e-06\)", out), out
+    assert " ".join(SPENDING_NOTE.split()) in " ".join(out.split())
+    assert "naive sum" not in out
+
+
+def test_inspect_and_the_release_table_come_from_one_renderer(released: dict) -> None:
+    rows = mechanism_rows(released["claim"])
+    assert rows[0][1].startswith("noise-aware-newton: 3 rounds")
+    assert [label for label, _ in rows[1:4]] == ["round 1", "round 2", "round 3"]
+    inspect = released["inspect"].output
+    table = released["table"].output
+    for label, text in rows:
+        assert f"  {label}: {text}" in inspect
+        assert re.search(rf"│ {re.escape(label)}\s*│ {re.escape(text)}\s*│", table), (label, text)
+    assert "sigma None" not in inspect
+    assert json.loads(released["inspect_json"].stdout)["released"] == [{"what": a, "detail": b} for a, b in rows]
+
+
+def test_noise_aware_rows_give_each_rounds_noise_and_sensitivity(released: dict) -> None:
+    mech = released["claim"]["mechanism"]
+    rows = dict(mechanism_rows(released["claim"]))
+    for i, (bounds, (s_sigma, c_sigma)) in enumerate(zip(mech["rounds"], mech["noise_multipliers"], strict=True)):
+        text = rows[f"round {i + 1}"]
+        assert f"noise sd {s_sigma * bounds['score_bound']:.4g}" in text
+        assert f"noise sd {c_sigma * bounds['curvature_bound']:.4g}" in text
+
+
+def _claim(mechanism: dict) -> dict:
+    return {"mechanism": {"count_noise_multiplier": None, "preprocessing_noise_multiplier": None,
+                          "quality_noise_multiplier": 12.5, **mechanism}}
+
+
+def test_every_mechanism_is_described_from_its_claim() -> None:
+    """The claim fields written by dpsummary.release for each mechanism (names as in the code)."""
+    psvi = dict(mechanism_rows(_claim({"name": "dp-psvi", "noise_multiplier": 3.0, "sample_rate": 0.01, "steps": 500,
+                                       "clip_norm_rule": "median rule", "initialisation": {"noise_multiplier": 7.0}})))
+    assert "500 steps" in psvi["mechanism"] and "q = 0.01" in psvi["mechanism"]
+    assert "multiplier 3 x sensitivity C_t" in psvi["steps 1..500"] and "median rule" in psvi["steps 1..500"]
+    assert "multiplier 7" in psvi["initialisation"]
+    bb = dict(mechanism_rows(_claim({"name": "dp-bb-psvi", "noise_multiplier": 2.0, "sample_rate": 0.05,
+                                     "steps": 100, "clip_norm": 4.0, "statistic_dimension": 321})))
+    assert "multiplier 2 x sensitivity 4 = noise sd 8" in bb["steps 1..100"]
+    kd = dict(mechanism_rows(_claim({"name": "dp-kd-tree", "noise_multiplier": 9.0, "levels": 6,
+                                     "split_threshold": 3.0, "keep_threshold": 2.0})))
+    assert "6 levels" in kd["mechanism"] and "noise sd 9 records" in kd["levels 1..6"]
+    for rows in (psvi, bb, kd):
+        assert rows["data-quality counts"].startswith("1 Gaussian, multiplier 12.5")
+        assert rows["record count"].startswith("not released")
+    unknown = dict(mechanism_rows(_claim({"name": "future-mech", "noise_multiplier": 1.5})))
+    assert "future-mech" in unknown["mechanism"] and "noise_multiplier 1.5" in unknown["mechanism"]
+
+
+# ---- repository hygiene --------------------------------------------------------------------------
+def test_license_is_an_spdx_string_with_a_setuptools_that_reads_it() -> None:
+    meta = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert meta["project"]["license"] == "Apache-2.0"
+    assert "setuptools>=77" in meta["build-system"]["requires"]  # PEP 639 strings: setuptools 77+
+
+
+def test_benchmarks_find_shared_data_by_one_overridable_lookup(tmp_path: Path) -> None:
+    for path in (ROOT / "benchmarks").glob("*.py"):
+        assert not re.search(r"[\"']/(work|home|Users)/", path.read_text()), path
+    code = "import sys; sys.path.insert(0, 'benchmarks'); import data_paths; print(data_paths.SHARED_DATA)"
+    env = {**os.environ, "DPSUMMARY_SHARED_DATA": str(tmp_path)}
+    assert subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
+                          check=True).stdout.strip() == str(tmp_path)
+    env.pop("DPSUMMARY_SHARED_DATA")
+    default = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
+                             check=True).stdout.strip()
+    assert Path(default) == ROOT.parent / "shared" / "data"
+
+
+def test_readme_development_command_is_the_one_ci_runs() -> None:
+    readme = (ROOT / "README.md").read_text()
+    development = readme.split("## Development", 1)[1]
+    assert "bash .ci/check" in development
+    assert (ROOT / ".ci" / "run").read_text().rstrip().endswith("bash .ci/check")
+    check = (ROOT / ".ci" / "check").read_text()
+    assert "ruff check dpsummary tests benchmarks examples" in check
+    assert "mypy dpsummary" in check and "python -m pytest" in check
