@@ -139,24 +139,8 @@ def mechanism(table: trust.Table, tf: Any, epsilon: float) -> tuple[Any, Mechani
 
 def default_mechanism(table: trust.Table, epsilon: float) -> Any:
     """The default mechanism (noise-aware-newton, its default schedule) on the training rows, as
-    ``benchmarks/trust.py`` runs it, plus the public feature norm and target bound the release
-    passes (schedules with a log-mean anchor need them)."""
-    from dpsummary import noise_aware as na
-    from dpsummary.private.mechanism import SystemRandomness
-    from dpsummary.private.score_stats import noisy_score_statistics
-
-    sched = na.Schedule.default(table.model)
-    sigma, _ = na.calibrate(sched, target_epsilon=epsilon, delta=trust.DELTA)
-    rnd = SystemRandomness()
-
-    def release(theta: torch.Tensor, sb: float, cb: float, sm: float, cm: float) -> tuple[torch.Tensor, torch.Tensor]:
-        st = noisy_score_statistics(table.train, rnd, table.model, theta, score_bound=sb, curvature_bound=cb,
-                                    score_noise_multiplier=sm, curvature_noise_multiplier=cm)
-        return st.score, st.curvature
-
-    bounds = na.public_bounds(table.model, feature_norm=table.feature_norm, target_bound=table.target_bound)
-    return na.fit(table.model, release, bounds, schedule=sched, sigma=sigma, feature_norm=table.feature_norm,
-                  target_bound=table.target_bound)
+    ``benchmarks/trust.py`` runs it (the public feature norm and target bound passed through)."""
+    return trust.noise_aware_fit(table, epsilon)[0]
 
 
 def run(out: Path, datasets: list[str], epsilons: list[float], seeds: list[int], replicates: int,
@@ -328,7 +312,7 @@ def report(results: Path, target: Path, command: str) -> None:
         "(noise-aware-newton) is judged by its Gaussian in `run` and by its artifact in "
         "`zero-config`. Mech. s: the mechanism's own time (zero-config: the whole CLI release, "
         "bootstrap included); boot s: the bootstrap's wall time on 2 worker processes (shared "
-        "2-core machine with other jobs running: load average 5-7); LOO cov.: the calibration "
+        "2-core machine with other jobs running: load average 3-7); LOO cov.: the calibration "
         "rule's leave-one-out coverage inside the bootstrap (before widening) and its Monte Carlo "
         "se; KL: symmetric KL of the matched pseudocoreset to the calibrated Gaussian.", "",
         "| data | eps | method | n | coverage | true cov. | width | / floor | effects full / found / floor / "

@@ -135,7 +135,8 @@ def noise_aware_fit(table: Table, epsilon: float, schedule: na.Schedule | None =
         return st.score, st.curvature
 
     bounds = na.public_bounds(table.model, feature_norm=table.feature_norm, target_bound=table.target_bound)
-    return na.fit(table.model, release, bounds, schedule=sched, sigma=sigma), sigma
+    return na.fit(table.model, release, bounds, schedule=sched, sigma=sigma, feature_norm=table.feature_norm,
+                  target_bound=table.target_bound), sigma
 
 
 def public_features(table: Table, size: int, g: torch.Generator) -> torch.Tensor:

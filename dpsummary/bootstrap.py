@@ -159,9 +159,22 @@ class BootstrapConfig:
         processes need no ``__main__`` guard (Linux, :func:`worker_start_method`) and 1 (in
         process, stated in the release's notice) elsewhere."""
         cores = os.cpu_count() or 1
-        default = min(2, cores) if worker_start_method() == "fork" else 1
+        default = min(2, cores) if worker_start_method() == "fork" and not fork_unsafe_runtime() else 1
         want = self.workers if self.workers is not None else default
         return max(1, min(want, self.replicates))
+
+
+#: Runtimes that keep threads of their own once imported, so that a ``fork`` of the process can
+#: deadlock in the child (JAX warns exactly this); with one of them loaded (an analyst's notebook
+#: or a test process that also ran the exporters) the default is one in-process worker.
+FORK_UNSAFE_MODULES = ("jax", "jaxlib")
+
+
+def fork_unsafe_runtime() -> bool:
+    """Whether a runtime of :data:`FORK_UNSAFE_MODULES` is loaded in this process."""
+    import sys
+
+    return any(name in sys.modules for name in FORK_UNSAFE_MODULES)
 
 
 def worker_start_method() -> str:

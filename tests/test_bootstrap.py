@@ -233,3 +233,21 @@ def test_bootstrap_never_reads_a_record() -> None:
 
     result = bootstrap_check()
     assert result.ok, result
+
+
+def test_default_workers_stay_in_process_when_a_fork_unsafe_runtime_is_loaded(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """With JAX loaded (a notebook, or a test process that ran the exporters), forking could
+    deadlock the children: the default is one in-process worker (the release's notice says so)."""
+    import sys
+    import types
+
+    from dpsummary.bootstrap import fork_unsafe_runtime
+
+    monkeypatch.delitem(sys.modules, "jax", raising=False)
+    monkeypatch.delitem(sys.modules, "jaxlib", raising=False)
+    assert not fork_unsafe_runtime()
+    monkeypatch.setitem(sys.modules, "jax", types.ModuleType("jax"))
+    assert fork_unsafe_runtime()
+    assert BootstrapConfig(replicates=7).resolved_workers() == 1
+    assert BootstrapConfig(replicates=7, workers=2).resolved_workers() == 2

@@ -87,4 +87,8 @@ def test_release_streams_through_a_spilled_store(tmp_path: Path, home: Path, spi
     opened, closed = store.FDS_FOR_TEST  # type: ignore[attr-defined]
     assert opened, "the store did not spill"
     assert sorted(opened) == sorted(closed)  # every descriptor released when the release ended
-    assert list(spill.iterdir()) == []
+    # The store leaves nothing behind. (A dp-psvi release's bootstrap may start worker processes,
+    # and Python's multiprocessing keeps its own private "pymp-*" directory until the interpreter
+    # exits: not the store's; the bootstrap never sees a record.)
+    left = [p for p in spill.iterdir() if not (p.name.startswith("pymp-") and p.is_dir())]
+    assert left == []
