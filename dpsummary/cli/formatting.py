@@ -39,8 +39,10 @@ def _usage_pieces(command: TyperCommand | TyperGroup, ctx: Any) -> list[str]:
     return pieces
 
 
-class Command(TyperCommand):
-    """A command whose help shows ``DATA``, not ``{data}``, and flags without ``<bool>``."""
+class _TidyHelp:
+    """Shared by :class:`Command` and :class:`Group`: tidy every parameter and the help option."""
+
+    params: list[Any]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -48,28 +50,21 @@ class Command(TyperCommand):
             _tidy(param)
 
     def get_help_option(self, ctx: Any) -> Any:
-        option = super().get_help_option(ctx)
+        option = super().get_help_option(ctx)  # type: ignore[misc]
         if option is not None:
             _tidy(option)
         return option
+
+
+class Command(_TidyHelp, TyperCommand):
+    """A command whose help shows ``DATA``, not ``{data}``, and flags without ``<bool>``."""
 
     def collect_usage_pieces(self, ctx: Any) -> list[str]:
         return _usage_pieces(self, ctx)
 
 
-class Group(TyperGroup):
+class Group(_TidyHelp, TyperGroup):
     """The top-level group, with the same help conventions as :class:`Command`."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        for param in self.params:
-            _tidy(param)
-
-    def get_help_option(self, ctx: Any) -> Any:
-        option = super().get_help_option(ctx)
-        if option is not None:
-            _tidy(option)
-        return option
 
     def collect_usage_pieces(self, ctx: Any) -> list[str]:
         return [*_usage_pieces(self, ctx), self.subcommand_metavar]
