@@ -22,3 +22,20 @@ def shared_data_dir() -> Path:
 
 
 SHARED_DATA = shared_data_dir()
+
+
+#: The only changes a benchmark's epsilon sweep makes to the packaged default policy: a lifetime
+#: budget and a per-release cap large enough for the sweep (everything else as shipped).
+SWEEP_POLICY_OVERRIDES = {"total_epsilon": "1000.0", "max_epsilon_per_release": "10.0"}
+
+
+def write_sweep_policy(directory: Path) -> Path:
+    """``directory/policy.toml``: the packaged default policy with :data:`SWEEP_POLICY_OVERRIDES`."""
+    policy = (REPO_ROOT / "dpsummary" / "resources" / "default_policy.toml").read_text()
+    lines = []
+    for line in policy.splitlines():
+        key = line.split("=")[0].strip()
+        lines.append(f"{key} = {SWEEP_POLICY_OVERRIDES[key]}" if key in SWEEP_POLICY_OVERRIDES else line)
+    path = directory / "policy.toml"
+    path.write_text("\n".join(lines) + "\n")
+    return path

@@ -193,7 +193,6 @@ def run(out: Path, datasets: list[str], epsilons: list[float], seeds: list[int],
 
 
 #: A permissive copy of the packaged default policy for the zero-configuration sweep.
-POLICY_OVERRIDES = {"total_epsilon": "1000.0", "max_epsilon_per_release": "10.0"}
 ZERO_CONFIG_DATA = {"adult": ROOT / "examples" / "adult.csv", "bike_rentals": trust.DATA / "bike_rentals.csv"}
 
 
@@ -214,13 +213,9 @@ def zero_config(out: Path, datasets: list[str], epsilons: list[float], seeds: li
     from dpsummary.metrics import full_posterior, idealised_floor, prior_posterior, trust_report
 
     workdir.mkdir(parents=True, exist_ok=True)
-    policy = (ROOT / "dpsummary" / "resources" / "default_policy.toml").read_text()
-    lines = []
-    for line in policy.splitlines():
-        key = line.split("=")[0].strip()
-        lines.append(f"{key} = {POLICY_OVERRIDES[key]}" if key in POLICY_OVERRIDES else line)
-    pol = workdir / "policy.toml"
-    pol.write_text("\n".join(lines) + "\n")
+    from data_paths import write_sweep_policy
+
+    pol = write_sweep_policy(workdir)
     env = {**os.environ, "DPSUMMARY_HOME": str(workdir / "home")}
     exe = Path(sys.executable).parent / "dpsummary"
     new = not out.exists()

@@ -85,7 +85,6 @@ SIM_LEVELS = 4
 SIM_COUNT_BOUND = 20.0
 #: Simulated shapes: d (parameters incl. intercept) -> (numeric columns, categorical columns).
 SIM_SHAPES = {10: (5, 1), 30: (5, 6)}  # 1 + 5 + 4 = 10; 1 + 5 + 24 = 30
-POLICY_OVERRIDES = {"total_epsilon": "1000.0", "max_epsilon_per_release": "10.0"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -446,13 +445,9 @@ def make_artifacts(directory: Path, epsilons: tuple[float, ...]) -> None:
     import os
 
     directory.mkdir(parents=True, exist_ok=True)
-    policy = (ROOT / "dpsummary" / "resources" / "default_policy.toml").read_text()
-    lines = []
-    for line in policy.splitlines():
-        key = line.split("=")[0].strip()
-        lines.append(f"{key} = {POLICY_OVERRIDES[key]}" if key in POLICY_OVERRIDES else line)
-    pol = directory / "policy.toml"
-    pol.write_text("\n".join(lines) + "\n")
+    from data_paths import write_sweep_policy
+
+    pol = write_sweep_policy(directory)
     env = {**os.environ, "DPSUMMARY_HOME": str(directory / "home")}
     exe = Path(sys.executable).parent / "dpsummary"
     for eps in epsilons:
