@@ -46,6 +46,17 @@ aware) posterior ``N((H + P)^-1 (s + H a + P mu0), (H + P)^-1)`` is returned for
    mean (e.g. a Poisson intercept of 5 towards 0). Post-processing; the last round's posterior
    always uses the analyst's prior. Not a default (benchmarks/results/poisson_tune.md).
 
+5. **A prior centred where the counts are** (Poisson default, ``Schedule.prior_centre``). The
+   analyst-facing prior ``N(0, I)`` on standardised coefficients is fine for slopes but puts an
+   intercept of 5 (a mean count near 150) five prior sds out; where the features are not
+   centred, the intercept direction is weakly identified and the noise-aware posterior shrinks
+   it towards 0, which biases every slope that correlates with it
+   (benchmarks/results/poisson_diagnosis.md). So once round 1 has released the log-mean anchor
+   ``c = (log noisy mean count, 0, ..., 0)``, every later posterior uses the prior
+   ``N(c, prior_scale^2 I)`` (an empirical-Bayes prior built from DP outputs only: free). The
+   released model declares ``prior_mean = c`` (:meth:`dpsummary.models.Model.spec`), so the
+   pseudocoreset, the exporters and every sampler use the same prior.
+
 Totality: whatever the noise draws, :func:`fit` returns finite Gaussians or raises
 :class:`NonFiniteFit` (a DP-decided outcome; the release turns it into a charged refusal).
 
@@ -100,6 +111,11 @@ class Schedule:
     #: Newton step; module docstring, 4.). The last round's posterior always uses the model's
     #: prior. Public.
     step_prior: str = "model"
+    #: Where the released posterior's prior is centred: None (the model's prior mean) or
+    #: ``"log-mean"`` (the intercept at round 1's log-mean anchor, slopes at 0; module
+    #: docstring, 5.). Needs ``anchor == "log-mean"``. Public rule on DP outputs; the artifact's
+    #: model declares the centre so analysts sample the same posterior.
+    prior_centre: str | None = None
 
     def __post_init__(self) -> None:
         flat = [w for pair in self.rounds for w in pair]
@@ -113,13 +129,16 @@ class Schedule:
             raise ValueError("passes must be >= 1 and start 'raw' or 'anchor'")
         if self.step_prior not in ("model", "anchor"):
             raise ValueError("step_prior must be 'model' or 'anchor'")
+        if self.prior_centre not in (None, "log-mean") or (self.prior_centre and self.anchor != "log-mean"):
+            raise ValueError("prior_centre must be None or 'log-mean' (with the log-mean anchor)")
 
     @classmethod
     def default(cls, model: Model) -> Schedule:
         if model.conjugate:
             return cls(((0.5, 0.5),))
         if model.name == "poisson" and getattr(model, "intercept", False):
-            return cls(POISSON_ROUNDS, anchor="log-mean", trust_eta=POISSON_TRUST_ETA, passes=3, start="anchor")
+            return cls(POISSON_ROUNDS, anchor="log-mean", trust_eta=POISSON_TRUST_ETA, passes=3, start="anchor",
+                       prior_centre="log-mean")
         return cls(DEFAULT_ROUNDS)
 
     def noise_multipliers(self, sigma: float) -> list[tuple[float, float]]:
@@ -139,6 +158,10 @@ class Schedule:
         if (self.passes, self.start) != (2, "raw"):
             out["posterior_passes"] = self.passes
             out["posterior_start"] = self.start
+        if self.step_prior != "model":
+            out["step_prior"] = self.step_prior
+        if self.prior_centre is not None:
+            out["prior_centre"] = self.prior_centre
         return out
 
 
@@ -148,7 +171,9 @@ DEFAULT_ROUNDS: tuple[tuple[float, float], ...] = ((0.05, 0.1), (0.05, 0.1), (0.
 #: Poisson (issue 25; rule and candidates in benchmarks/poisson.py ``tune``, simulated tables
 #: only): round 1 at the prior mean gives the log-mean anchor (its curvature only needs the
 #: record count, so it gets a small share), then Newton rounds inside the trust region.
-POISSON_ROUNDS: tuple[tuple[float, float], ...] = ((0.05, 0.05), (0.05, 0.1), (0.1, 0.15), (0.25, 0.25))
+#: Second wave (with the prior centre, benchmarks/results/poisson_tune.md): "R4b", which gives the
+#: third round more so the last step is smaller.
+POISSON_ROUNDS: tuple[tuple[float, float], ...] = ((0.05, 0.05), (0.05, 0.1), (0.15, 0.2), (0.2, 0.2))
 #: Public trust region of the Poisson anchors (change of the linear predictor per round).
 POISSON_TRUST_ETA = 3.0
 #: Convergence rule of the GLMs (issue 25; written down from the expansion's error bound, before
@@ -221,6 +246,9 @@ class NoiseAwareFit:
     last_step_sds: float = 0.0
     #: False when the notes carry the convergence warning (see :func:`fit`).
     converged: bool = True
+    #: The model the posterior is for: the caller's, or (``Schedule.prior_centre``) the same
+    #: likelihood with its prior re-centred. Summaries and artifacts must carry this one.
+    model: Model | None = None
 
 
 #: ``release(theta, score_bound, curvature_bound, score_noise_multiplier,
@@ -412,9 +440,13 @@ def fit(model: Model, release: ReleaseFn, bounds: BoundsFn, *, schedule: Schedul
     raises :class:`NonFiniteFit`."""
     multipliers = schedule.noise_multipliers(sigma)
     state = init(model)
-    for mult in multipliers:
+    for k, mult in enumerate(multipliers):
         state = step(state, model, release, bounds, mult, schedule=schedule, feature_norm=feature_norm,
                      target_bound=target_bound)
+        if k == 0 and schedule.prior_centre == "log-mean":
+            # Module docstring, 5.: every later posterior (the anchors' and the released one) is
+            # taken under N(log-mean anchor, prior_scale^2 I), a function of round 1's DP outputs.
+            model = model.with_prior_mean(state.anchor)
     posterior, raw = noise_aware_posterior(model, state.rounds[-1], passes=schedule.passes, start=schedule.start)
     notes = [
         f"{MECHANISM}: {len(multipliers)} round(s) of noisy score and curvature sums, noise-aware "
@@ -441,7 +473,7 @@ def fit(model: Model, release: ReleaseFn, bounds: BoundsFn, *, schedule: Schedul
         )
     return NoiseAwareFit(posterior=posterior, raw_posterior=raw, rounds=list(state.rounds),
                          noise_multipliers=multipliers, notes=notes, last_step_sds=moved,
-                         converged=converged)
+                         converged=converged, model=model)
 
 
 def public_bounds(model: Model, *, feature_norm: float, target_bound: float) -> BoundsFn:

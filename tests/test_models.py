@@ -220,6 +220,7 @@ class _Opaque(Model):
         LinearRegression(2, prior_scale=0.5, noise_scale=2.0, intercept=False),
         LogisticRegression(5, prior_scale=3.0, intercept=False),
         PoissonRegression(1, prior_scale=0.2),
+        PoissonRegression(2, prior_mean=[5.0, 0.0, 0.0]),
     ],
     ids=lambda m: m.name,
 )
@@ -309,3 +310,20 @@ def test_record_scores_and_curvatures_match_autograd(name):
     if name not in ("poisson", "gaussian_mean"):  # Poisson caps the rate; gaussian_mean draws outside the box
         assert float(model.record_scores(pts, theta).norm(dim=1).max()) <= sb
         assert float(curv.flatten(1).norm(dim=1).max()) <= cb
+
+
+def test_prior_mean_centres_the_prior_and_is_declared_in_the_spec() -> None:
+    """A re-centred prior (the Poisson release's, dpsummary.noise_aware 5.) moves log_prior and
+    sample_prior, is part of the spec and of equality, and must match the parameter count."""
+    base = PoissonRegression(2)
+    centred = base.with_prior_mean([5.0, 0.0, 0.0])
+    assert "prior_mean" not in base.spec() and centred.spec()["prior_mean"] == [5.0, 0.0, 0.0]
+    assert centred != base
+    theta = torch.tensor([[5.0, 0.0, 0.0]], dtype=torch.float64)
+    assert float(centred.log_prior(theta)[0]) == pytest.approx(float(base.log_prior(torch.zeros(1, 3, dtype=torch.float64))[0]))
+    draws = centred.sample_prior(4000, gen())
+    assert abs(float(draws[:, 0].mean()) - 5.0) < 0.1  # 0.1 = 6.3 sds of the mean: fails ~never
+    with pytest.raises(ValueError):
+        base.with_prior_mean([1.0, 2.0])
+    with pytest.raises(ValueError):
+        PoissonRegression(2, prior_mean=[float("nan"), 0.0, 0.0])

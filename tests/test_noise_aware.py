@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -202,6 +203,31 @@ def test_poisson_with_large_counts_converges_and_covers():
                      sigma=sigma, feature_norm=fnorm, target_bound=1000.0)
         assert abs(float(res.rounds[1].anchor[0]) - float(full.mean[0])) < 0.5
         assert trust_report(res.posterior, full, prior_posterior(model)).coverage >= 0.8
+
+
+def test_poisson_prior_is_centred_at_the_log_mean_anchor():
+    """The default Poisson schedule re-centres the prior at round 1's log-mean anchor
+    (noise_aware 5.): the fit returns that model, its prior centre is the second round's anchor,
+    and the released posterior equals the noise-aware posterior under that prior."""
+    model, pts, _, fnorm = _poisson_table(5_000, 3)
+    sched = na.Schedule.default(model)
+    assert sched.prior_centre == "log-mean" and sched.as_dict()["prior_centre"] == "log-mean"
+    sigma, _ = na.calibrate(sched, target_epsilon=1.0, delta=1e-6)
+    bounds = na.public_bounds(model, feature_norm=fnorm, target_bound=1000.0)
+    res = na.fit(model, _release_fn(pts, model, np.random.default_rng(0)), bounds, schedule=sched,
+                 sigma=sigma, feature_norm=fnorm, target_bound=1000.0)
+    assert res.model is not None and res.model != model
+    assert torch.equal(res.model.prior_mean, res.rounds[1].anchor)
+    assert bool((res.model.prior_mean[1:] == 0).all()) and float(res.model.prior_mean[0]) > 3.0
+    again, _ = na.noise_aware_posterior(res.model, res.rounds[-1], passes=sched.passes, start=sched.start)
+    assert torch.allclose(again.mean, res.posterior.mean)
+    # Without the rule the model (and so the prior) is the caller's.
+    plain = dataclasses.replace(sched, prior_centre=None)
+    res0 = na.fit(model, _release_fn(pts, model, np.random.default_rng(0)), bounds, schedule=plain,
+                  sigma=sigma, feature_norm=fnorm, target_bound=1000.0)
+    assert res0.model == model
+    with pytest.raises(ValueError):
+        dataclasses.replace(sched, anchor=None)
 
 
 @pytest.mark.parametrize("bad", [float("inf"), float("nan")])

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import torch
@@ -35,13 +36,22 @@ class Model(ABC):
     #: True when the last point column is a target (regression models).
     has_target: ClassVar[bool] = False
 
-    def __init__(self, num_features: int, *, prior_scale: float = 1.0) -> None:
+    def __init__(self, num_features: int, *, prior_scale: float = 1.0,
+                 prior_mean: Sequence[float] | None = None) -> None:
         if num_features < 1:
             raise ValueError("a model needs at least one feature")
         if not prior_scale > 0:
             raise ValueError("prior_scale must be positive")
         self.num_features = int(num_features)
         self.prior_scale = float(prior_scale)
+        # None is the zero vector (and keeps older specs byte-identical); a declared centre is
+        # checked against param_dim when first read, since subclasses set their dimension after.
+        self._prior_centre: tuple[float, ...] | None = None
+        if prior_mean is not None:
+            centre = tuple(float(v) for v in prior_mean)
+            if not all(math.isfinite(v) for v in centre):
+                raise ValueError("prior_mean must be finite")
+            self._prior_centre = centre
 
     # ---- dimensions -------------------------------------------------------------------------
     @property
@@ -70,7 +80,22 @@ class Model(ABC):
 
     @property
     def prior_mean(self) -> torch.Tensor:
-        return torch.zeros(self.param_dim, dtype=DTYPE)
+        """The prior's centre: zeros unless the model was built with ``prior_mean`` (e.g. the
+        Poisson release's declared intercept centre, :mod:`dpsummary.noise_aware` 5.)."""
+        if self._prior_centre is None:
+            return torch.zeros(self.param_dim, dtype=DTYPE)
+        if len(self._prior_centre) != self.param_dim:
+            raise ValueError(f"prior_mean has {len(self._prior_centre)} entries; the model has {self.param_dim} parameters")
+        return torch.tensor(self._prior_centre, dtype=DTYPE)
+
+    def with_prior_mean(self, centre: Sequence[float] | torch.Tensor) -> Model:
+        """The same model with its prior centred at ``centre`` (a public value or a DP output)."""
+        from . import from_spec
+
+        values = centre.tolist() if isinstance(centre, torch.Tensor) else list(centre)
+        if len(values) != self.param_dim:
+            raise ValueError(f"prior_mean needs {self.param_dim} entries, got {len(values)}")
+        return from_spec({**self.spec(), "prior_mean": [float(v) for v in values]})
 
     def log_prior(self, theta: torch.Tensor) -> torch.Tensor:
         """Log density of the Gaussian prior, shape ``(S,)``, constants included."""
@@ -147,7 +172,10 @@ class Model(ABC):
     # ---- serialisation ----------------------------------------------------------------------
     def spec(self) -> dict[str, Any]:
         """A JSON-able description from which :func:`dpsummary.models.from_spec` rebuilds it."""
-        return {"name": self.name, "num_features": self.num_features, "prior_scale": self.prior_scale}
+        out: dict[str, Any] = {"name": self.name, "num_features": self.num_features, "prior_scale": self.prior_scale}
+        if self._prior_centre is not None:
+            out["prior_mean"] = list(self._prior_centre)
+        return out
 
     def __repr__(self) -> str:
         args = ", ".join(f"{k}={v!r}" for k, v in self.spec().items() if k != "name")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from abc import abstractmethod
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import torch
@@ -24,8 +25,9 @@ from .base import DTYPE, Model
 class GLM(Model):
     has_target: ClassVar[bool] = True
 
-    def __init__(self, num_features: int, *, prior_scale: float = 1.0, intercept: bool = True):
-        super().__init__(num_features, prior_scale=prior_scale)
+    def __init__(self, num_features: int, *, prior_scale: float = 1.0, intercept: bool = True,
+                 prior_mean: Sequence[float] | None = None):
+        super().__init__(num_features, prior_scale=prior_scale, prior_mean=prior_mean)
         self.intercept = bool(intercept)
 
     @property
