@@ -90,12 +90,12 @@ class Model(ABC):
 
     def with_prior_mean(self, centre: Sequence[float] | torch.Tensor) -> Model:
         """The same model with its prior centred at ``centre`` (a public value or a DP output)."""
-        from . import from_spec
-
         values = centre.tolist() if isinstance(centre, torch.Tensor) else list(centre)
         if len(values) != self.param_dim:
             raise ValueError(f"prior_mean needs {self.param_dim} entries, got {len(values)}")
-        return from_spec({**self.spec(), "prior_mean": [float(v) for v in values]})
+        spec = {**self.spec(), "prior_mean": [float(v) for v in values]}
+        del spec["name"]
+        return type(self)(spec.pop("num_features"), **spec)
 
     def log_prior(self, theta: torch.Tensor) -> torch.Tensor:
         """Log density of the Gaussian prior, shape ``(S,)``, constants included."""
