@@ -214,7 +214,7 @@ def curve(args: argparse.Namespace) -> None:
 def calibrate_sigma(epsilon: float, delta: float, q: float, steps: int) -> float:
     """The smallest noise multiplier (bisection, 1e-3 relative) with RDP epsilon <= ``epsilon``."""
     from dpsummary.accounting import epsilon as eps_of
-    from dpsummary.private.bnn import privacy_events
+    from dpsummary.blackbox.dp_bb_psvi import privacy_events
 
     lo, hi = 0.3, 200.0
     while hi / lo > 1.001:
@@ -265,9 +265,9 @@ def dpsgd(train: torch.Tensor, test: torch.Tensor, model: BNN, sigma: float, q: 
 
 
 def private(args: argparse.Namespace) -> None:
-    """DP BB-PSVI (dpsummary.private.bnn) vs Opacus DP-SGD at the same (sigma, q, T), halfmoon."""
+    """DP BB-PSVI (dpsummary.blackbox.dp_bb_psvi) vs Opacus DP-SGD at the same (sigma, q, T), halfmoon."""
+    from dpsummary.blackbox import dp_bb_psvi as pb
     from dpsummary.blackbox.core import WeightParam, make_state
-    from dpsummary.private import bnn as pb
 
     inner = InnerConfig(steps=args.inner_steps)
     q, steps, delta, clip = args.sample_rate, args.steps, 1e-5, args.clip

@@ -30,19 +30,21 @@ sys.path.insert(0, str(ROOT))
 
 from dpsummary import accounting as acc  # noqa: E402
 from dpsummary.constructors import fit  # noqa: E402
+from dpsummary.constructors.dppsvi import DPPSVI  # noqa: E402
 from dpsummary.constructors.psvi import centred_loglik, posterior_draws  # noqa: E402
 from dpsummary.data import Transform  # noqa: E402
 from dpsummary.experiment import prepare_public_dataset  # noqa: E402
-from dpsummary.metrics import summary_posterior  # noqa: E402
-from dpsummary.private.dppsvi import DPPSVI  # noqa: E402
-from dpsummary.private.mechanism import PrivateRecords  # noqa: E402
-from dpsummary.private.noise import quantize_sample_rate  # noqa: E402
-from dpsummary.release import (  # noqa: E402
+from dpsummary.mechanisms.base import (  # noqa: E402
     DEFAULT_EXPECTED_BATCH,
     DEFAULT_NUM_SAMPLES,
     DEFAULT_STEPS,
+)
+from dpsummary.mechanisms.dp_psvi_setup import (  # noqa: E402
     dp_psvi_constructor,
 )
+from dpsummary.metrics import summary_posterior  # noqa: E402
+from dpsummary.private.mechanism import PrivateRecords  # noqa: E402
+from dpsummary.private.noise import quantize_sample_rate  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/: data_paths
 from data_paths import SHARED_DATA  # noqa: E402

@@ -1,8 +1,8 @@
 """Calibrated DP-PSVI (issue 28): coverage, width and effects found, raw vs parametric bootstrap.
 
 For every table, epsilon and seed: the release's DP-PSVI (the release's own planning,
-:func:`dpsummary.release.plan_initialisation`, the accountant's noise multiplier,
-:func:`dpsummary.release.initial_samplers`, :func:`dpsummary.release.dp_psvi_constructor`, the
+:func:`dpsummary.mechanisms.dp_psvi_setup.plan_initialisation`, the accountant's noise multiplier,
+:func:`dpsummary.mechanisms.dp_psvi_setup.initial_samplers`, :func:`dpsummary.mechanisms.dp_psvi_setup.dp_psvi_constructor`, the
 product's ``SystemRandomness``) on the training rows with the count and schema public, then the
 bootstrap (:mod:`dpsummary.bootstrap`) on its output only. Both posteriors (raw pseudocoreset, and
 the calibrated pseudocoreset an analyst loads by default) and the default mechanism
@@ -98,18 +98,20 @@ def effects(post: GaussianPosterior, full: GaussianPosterior) -> tuple[int, int,
 def mechanism(table: trust.Table, tf: Any, epsilon: float) -> tuple[Any, MechanismSettings, float]:
     """The release's DP-PSVI on the table's training rows (count and schema public)."""
     from dpsummary.constructors.base import fit
-    from dpsummary.policy import default_policy
-    from dpsummary.private.mechanism import PrivateRecords
-    from dpsummary.private.noise import quantize_sample_rate
-    from dpsummary.release import (
+    from dpsummary.mechanisms.base import (
         DEFAULT_EXPECTED_BATCH,
         DEFAULT_NUM_SAMPLES,
         DEFAULT_SIZE,
         DEFAULT_STEPS,
+    )
+    from dpsummary.mechanisms.dp_psvi_setup import (
         dp_psvi_constructor,
         initial_samplers,
         plan_initialisation,
     )
+    from dpsummary.policy import default_policy
+    from dpsummary.private.mechanism import PrivateRecords
+    from dpsummary.private.noise import quantize_sample_rate
 
     n = table.train.shape[0]
     share = default_policy().budget_split.normalised(count=False, preprocessing=False)["initialisation"]

@@ -265,18 +265,14 @@ def _private_data(name: str, n: int) -> tuple[np.ndarray, np.ndarray, Truth | No
 
 def run_private(n: int, repeats: int, epsilons: list[float], datasets: list[str], rounds: int, radius: float,
                 methods: list[str]) -> list[dict[str, object]]:
-    """The noisy kd-tree summary (dpsummary.private.mixture.release_mixture_summary, default plan)
+    """The noisy kd-tree summary (dpsummary.mixtures.dp_summary.release_mixture_summary, default plan)
     and DP-EM (private_mixture, ``rounds`` rounds, ball ``radius``) at the same (epsilon, delta),
     against non-private full-data CAVI with the same public prior. Privacy noise is real (OS
     entropy): rows vary between repeats and runs. ``inf`` = the same algorithm without noise
     (NON-PRIVATE; the tree uses the epsilon = 1 plan's thresholds)."""
+    from dpsummary.mixtures.dp_summary import fit_release, private_mixture, release_mixture_summary
+    from dpsummary.mixtures.kdtree import plan_tree
     from dpsummary.private.mechanism import PrivateRecords
-    from dpsummary.private.mixture import (
-        fit_release,
-        plan_tree,
-        private_mixture,
-        release_mixture_summary,
-    )
 
     rows: list[dict[str, object]] = []
     for name in datasets:

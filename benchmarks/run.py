@@ -121,7 +121,7 @@ def dp_psvi_variant(options: dict[str, Any]) -> tuple[dict[str, Any], dict[str, 
     """Split a ``[variants.LABEL]`` table into harness options (``expected_batch``, ``steps``,
     ``accountant``, ``noise_multiplier``: a fixed sigma, for noise-free diagnostics that are NOT
     private; ``initialisation``: the budget share of the DP initialisation histograms, 0 for the
-    uniform public start) and :class:`~dpsummary.private.dppsvi.DPPSVI` field overrides (``learning_rate``
+    uniform public start) and :class:`~dpsummary.constructors.dppsvi.DPPSVI` field overrides (``learning_rate``
     sets both learning rates; ``adam_beta1`` passes ``torch.optim.Adam(betas=(b1, 0.999))``)."""
     harness_keys = ("expected_batch", "steps", "accountant", "noise_multiplier", "initialisation")
     harness = {k: v for k, v in options.items() if k in harness_keys}
@@ -143,16 +143,18 @@ def run_one(prep: PreparedData, method: str, size: int, seed: int, cfg: Config, 
 
         from dpsummary import accounting as acc
         from dpsummary.data import Transform
-        from dpsummary.policy import default_policy
-        from dpsummary.private.mechanism import PrivateRecords
-        from dpsummary.private.noise import quantize_sample_rate
-        from dpsummary.release import (
+        from dpsummary.mechanisms.base import (
             DEFAULT_EXPECTED_BATCH,
             DEFAULT_STEPS,
+        )
+        from dpsummary.mechanisms.dp_psvi_setup import (
             dp_psvi_constructor,
             initial_samplers,
             plan_initialisation,
         )
+        from dpsummary.policy import default_policy
+        from dpsummary.private.mechanism import PrivateRecords
+        from dpsummary.private.noise import quantize_sample_rate
 
         label = method.partition("@")[2]
         if label and label not in cfg.variants:

@@ -24,7 +24,7 @@ from dp_accounting import dp_event as dpe
 
 from dpsummary import accounting as acc
 from dpsummary.data import DataError, RawTable
-from dpsummary.private import preprocess
+from dpsummary.postprocess import schema as schema_post
 from dpsummary.private.preprocess import estimate_schema
 
 EPSILON = 0.2
@@ -84,14 +84,14 @@ def main() -> None:
             old_floor = bool(opts.pop("old_floor", False))
             try:
                 # The old rule: the target shared the features' floor (1% over all 6 columns).
-                preprocess.TARGET_FALSE_BIN_PROB = 0.01 / 6 if old_floor else 0.01
+                schema_post.TARGET_FALSE_BIN_PROB = 0.01 / 6 if old_floor else 0.01
                 res = estimate_schema(t, noise_multiplier=sigma, target="y", delta=TOTAL_DELTA * SELECTION_SHARE, **opts)
                 dropped[rule] += len(res.dropped)
             except DataError as err:
                 refusals[rule] += 1
                 target_refusals[rule] += str(err).startswith("target")
             finally:
-                preprocess.TARGET_FALSE_BIN_PROB = 0.01
+                schema_post.TARGET_FALSE_BIN_PROB = 0.01
     took = time.perf_counter() - start
     lines = [
         "# Schema-estimation refusal rate on healthy binary-target tables",

@@ -152,7 +152,8 @@ def passes(spark: object, data: Path, rows: int, step_samples: int, metrics: boo
     from dpsummary.data import Transform
     from dpsummary.models import LogisticRegression
     from dpsummary.private.noise import quantize_sample_rate
-    from dpsummary.private.spark_engine import SparkSource, private_dir
+    from dpsummary.private.spark_engine import SparkSource
+    from dpsummary.spark.session import private_dir
 
     tf = Transform.from_schema(schema())  # type: ignore[arg-type]
     model = LogisticRegression(tf.num_features)
@@ -205,8 +206,8 @@ def release(data: Path, pol: Path, mechanism: str) -> float | None:
     """End-to-end ``dpsummary release --engine spark`` (None if the hook is not there)."""
     import dataclasses
 
-    from dpsummary.private.spark_engine import SparkOptions
     from dpsummary.release import ReleaseRequest, run_release
+    from dpsummary.spark.session import SparkOptions
 
     if "engine" not in {f.name for f in dataclasses.fields(ReleaseRequest)}:
         return None
@@ -253,7 +254,7 @@ def main() -> None:
     NUMERIC = args.numeric
     sizes = args.rows or [1_000_000]
     masters = args.master or ["local[2]"]
-    from dpsummary.private.spark_engine import SparkOptions, build_session, private_dir
+    from dpsummary.spark.session import SparkOptions, build_session, private_dir
 
     work = Path(tempfile.mkdtemp(prefix="dpsummary-spark-bench-"))
     os.environ.setdefault("DPSUMMARY_HOME", str(work / "home"))

@@ -3,7 +3,7 @@
 Defaults chosen on the data a release will be judged on would leak (Papernot & Steinke 2022) and
 overfit, so the release's public defaults are compared here, on tables simulated from the
 models and written to CSV, then run through exactly the code path of the benchmarks: public
-bounds from the schema, :meth:`Transform.from_schema`, and :func:`dpsummary.release.dp_psvi_constructor`
+bounds from the schema, :meth:`Transform.from_schema`, and :func:`dpsummary.mechanisms.dp_psvi_setup.dp_psvi_constructor`
 (so the synthetic initialisation draws features uniformly over the public box, as in a release).
 
 The tables are built to have what real tables have and a uniform synthetic start does not:
@@ -17,7 +17,7 @@ uniform public start, otherwise the default policy's share is used) is run at ep
 M = 50 and 100, for logistic and Poisson tables, several seeds; the reported number is the
 median over seeds of KL(summary || full) divided by non-private PSVI's at the same M and seed.
 The DP initialisation is evaluated for both kinds here (the release uses it for
-logistic regression only, :data:`dpsummary.release.DP_INITIALISATION_MODELS`, because of this
+logistic regression only, :data:`dpsummary.mechanisms.dp_psvi_setup.DP_INITIALISATION_MODELS`, because of this
 table). For Poisson the histograms include the count target, so that initial targets start at
 the data's scale. The committed Poisson rows were re-run with that in the fourth session; the
 logistic rows are the third session's. Privacy noise comes from OS entropy, so a rerun differs (run-to-run spread is part of the
@@ -56,17 +56,19 @@ from dpsummary.accounting import calibrate_noise_multiplier  # noqa: E402
 from dpsummary.constructors import fit  # noqa: E402
 from dpsummary.data import Transform  # noqa: E402
 from dpsummary.experiment import make_constructor, prepare_public_dataset  # noqa: E402
-from dpsummary.metrics import evaluate  # noqa: E402
-from dpsummary.policy import default_policy  # noqa: E402
-from dpsummary.private.mechanism import PrivateRecords  # noqa: E402
-from dpsummary.private.noise import quantize_sample_rate  # noqa: E402
-from dpsummary.release import (  # noqa: E402
+from dpsummary.mechanisms.base import (  # noqa: E402
     DEFAULT_EXPECTED_BATCH,
     DEFAULT_STEPS,
+)
+from dpsummary.mechanisms.dp_psvi_setup import (  # noqa: E402
     dp_psvi_constructor,
     initial_samplers,
     plan_initialisation,
 )
+from dpsummary.metrics import evaluate  # noqa: E402
+from dpsummary.policy import default_policy  # noqa: E402
+from dpsummary.private.mechanism import PrivateRecords  # noqa: E402
+from dpsummary.private.noise import quantize_sample_rate  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 

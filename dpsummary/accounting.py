@@ -40,13 +40,15 @@ Opacus is imported lazily (importing it costs seconds).
 from __future__ import annotations
 
 import math
+import threading
 import warnings
 from collections import namedtuple
 from collections.abc import Iterable, Sequence
 from functools import lru_cache
 from typing import Any, Literal
 
-import dp_accounting as dpa
+# The event classes only: the command line defers dp_accounting's __init__ (cli.common.DEFERRED_PACKAGES).
+from dp_accounting import dp_event as dpa
 
 Accountant = Literal["rdp", "prv", "pld"]
 ACCOUNTANTS: tuple[Accountant, ...] = ("rdp", "prv", "pld")
@@ -286,38 +288,74 @@ def _check_delta(delta: float) -> None:
         raise ValueError(f"delta must lie in (0, 1), got {delta!r}")
 
 
-@lru_cache(maxsize=4096)
-def opacus_rdp_analysis() -> Any:
-    """Opacus's RDP analysis module (``opacus.accountants.analysis.rdp``), without ``import opacus``.
+#: Name under which :func:`opacus_accountants` loads Opacus's ``accountants`` package when Opacus
+#: itself is not imported (see there).
+_OPACUS_MIRROR = "dpsummary._opacus_accountants"
+_OPACUS_MIRROR_LOCK = threading.Lock()  # the claim's accountants run on a second thread
 
-    The module is pure numpy/scipy, but importing it the usual way runs ``opacus/__init__``, which
-    imports the whole privacy engine (optimisers, grad samplers, torch.func): about 0.85 s of every
-    release's wall time (issue 15's profile), for four functions. If Opacus is already imported
-    (DP-VI, the PRV accountant, tests) its own module object is returned; otherwise the same file
-    of the installed Opacus is executed once as a stand-alone module. Same code, same numbers: the
-    accountant of record is unchanged (tests/test_accounting.py checks both paths agree bit for bit).
-    """
+
+class _OpacusAccountantBase:
+    """What Opacus's RDP and PRV accountants use of their base class
+    ``opacus.accountants.accountant.IAccountant``: ``__init__`` starting an empty ``history``
+    (the rest of that class wires accountants to Opacus's DP optimiser, which is why importing
+    it imports the optimiser package)."""
+
+    def __init__(self) -> None:
+        self.history: list[Any] = []
+
+
+def opacus_accountants(submodule: str) -> Any:
+    """A module of Opacus's ``opacus.accountants`` package (``"prv"``, ``"rdp"``,
+    ``"analysis.rdp"``, ...), without ``import opacus``.
+
+    Importing any Opacus module the usual way runs ``opacus/__init__``, which imports the whole
+    privacy engine (DP optimisers, grad samplers, ``torch.distributed``): 0.65 s of a release's
+    wall time plus about 0.3 s of interpreter shutdown (issue 29's profile), for accountants that
+    are pure numpy/scipy. If Opacus is already imported (DP-VI, tests) its own modules are
+    returned. Otherwise the files of the installed ``opacus/accountants`` directory are executed
+    under the package name :data:`_OPACUS_MIRROR`, whose ``accountant`` module is
+    :class:`_OpacusAccountantBase` (the one base-class member the RDP and PRV accountants use);
+    every other module, relative import included, is Opacus's own file. Same code, same numbers:
+    tests/test_accounting.py checks that both routes agree bit for bit."""
+    import importlib
+    import sys
+
+    if "opacus.accountants" in sys.modules:
+        return importlib.import_module(f"opacus.accountants.{submodule}")
+    with _OPACUS_MIRROR_LOCK:
+        if _OPACUS_MIRROR not in sys.modules:
+            _install_opacus_mirror()
+    return importlib.import_module(f"{_OPACUS_MIRROR}.{submodule}")
+
+
+def _install_opacus_mirror() -> None:
+    """Register the :data:`_OPACUS_MIRROR` package (see :func:`opacus_accountants`)."""
+    import importlib.machinery
     import importlib.util
     import sys
+    import types
     from pathlib import Path
 
-    name = "opacus.accountants.analysis.rdp"
-    if name in sys.modules:
-        return sys.modules[name]
-    cached = sys.modules.get("dpsummary._opacus_rdp")
-    if cached is not None:
-        return cached
     package = importlib.util.find_spec("opacus")
     if package is None or not package.submodule_search_locations:
         raise ImportError("opacus is not installed")
-    path = Path(next(iter(package.submodule_search_locations))) / "accountants" / "analysis" / "rdp.py"
-    spec = importlib.util.spec_from_file_location("dpsummary._opacus_rdp", path)
-    if spec is None or spec.loader is None:
-        raise ImportError(f"cannot load {path}")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    sys.modules["dpsummary._opacus_rdp"] = module
-    return module
+    location = str(Path(next(iter(package.submodule_search_locations))) / "accountants")
+    mirror = types.ModuleType(_OPACUS_MIRROR, "opacus/accountants loaded without opacus/__init__")
+    mirror.__spec__ = importlib.machinery.ModuleSpec(_OPACUS_MIRROR, None, is_package=True)
+    mirror.__spec__.submodule_search_locations = [location]
+    mirror.__path__ = [location]
+    mirror.__package__ = _OPACUS_MIRROR
+    base = types.ModuleType(f"{_OPACUS_MIRROR}.accountant")
+    base.IAccountant = _OpacusAccountantBase  # type: ignore[attr-defined]
+    sys.modules[f"{_OPACUS_MIRROR}.accountant"] = base
+    sys.modules[_OPACUS_MIRROR] = mirror
+
+
+def opacus_rdp_analysis() -> Any:
+    """Opacus's RDP analysis module (``opacus.accountants.analysis.rdp``), without ``import opacus``
+    (:func:`opacus_accountants`): pure numpy/scipy, four functions; the accountant of record is
+    unchanged (tests/test_accounting.py checks both routes agree bit for bit)."""
+    return opacus_accountants("analysis.rdp")
 
 
 def _rdp_one_step(sample_rate: float, noise_multiplier: float) -> Any:
@@ -487,14 +525,20 @@ def rdp_optimal_order(events: Sequence[dpa.DpEvent], delta: float) -> float:
 
 
 def epsilon_prv(events: Sequence[dpa.DpEvent], delta: float) -> float:
-    """Upper bound on epsilon from Opacus's PRV accountant (eps_error :data:`PRV_EPS_ERROR`)."""
+    """Upper bound on epsilon from Opacus's PRV accountant (eps_error :data:`PRV_EPS_ERROR`).
+
+    Evaluated by the accountant worker process when one was started
+    (:func:`start_accountant_worker`), else in this process; the same code either way."""
     _check_delta(delta)
     history = events_to_history(events)
     if not history:
         return 0.0
-    from opacus.accountants import PRVAccountant
+    return _from_worker("prv", history, delta)
 
-    acc = PRVAccountant()
+
+def _prv_of_history(history: Sequence[Triple], delta: float) -> float:
+    """Opacus's ``PRVAccountant(history).get_epsilon`` at :data:`PRV_EPS_ERROR` (upper bound)."""
+    acc = opacus_accountants("prv").PRVAccountant()
     acc.history = list(history)
     with warnings.catch_warnings(), _np_errstate():
         warnings.simplefilter("ignore")  # log(0) warnings at q = 1 are harmless
@@ -505,6 +549,125 @@ def epsilon_prv(events: Sequence[dpa.DpEvent], delta: float) -> float:
         )
 
 
+class _AccountantWorker:
+    """A child Python process that evaluates the PRV and PLD accountants for this one (see
+    :func:`start_accountant_worker`). Requests and answers are JSON lines on its stdin and
+    stdout; the history and delta are public, and JSON carries Python floats exactly (shortest
+    round-trip ``repr``), so the answer is the float this process would compute. One request at
+    a time."""
+
+    def __init__(self) -> None:
+        import os
+        import subprocess
+        import sys
+        from pathlib import Path
+
+        # The same interpreter and the same dpsummary as this process: its package directory
+        # first on the path, and no working directory on it (-P).
+        here = str(Path(__file__).resolve().parents[1])
+        path = os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH")) if p)
+        self._lock = threading.Lock()
+        self._proc = subprocess.Popen(
+            [sys.executable, "-P", "-c", "from dpsummary.accounting import serve_accountant_worker as s; s()"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+            env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": path},
+        )
+
+    def epsilon(self, accountant: str, history: Sequence[Triple], delta: float) -> float | None:
+        """The worker's epsilon, or None if the worker is gone or answered anything but one."""
+        import json
+
+        with self._lock:
+            stdin, stdout = self._proc.stdin, self._proc.stdout
+            if stdin is None or stdout is None or self._proc.poll() is not None:
+                return None
+            request = {"accountant": accountant, "history": [list(h) for h in history], "delta": delta}
+            try:
+                stdin.write(json.dumps(request) + "\n")
+                stdin.flush()
+                reply = json.loads(stdout.readline() or "{}")
+            except (OSError, ValueError):
+                return None
+        value = reply.get("epsilon") if isinstance(reply, dict) else None
+        return float(value) if isinstance(value, float) else None
+
+    def close(self) -> None:
+        """End of input: the worker finishes its loop and exits (not waited for)."""
+        stdin = self._proc.stdin
+        if stdin is not None:
+            try:
+                stdin.close()
+            except OSError:
+                pass
+
+
+_WORKER: _AccountantWorker | None = None
+
+
+def start_accountant_worker() -> None:
+    """Start (once per process) a child process that evaluates the PRV and PLD accountants for
+    this one.
+
+    Why: a release's claim needs the PRV bound (about 0.45 s of numpy/scipy) and the PLD
+    epsilon, and the source's total the PLD one again; their libraries take about 0.6 s to
+    import (scipy.stats, scipy.signal). In this process they contend for the interpreter lock
+    with the release's own imports and passes; in a process of their own they load while the
+    release imports torch and run on the second core (issue 29). Called by the ``release``
+    command once its public checks pass. Without a worker (or if it fails) the accountants run
+    in this process: the same code and the same floats, only slower. The worker sees public
+    values only (noise multipliers, sampling rates, step counts and delta), never a record."""
+    global _WORKER
+    with _OPACUS_MIRROR_LOCK:
+        if _WORKER is not None:
+            return
+        import atexit
+
+        _WORKER = _AccountantWorker()
+        atexit.register(_WORKER.close)
+
+
+def _in_process(accountant: str, history: Sequence[Triple], delta: float) -> float:
+    if accountant == "prv":
+        return _prv_of_history(history, delta)
+    if accountant == "pld":
+        return _pld_of_history(history, delta)
+    raise ValueError(f"the worker evaluates prv and pld, not {accountant!r}")
+
+
+def _from_worker(accountant: str, history: Sequence[Triple], delta: float) -> float:
+    """``accountant``'s epsilon of ``history`` at ``delta``: from the worker if one runs and
+    answers, else computed here (identical code and float)."""
+    worker = _WORKER
+    if worker is not None:
+        eps = worker.epsilon(accountant, history, delta)
+        if eps is not None:
+            return eps
+    return _in_process(accountant, history, delta)
+
+
+def serve_accountant_worker() -> None:
+    """The worker's loop (see :class:`_AccountantWorker`): one JSON request per stdin line, one
+    answer per stdout line, until stdin closes. Loads both accountants before the first request."""
+    import json
+    import sys
+
+    out = sys.stdout
+    sys.stdout = sys.stderr  # nothing but answers on the answer channel
+    opacus_accountants("prv")
+    from dp_accounting.pld import pld_privacy_accountant  # noqa: F401
+
+    for line in sys.stdin:
+        try:
+            request = json.loads(line)
+            history = [(float(s), float(q), int(t)) for s, q, t in request["history"]]
+            answer: dict[str, Any] = {"epsilon": _in_process(str(request["accountant"]), history,
+                                                             float(request["delta"]))}
+        except Exception as exc:  # noqa: BLE001 - reported to the caller, which computes it itself
+            answer = {"error": type(exc).__name__}
+        out.write(json.dumps(answer) + "\n")
+        out.flush()
+
+
 def _np_errstate() -> Any:
     import numpy as np
 
@@ -512,11 +675,17 @@ def _np_errstate() -> Any:
 
 
 def epsilon_pld(events: Sequence[dpa.DpEvent], delta: float) -> float:
-    """Epsilon from ``dp_accounting``'s PLD accountant (pessimistic), an independent check."""
+    """Epsilon from ``dp_accounting``'s PLD accountant (pessimistic), an independent check.
+    Evaluated by the accountant worker when one was started (:func:`start_accountant_worker`)."""
     _check_delta(delta)
     history = events_to_history(events)
     if not history:
         return 0.0
+    return _from_worker("pld", history, delta)
+
+
+def _pld_of_history(history: Sequence[Triple], delta: float) -> float:
+    """``dp_accounting``'s PLD accountant over one canonical event per history triple."""
     from dp_accounting.pld import pld_privacy_accountant
 
     acc = pld_privacy_accountant.PLDAccountant(

@@ -12,7 +12,8 @@ run we simulate it, in ``rounds`` rounds of ``replicates`` re-runs each: for ``b
    release ran them (DP outputs of this very release), else from the public schema's box;
    targets simulated from the model, clamped to the schema's public range;
 3. re-run the WHOLE mechanism on it through the mechanism's own code path
-   (:func:`dpsummary.release.initial_samplers`, :func:`dpsummary.release.dp_psvi_constructor`,
+   (:func:`dpsummary.mechanisms.dp_psvi_setup.initial_samplers`,
+   :func:`dpsummary.mechanisms.dp_psvi_setup.dp_psvi_constructor`,
    :func:`dpsummary.constructors.base.fit` over a :class:`~dpsummary.private.mechanism.PrivateRecords`
    of the synthetic table): the same public settings (M, T, S, q, noise multipliers, clip rule,
    initialisation), a fresh noisy record count when the release's was noisy, fresh noise;
@@ -116,7 +117,7 @@ class MechanismSettings:
 
     ``record_count``: the release's record count (noisy, or public); ``count_noise_multiplier``:
     the noise of that count (None: public, re-used as is); ``init_marginals``: the release's DP
-    initialisation histograms (:class:`~dpsummary.private.marginals.NoisyMarginals`), the source
+    initialisation histograms (:class:`~dpsummary.postprocess.marginals.NoisyMarginals`), the source
     of synthetic features, or None (public schema box)."""
 
     model: Any
@@ -215,7 +216,7 @@ class Replicate:
 def synthetic_table(settings: MechanismSettings, truth: torch.Tensor, num_records: int,
                     generator: torch.Generator) -> torch.Tensor:
     """A synthetic table in model space from the release only (see the module docstring)."""
-    from .release import public_point_bounds
+    from .mechanisms.dp_psvi_setup import public_point_bounds
 
     tf, model = settings.transform, settings.model
     public = tf.sample_public_features
@@ -233,8 +234,8 @@ def run_replicate(job: ReplicateJob) -> Replicate:
     Pure function of the job (reproducible from ``job.seed``)."""
     from .constructors.base import fit
     from .inference import coreset_posterior
+    from .mechanisms.dp_psvi_setup import dp_psvi_constructor, initial_samplers
     from .private.mechanism import PrivateRecords
-    from .release import dp_psvi_constructor, initial_samplers
 
     s = job.settings
     torch.set_num_threads(1)

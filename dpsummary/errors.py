@@ -47,3 +47,8 @@ class ChargedRefusal(Refusal):
 
     code = EXIT_CHARGED
     kind = "charged"
+
+
+class ReleaseError(Refusal):
+    """A release refused on public facts (options, file, header); one line, reveals no data.
+    Raised by the pipeline (:mod:`dpsummary.release`) and by the mechanisms' public checks."""

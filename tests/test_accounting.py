@@ -252,6 +252,39 @@ def test_composed_epsilon_adds_selection_slack():
             A.composed_epsilon(events, delta=5e-7, extra_delta=bad)
 
 
+def test_prv_without_opacus_package_import_matches_opacus_prv_accountant() -> None:
+    """The release loads Opacus's PRV accountant without ``import opacus`` (issue 29: 0.65 s of
+    import and 0.3 s of shutdown); its epsilons must be Opacus's own PRVAccountant's, bit for bit,
+    for plain and Poisson-subsampled Gaussians, and the RDP route must agree too."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, warnings\n"
+        "from dpsummary import accounting as acc\n"
+        "cases = [([acc.gaussian_event(s) for s in (294.39, 172.09, 126.34, 146.7, 103.73, 46.39)], 9e-12),\n"
+        "         ([acc.subsampled_gaussian_event(1.1, 0.01, 300), acc.gaussian_event(5.0)], 1e-6),\n"
+        "         ([acc.subsampled_gaussian_event(0.8, 0.02, 1000)], 1e-5)]\n"
+        "got = [acc.epsilon(ev, d, 'prv') for ev, d in cases]\n"
+        "rdp = [acc.epsilon_rdp_opacus(ev, d) for ev, d in cases]\n"
+        "print('opacus' in sys.modules)\n"
+        "from opacus.accountants import PRVAccountant\n"
+        "warnings.simplefilter('ignore')\n"
+        "ref = []\n"
+        "for ev, d in cases:\n"
+        "    a = PRVAccountant(); a.history = acc.events_to_history(ev)\n"
+        "    ref.append(a.get_epsilon(delta=d, eps_error=acc.PRV_EPS_ERROR, delta_error=d * acc.PRV_DELTA_ERROR_FRACTION))\n"
+        "print(got == ref and all(g > 0 for g in got))\n"
+        "from opacus.accountants import RDPAccountant\n"
+        "def opacus_rdp(ev, d):\n"
+        "    a = RDPAccountant(); a.history = acc.events_to_history(ev)\n"
+        "    return a.get_privacy_spent(delta=d, alphas=acc.RDP_ORDERS)[0]\n"
+        "print(rdp == [opacus_rdp(ev, d) for ev, d in cases])\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["False", "True", "True"]
+
+
 def test_standalone_opacus_rdp_module_matches_opacus_and_skips_its_package_import() -> None:
     """The release loads Opacus's RDP analysis file without ``import opacus`` (0.85 s); the
     numbers must be those of Opacus's own module, bit for bit."""
@@ -276,3 +309,41 @@ def test_standalone_opacus_rdp_module_matches_opacus_and_skips_its_package_impor
     from dpsummary import accounting as acc
 
     assert float(out[1]) == acc.epsilon([acc.subsampled_gaussian_event(1.1, 0.01, 300)], 1e-6, accountant="rdp")
+
+
+def test_accountant_worker_answers_the_in_process_floats_and_falls_back_when_gone() -> None:
+    """The PRV/PLD worker process (issue 29) returns exactly the floats this process computes
+    (JSON carries them exactly); once it is gone, ``epsilon`` answers None and the caller
+    computes in process."""
+    history = [(294.390625, 1.0, 1), (172.09375, 1.0, 1), (126.3359375, 1.0, 1), (146.69828782073816, 1.0, 2),
+               (1.1, 0.01, 300)]
+    worker = A._AccountantWorker()
+    try:
+        for accountant, delta in (("prv", 9e-12), ("pld", 9e-12), ("prv", 1e-6), ("pld", 1e-5)):
+            assert worker.epsilon(accountant, history, delta) == A._in_process(accountant, history, delta)
+        assert worker.epsilon("rdp", history, 1e-6) is None  # only prv and pld: an error answer
+    finally:
+        worker.close()
+    worker._proc.wait(timeout=30)  # closing stdin ends its loop
+    assert worker._proc.returncode == 0
+    assert worker.epsilon("prv", history, 1e-6) is None
+
+
+def test_epsilon_uses_a_started_worker_with_identical_results(monkeypatch: pytest.MonkeyPatch) -> None:
+    events = [A.gaussian_event(s) for s in (294.39, 172.09, 126.34, 146.7, 103.73, 46.39)]
+    expected = {a: A.epsilon(events, 9e-12, a) for a in ("prv", "pld")}
+    asked: list[str] = []
+    worker = A._AccountantWorker()
+    real = worker.epsilon
+
+    def counting(accountant: str, history: list, delta: float) -> float | None:
+        asked.append(accountant)
+        return real(accountant, history, delta)
+
+    monkeypatch.setattr(worker, "epsilon", counting)
+    monkeypatch.setattr(A, "_WORKER", worker)
+    try:
+        assert {a: A.epsilon(events, 9e-12, a) for a in ("prv", "pld")} == expected
+    finally:
+        worker.close()
+    assert asked == ["prv", "pld"]

@@ -192,12 +192,7 @@ def _describe(found: list[list[str]]) -> str:
 
 #: Cycles through deferred imports that exist today, each with why it is still there. A ratchet:
 #: a new cycle fails, and so does an entry here once its cycle is gone (delete the entry).
-KNOWN_DEFERRED_CYCLES: dict[frozenset[str], str] = {
-    frozenset({"dpsummary.bootstrap", "dpsummary.release"}):
-        "bootstrap reads release's public_point_bounds / dp_psvi_constructor / initial_samplers and "
-        "release builds bootstrap's MechanismSettings / ParametricBootstrap (issue 30: the GLM "
-        "mechanisms are leaving release.py)",
-}
+KNOWN_DEFERRED_CYCLES: dict[frozenset[str], str] = {}
 
 
 def test_no_module_level_import_cycles() -> None:

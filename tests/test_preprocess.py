@@ -13,14 +13,10 @@ import pytest
 from scipy.stats import norm
 
 from dpsummary.data import NO_TARGET, DataError, RawTable, Transform, read_csv, target_kind
+from dpsummary.postprocess import schema as schema_post
+from dpsummary.postprocess.schema import GRID_EDGES, NUM_GRID_BINS
 from dpsummary.private import preprocess
-from dpsummary.private.preprocess import (
-    GRID_EDGES,
-    NUM_GRID_BINS,
-    build_count_vector,
-    estimate_schema,
-    selection_threshold,
-)
+from dpsummary.private.preprocess import build_count_vector, estimate_schema, selection_threshold
 
 DATA_DIR = Path(__file__).resolve().parents[2] / "shared" / "data"
 
@@ -139,7 +135,7 @@ def test_count_vector_layout_is_public_except_values() -> None:
 
 def test_grid_bins_closed_away_from_zero() -> None:
     bins = preprocess._grid_bins(np.array([1.0, 0.99, -1.0, 0.0, 2e9, -2e9, 1e9]))
-    edges = [preprocess._bin_edges(int(b)) for b in bins]
+    edges = [schema_post._bin_edges(int(b)) for b in bins]
     assert edges[0] == (0.5, 1.0) and edges[1] == (0.5, 1.0)
     assert edges[2] == (-1.0, -0.5)
     assert edges[3] == (0.0, 0.0)
@@ -325,12 +321,12 @@ def test_target_classes_caps_categorical_target(monkeypatch: pytest.MonkeyPatch)
 
 def test_top_k_skips_bins_without_integers() -> None:
     """For an integer target, top-k ranks only bins that can hold an integer (public structure)."""
-    holds = [preprocess._bin_edges(k) for k in range(NUM_GRID_BINS) if preprocess._INTEGER_BINS[k]]
+    holds = [schema_post._bin_edges(k) for k in range(NUM_GRID_BINS) if schema_post._INTEGER_BINS[k]]
     assert (0.0, 0.0) in holds and (0.5, 1.0) in holds and (-1.0, -0.5) in holds
     assert (0.0, 1e-4) not in holds and (-1e-4, 0.0) not in holds
     grid = np.zeros(NUM_GRID_BINS)
-    zero_bin, near_zero = NUM_GRID_BINS - 1, int(np.searchsorted(preprocess.GRID_EDGES, 1e-4))
-    one_bin = int(np.searchsorted(preprocess.GRID_EDGES, 1.0))
+    zero_bin, near_zero = NUM_GRID_BINS - 1, int(np.searchsorted(schema_post.GRID_EDGES, 1e-4))
+    one_bin = int(np.searchsorted(schema_post.GRID_EDGES, 1.0))
     grid[[zero_bin, near_zero, one_bin]] = [100.0, 90.0, 80.0]
-    spec, _ = preprocess._numeric_spec("y", grid, 1e9, True, full_range=True, top_k=2)
+    spec, _ = schema_post._numeric_spec("y", grid, 1e9, True, full_range=True, top_k=2)
     assert spec is not None and (spec.lower, spec.upper) == (0.0, 1.0)

@@ -175,21 +175,21 @@ def test_refusal(rid: str, tmp_path: Path, home: Path, monkeypatch: pytest.Monke
         monkeypatch.setenv("PATH", str(tmp_path / "empty-path"))
         monkeypatch.delenv("JAVA_HOME", raising=False)
     elif rid in ("spark-executors", "spark-input", "spark-session"):
-        from dpsummary.private import spark_engine
+        from dpsummary.spark import session as spark_session
 
-        if spark_engine.spark_available() is not None:
-            pytest.skip(f"needs pyspark and Java: {spark_engine.spark_available()}")
+        if spark_session.spark_available() is not None:
+            pytest.skip(f"needs pyspark and Java: {spark_session.spark_available()}")
         if rid == "spark-session":  # an unreachable cluster, without waiting for Spark's retries
 
             def unreachable(options: Any, scratch: Path) -> Any:
                 raise RuntimeError("java.net.ConnectException: Connection refused")
 
-            monkeypatch.setattr(spark_engine, "build_session", unreachable)
+            monkeypatch.setattr(spark_session, "build_session", unreachable)
         if rid == "spark-executors":  # the probe's answer from executors without dpsummary (the real
             # probe against a bare Python: tests/spark/test_workers.py)
             session = type("Session", (), {"stop": lambda self: None})()
-            monkeypatch.setattr(spark_engine, "build_session", lambda options, scratch: session)
-            monkeypatch.setattr(spark_engine, "executor_report",
+            monkeypatch.setattr(spark_session, "build_session", lambda options, scratch: session)
+            monkeypatch.setattr(spark_session, "executor_report",
                                 lambda spark, scratch: [("error", "ModuleNotFoundError: No module named 'dpsummary'")])
     elif rid == "non-finite-fit":
         from dpsummary.private import score_stats

@@ -119,7 +119,7 @@ def test_injection_hooks_do_what_they_say():
     records = st.NoClipRecords(torch.zeros(20, 3, dtype=torch.float64), randomness=st.NumpyGaussianRandomness())
     from dpsummary.models import GaussianMean
 
-    draws = st._draws(3)
+    draws = st.canary_draws(3)
     vals = np.stack([records.noisy_clipped_sum(GaussianMean(3), draws, sample_rate=q, clip_norm=0.5,
                                                noise_multiplier=2.0).numpy() for _ in range(300)])
     # variance ratio within 6 sd of chi2(k)/k: false failure < 1e-8
@@ -292,3 +292,23 @@ def test_cli_selftest_injects_the_multiline_csv_reading():
     data = json.loads(bad.stdout)
     (lines,) = [a for a in data["audits"] if a["scenario"] == "csv-lines"]
     assert lines["violation"] is True and lines["sensitivity"] == st.Design().background
+
+
+def test_every_mechanism_registers_its_scenarios():
+    """``selftest`` runs what the mechanisms register (issue 30): every registered mechanism has
+    scenarios, every audit scenario of the configuration is registered by someone, and each
+    result field is filled by exactly one registered scenario."""
+    from dpsummary.mechanisms import REGISTRY
+
+    registered = st.registered_scenarios()
+    assert {s.mechanism for s in registered} == {*REGISTRY, "pipeline"}
+    for name, mech in REGISTRY.items():
+        assert mech.selftest_scenarios() and all(s.mechanism == name for s in mech.selftest_scenarios())
+    everything = st.SelfTestConfig()
+    for scenario in st.SCENARIOS:
+        only = st.SelfTestConfig(scenarios=(scenario,), one_run_canaries=0, replay=False, bnn=False, mixture=False,
+                                 bootstrap=False)
+        chosen = [s for s in registered if s.enabled(only)]
+        assert len(chosen) == 1 and chosen[0].slot == "audits", scenario
+    slots = [s.slot for s in registered if s.enabled(everything) and s.slot != "audits"]
+    assert sorted(slots) == sorted(["one_run", "replay", "bnn", "mixture", "bootstrap"])

@@ -27,8 +27,8 @@ import numpy as np
 import torch
 from harness import run, summary
 
+from dpsummary.constructors.dppsvi import DPPSVI
 from dpsummary.constructors.psvi import PSVIState, apply_gradient, posterior_draws
-from dpsummary.private.dppsvi import DPPSVI
 from dpsummary.private.mechanism import clip_rows
 from dpsummary.private.noise import poisson_mask
 

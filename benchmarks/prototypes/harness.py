@@ -30,17 +30,19 @@ from dpsummary.accounting import calibrate_noise_multiplier  # noqa: E402
 from dpsummary.constructors import fit  # noqa: E402
 from dpsummary.data import Transform  # noqa: E402
 from dpsummary.experiment import make_constructor, prepare_public_dataset  # noqa: E402
-from dpsummary.metrics import evaluate  # noqa: E402
-from dpsummary.policy import default_policy  # noqa: E402
-from dpsummary.private.mechanism import PrivateRecords  # noqa: E402
-from dpsummary.private.noise import quantize_sample_rate  # noqa: E402
-from dpsummary.release import (  # noqa: E402
+from dpsummary.mechanisms.base import (  # noqa: E402
     DEFAULT_EXPECTED_BATCH,
     DEFAULT_STEPS,
+)
+from dpsummary.mechanisms.dp_psvi_setup import (  # noqa: E402
     dp_psvi_constructor,
     initial_samplers,
     plan_initialisation,
 )
+from dpsummary.metrics import evaluate  # noqa: E402
+from dpsummary.policy import default_policy  # noqa: E402
+from dpsummary.private.mechanism import PrivateRecords  # noqa: E402
+from dpsummary.private.noise import quantize_sample_rate  # noqa: E402
 
 Build = Callable[[Any, float, float, list[Any], int, Any], Any]
 

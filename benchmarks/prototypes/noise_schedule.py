@@ -22,8 +22,8 @@ import torch
 from harness import run, summary
 
 from dpsummary import accounting as acc
+from dpsummary.constructors.dppsvi import DPPSVI
 from dpsummary.constructors.psvi import PSVIState, apply_gradient, posterior_draws
-from dpsummary.private.dppsvi import DPPSVI
 
 PROFILE_SETS: dict[str, dict[str, tuple[tuple[float, float], ...]]] = {
     # more noise early, less late (the late, small-learning-rate steps get more of the budget)

@@ -22,9 +22,9 @@ import torch
 from harness import run, summary
 
 from dpsummary.accounting import calibrate_noise_multiplier
+from dpsummary.constructors.dppsvi import DPPSVI
 from dpsummary.constructors.psvi import PSVIState
 from dpsummary.inference import coreset_posterior
-from dpsummary.private.dppsvi import DPPSVI
 
 
 @dataclasses.dataclass(frozen=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import importlib.abc
 import sys
 from collections.abc import Callable
 from typing import Any, NoReturn, TypeVar
@@ -81,7 +82,14 @@ def describe(exc: BaseException) -> tuple[int, str]:
 
 
 def run_guarded(app: Any) -> None:
-    """Run the Typer app; known errors become ``error: <one line>`` and a non-zero exit."""
+    """Run the Typer app; known errors become ``error: <one line>`` and a non-zero exit.
+
+    Heavy packages' ``__init__`` run on first use only (:func:`defer_package_inits`); once the
+    command is over, :func:`gc.freeze` spares the interpreter's exit its garbage collections
+    over every object torch and scipy created (0.3 s of a release, issue 29)."""
+    import gc
+
+    defer_package_inits()
     try:
         app(standalone_mode=True)
     except SystemExit:
@@ -93,6 +101,11 @@ def run_guarded(app: Any) -> None:
         code, message = describe(exc)
         typer.echo(message, err=True)
         sys.exit(code)
+    finally:
+        # The process ends now: its objects stay until the exit frees them (modules are still
+        # torn down, atexit handlers and finalisers of non-cyclic objects run as before); only
+        # the exit's cycle collections, which would traverse them all, find nothing to do.
+        gc.freeze()
 
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -118,16 +131,24 @@ def guarded(fn: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-def configure_torch() -> None:
+def configure_torch(*, accountant_worker: bool = False) -> None:
     """One intra-op thread by default (``DPSUMMARY_THREADS`` overrides).
 
     Every tensor here is small (M x S, d x d); measured on the 2-core machine, intra-op threading
     made element-wise kernels 10-50x slower whenever another process was busy, and bought nothing
     when idle.
+
+    ``accountant_worker`` (a release, once its public checks passed): also start the PRV and PLD
+    accountants' worker process (:func:`dpsummary.accounting.start_accountant_worker`), so that
+    they load while torch does and run on the second core.
     """
     import os
 
     prefetch_imports()
+    if accountant_worker:
+        from ..accounting import start_accountant_worker
+
+        start_accountant_worker()
     import torch
 
     torch.set_num_threads(max(1, int(os.environ.get("DPSUMMARY_THREADS", "1"))))
@@ -136,7 +157,7 @@ def configure_torch() -> None:
 #: Libraries every data command needs after torch, imported on a background thread while the
 #: main thread imports torch: module execution holds the GIL, but loading shared libraries and
 #: reading files do not, so the two overlap (0.6 s of a release on this 2-core machine, issue 15).
-PREFETCH_MODULES = ("numpy", "scipy.special", "dp_accounting", "pyarrow.csv", "opendp.measurements", "opendp.metrics")
+PREFETCH_MODULES = ("numpy", "scipy.special", "pyarrow.csv", "opendp.measurements", "opendp.metrics")
 
 
 def prefetch_imports() -> None:
@@ -167,3 +188,91 @@ def prefetch_imports() -> None:
 
 
 _PREFETCH_STARTED = False
+
+
+#: Packages whose ``__init__`` the command line runs only when a name it defines is used
+#: (:func:`defer_package_inits`). dp_accounting's imports its PLD accountant and mechanism
+#: calibration, hence scipy.stats, scipy.signal and scipy.optimize (about 0.5 s of a release, and
+#: more at exit), while a release needs only its event classes (``dp_accounting.dp_event``) in
+#: its own process: the PLD and PRV accountants run in the accountant worker (issue 29).
+DEFERRED_PACKAGES = ("dp_accounting",)
+
+
+def defer_package_inits() -> None:
+    """Import each package of :data:`DEFERRED_PACKAGES` (when something imports it) without
+    running its ``__init__`` until a name that is not a submodule is read.
+
+    A finder first on ``sys.meta_path`` gives the package the spec the import system would (its
+    ``__path__`` included, so ``import pkg.sub`` and ``from pkg import sub`` load just that
+    submodule) with a loader that leaves the module empty but for a module ``__getattr__``; the
+    first read of any other attribute runs the real ``__init__`` into the same module object
+    (once, under a lock) and answers from it. So every caller sees the package it would have
+    seen, only initialised later or never. Nothing is imported by installing the finder. Worker
+    processes and library users (no command line) import the package the ordinary way."""
+    import sys
+
+    if not any(isinstance(f, _DeferredInitFinder) for f in sys.meta_path):
+        sys.meta_path.insert(0, _DeferredInitFinder())
+
+
+class _DeferredInitFinder(importlib.abc.MetaPathFinder):
+    """The meta-path finder of :func:`defer_package_inits`."""
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
+        import importlib.machinery
+
+        if fullname not in DEFERRED_PACKAGES:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        if spec is None or spec.loader is None or spec.submodule_search_locations is None:
+            return None
+        spec.loader = _DeferredInitLoader(spec.loader)
+        return spec
+
+
+class _DeferredInitLoader(importlib.abc.Loader):
+    """Loads a package of :data:`DEFERRED_PACKAGES` with its ``__init__`` deferred."""
+
+    def __init__(self, loader: Any) -> None:
+        self.loader = loader
+
+    def create_module(self, spec: Any) -> None:
+        return None  # the default module object
+
+    def exec_module(self, module: Any) -> None:
+        module.__getattr__ = _completing_getattr(module, self.loader)
+
+
+def _completing_getattr(module: Any, loader: Any) -> Callable[[str], Any]:
+    """The deferred package's module ``__getattr__`` (see :func:`defer_package_inits`);
+    ``loader`` is the package's own loader, which runs its ``__init__``."""
+    import importlib
+    import importlib.util
+    import sys
+    import threading
+
+    name = module.__name__
+    lock = threading.RLock()
+    state = {"running": False, "done": False}
+
+    def getattr_(attr: str) -> Any:
+        if attr.startswith("__"):
+            raise AttributeError(f"module {name!r} has no attribute {attr!r}")
+        sub = f"{name}.{attr}"
+        if sub in sys.modules or importlib.util.find_spec(sub) is not None:
+            return importlib.import_module(sub)
+        with lock:
+            if state["running"]:  # read by the package's own __init__: not defined yet
+                raise AttributeError(f"partially initialised module {name!r} has no attribute {attr!r}")
+            if not state["done"]:
+                state["running"] = True
+                try:
+                    loader.exec_module(module)
+                finally:
+                    state["running"], state["done"] = False, True
+        try:
+            return module.__dict__[attr]
+        except KeyError:
+            raise AttributeError(f"module {name!r} has no attribute {attr!r}") from None
+
+    return getattr_

@@ -52,7 +52,8 @@ def release(
 
     err = Console(stderr=True)
     if steps is None and model == "bnn":
-        from ..private.bnn import DEFAULT_STEPS as BNN_STEPS  # imports torch: --model bnn only
+        # Imports torch: --model bnn only.
+        from ..blackbox.dp_bb_psvi import DEFAULT_STEPS as BNN_STEPS
 
         steps = BNN_STEPS
     elif steps is None:
@@ -85,7 +86,7 @@ def release(
 
         def stage(name: str) -> None:
             if name == "planned-public":  # every public check passed: load torch (and prefetch the rest)
-                configure_torch()
+                configure_torch(accountant_worker=True)
 
         result = run_release(req, progress=progress, notice=lambda m: err.print(f"note: {m}"), checkpoint=stage)
     view = _release_view(result, req)
@@ -99,7 +100,7 @@ def release(
 
 def _engine_options(engine: str, master: str, conf: list[str] | None) -> dict[str, Any]:
     """The request's engine fields; a malformed --spark-conf is a public, one-line error."""
-    from ..private.spark_engine import SparkEngineError, SparkOptions, parse_spark_conf
+    from ..spark.session import SparkEngineError, SparkOptions, parse_spark_conf
 
     if engine == "local":
         if conf or master != "local[2]":

@@ -22,6 +22,65 @@ _ARROW_PARSE_BYTES = 1 << 20
 STREAM_BATCH_ROWS = 1 << 16
 
 
+def arrow_empty_string() -> Any:
+    """``""`` as an Arrow string scalar, built from its buffers.
+
+    Why not ``pa.scalar("")`` (or a Python ``""`` argument to a compute function): converting any
+    Python or numpy value to Arrow makes pyarrow import pandas to check the value's type, 0.2 s
+    of a release plus 0.06 s at exit (issue 29), for nothing the reader needs. The release path
+    builds its Arrow constants and masks from buffers (this and :func:`arrow_bool_mask`)."""
+    import pyarrow as pa
+
+    return pa.StringArray.from_buffers(1, pa.py_buffer(bytes(8)), pa.py_buffer(b""))[0]
+
+
+def arrow_bool_mask(mask: np.ndarray) -> Any:
+    """A numpy bool vector as an Arrow boolean array, built from its bit-packed buffer (no
+    Python-to-Arrow conversion, see :func:`arrow_empty_string`)."""
+    import pyarrow as pa
+
+    flags = np.ascontiguousarray(mask, dtype=bool)
+    bits = np.packbits(flags, bitorder="little")
+    return pa.Array.from_buffers(pa.bool_(), int(flags.shape[0]), [None, pa.py_buffer(bits)])
+
+
+#: numpy dtypes of the fixed-width Arrow types :func:`arrow_to_numpy` reads from their buffers.
+_NUMPY_OF_ARROW = {"int8": np.int8, "int16": np.int16, "int32": np.int32, "int64": np.int64, "uint8": np.uint8,
+                   "uint16": np.uint16, "uint32": np.uint32, "uint64": np.uint64, "float": np.float32,
+                   "double": np.float64}
+
+
+def _bits(buffer: Any, offset: int, length: int) -> np.ndarray:
+    """Bits ``offset .. offset+length`` of an Arrow bitmap (least significant bit first)."""
+    packed = np.frombuffer(buffer, dtype=np.uint8)
+    return np.unpackbits(packed, count=offset + length, bitorder="little")[offset:].astype(bool)
+
+
+def arrow_to_numpy(arr: Any, *, null: Any = None) -> np.ndarray:
+    """A new numpy array of the values of a boolean, integer or floating-point Arrow array (one
+    chunk), read from its buffers; nulls become ``null`` (which must then be given).
+
+    Why not ``Array.to_numpy``: pyarrow converts through its pandas converter, which imports
+    pandas (see :func:`arrow_empty_string`). The result equals ``to_numpy(zero_copy_only=False)``
+    with the nulls filled (tests/test_data.py compares them, slices and nulls included)."""
+    import pyarrow as pa
+
+    n, offset = len(arr), arr.offset
+    validity, data = arr.buffers()[:2]
+    if pa.types.is_boolean(arr.type):
+        values = _bits(data, offset, n) if n else np.zeros(0, dtype=bool)
+    elif str(arr.type) in _NUMPY_OF_ARROW:
+        dtype = np.dtype(_NUMPY_OF_ARROW[str(arr.type)])
+        values = np.frombuffer(data, dtype=dtype, count=offset + n)[offset:].copy() if n else np.zeros(0, dtype)
+    else:
+        raise TypeError(f"arrow_to_numpy reads boolean and numeric arrays, not {arr.type}")
+    if arr.null_count:
+        if null is None:
+            raise ValueError("the array holds nulls: pass null=<fill value>")
+        values[~_bits(validity, offset, n)] = null
+    return values
+
+
 def text_column(col: Any) -> tuple[Any, np.ndarray]:
     """One Arrow column of a batch as normalised text, and which rows held undecodable bytes.
 
@@ -56,7 +115,7 @@ def text_column(col: Any) -> tuple[Any, np.ndarray]:
         text = col
     else:
         text = pc.cast(col, pa.string())
-    text = pc.fill_null(text, "")
+    text = pc.fill_null(text, arrow_empty_string())
     if not pc.all(pc.string_is_ascii(text)).as_py() if n else False:
         text = pc.utf8_normalize(text, "NFKC")
     return pc.utf8_trim_whitespace(text), bad
@@ -71,14 +130,14 @@ def text_numbers(text: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    empty = pc.equal(text, "")
-    missing = empty.to_numpy(zero_copy_only=False)
-    nullable = pc.if_else(empty, pa.scalar(None, pa.string()), text)
+    empty = pc.equal(text, arrow_empty_string())
+    missing = arrow_to_numpy(empty)
+    nullable = pc.if_else(empty, pa.nulls(1, pa.string())[0], text)
     try:
         # A cheap probe first: a text column fails on its first values, without a full cast.
         pc.cast(nullable.slice(0, 64), pa.float64())
         parsed = pc.cast(nullable, pa.float64())
-        values = parsed.to_numpy(zero_copy_only=False).astype(np.float64, copy=True)
+        values = arrow_to_numpy(parsed, null=np.nan).astype(np.float64, copy=False)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
         uniq, codes = dictionary_codes(text)
         arr = np.empty(len(uniq), dtype=object)
@@ -96,7 +155,7 @@ def dictionary_codes(text: Any) -> tuple[list[str], np.ndarray]:
     enc = pc.dictionary_encode(text)
     if hasattr(enc, "combine_chunks"):
         enc = enc.combine_chunks()
-    return enc.dictionary.to_pylist(), enc.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+    return enc.dictionary.to_pylist(), arrow_to_numpy(enc.indices).astype(np.int64, copy=False)
 
 
 def batch_columns(batch: Any) -> dict[str, Any]:
@@ -228,7 +287,7 @@ def _arrow_block(block: bytes, header: list[str]) -> tuple[list[Any], int]:
     if table.num_rows != lines or (
             b'"' in block and any(_holds_newline(chunk) for col in table.columns for chunk in col.chunks)):
         return parse_csv_lines(block, header)
-    return [b for b in table.to_batches() if b.num_rows], 0
+    return [b for b in table.combine_chunks().to_batches() if b.num_rows], 0
 
 
 def _holds_newline(chunk: Any) -> bool:

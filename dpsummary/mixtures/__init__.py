@@ -2,7 +2,9 @@
 weighted variational inference, and lightweight/uniform coresets for them (non-private
 baselines; poster "Coresets for VI in BGMM and DPGMM", Algorithm 1). See ``docs/MIXTURES.md``.
 
-Nothing here is private: the private counterpart lives in :mod:`dpsummary.private.mixture`.
+Nothing here reads a private record or draws privacy noise: the private summaries' mechanisms
+live in :mod:`dpsummary.private.mixture`; their public plans and runs are :mod:`.kdtree` and
+:mod:`.dp_summary`.
 """
 
 from __future__ import annotations

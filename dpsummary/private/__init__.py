@@ -1,1 +1,3 @@
-"""Everything that touches private records or draws privacy noise lives in this package."""
+"""Everything that touches private records or draws privacy noise lives in this package, and
+nothing else: public plans, post-processing and orchestration live outside it (SECURITY.md, "What
+a privacy reviewer reads", lists these modules with their line counts)."""

@@ -22,7 +22,6 @@ interface exists.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
@@ -41,7 +40,8 @@ from .fixed_point import fixed_point_unit as fixed_point_unit
 from .store import RecordStore
 
 if TYPE_CHECKING:
-    from .marginals import HistogramLayout, NoisyMarginals
+    from ..postprocess.marginals import NoisyMarginals
+    from .marginals import HistogramLayout
     from .score_stats import NoisyStatistics
 
 
@@ -122,14 +122,6 @@ def draw_sample(randomness: Any, num_records: int, sample_rate: float) -> np.nda
     if mask.shape != (num_records,):
         raise MechanismError("inclusion mask has the wrong shape")
     return np.flatnonzero(mask).astype(np.int64)
-
-
-@dataclass(frozen=True)
-class ClipReport:
-    """What a noisy-sum call may tell its caller: nothing data-dependent."""
-
-    clip_norm: float
-    effective_clip_norm: float
 
 
 def exact_clipped_sum(clipped: np.ndarray, clip_norm: float) -> np.ndarray:
@@ -333,7 +325,7 @@ def release_marginal_counts(randomness: PrivacyRandomness, layout: HistogramLayo
     """The release of :meth:`PrivateRecords.noisy_marginals` from EXACT summed counts over
     ``num_records`` records (any engine). ``GaussianDpEvent(noise_multiplier)`` on the counts
     times ``layout.scale``; returns them on the raw count scale. The exact counts stay here."""
-    from .marginals import NoisyMarginals
+    from ..postprocess.marginals import NoisyMarginals
 
     if not (noise_multiplier > 0 and np.isfinite(noise_multiplier)):
         raise MechanismError("noise_multiplier must be positive and finite")

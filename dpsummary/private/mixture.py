@@ -1,12 +1,16 @@
-"""Private mixture summaries (issue 17, beyond the poster): two mechanisms whose output is a
-weighted pseudo-data summary that weighted CAVI (:mod:`dpsummary.mixtures.vi`) then fits;
-``benchmarks/results/mixtures_private.md`` measures both.
+"""Private mixture summaries (issue 17, beyond the poster): the parts of two mechanisms that read
+records or draw privacy noise. Their output is a weighted pseudo-data summary that weighted CAVI
+(:mod:`dpsummary.mixtures.vi`) then fits; ``benchmarks/results/mixtures_private.md`` measures
+both. Their public plans and post-processing live outside this package:
+:mod:`dpsummary.mixtures.kdtree` (the tree's public design :class:`~dpsummary.mixtures.kdtree.TreePlan`,
+the released :class:`~dpsummary.mixtures.kdtree.NoisyTree`, its pseudo-points) and
+:mod:`dpsummary.mixtures.dp_summary` (the stage function
+:func:`~dpsummary.mixtures.dp_summary.release_mixture_summary` and the DP-EM driver).
 
-* **Noisy adaptive kd-tree** (:func:`release_mixture_summary`, the mechanism of ``dpsummary
-  release --model gmm|dpgmm``, ``dp-kd-tree``, orchestrated by :mod:`dpsummary.release`; design
-  rule in :class:`TreePlan`), below.
-* **DP-EM** (:func:`private_mixture`), the baseline, documented next: it does not work at useful
-  budgets (docs/MIXTURES.md).
+* **Noisy adaptive kd-tree** (:func:`noisy_tree`, :func:`leaf_moments`: the mechanism of
+  ``dpsummary release --model gmm|dpgmm``, ``dp-kd-tree``), below.
+* **DP-EM** (:func:`noisy_statistics`, one round), the baseline, documented next: it does not
+  work at useful budgets (docs/MIXTURES.md).
 
 Noisy adaptive kd-tree (a Gaussian-noise, fixed-depth relative of PrivTree, Zhang, Xiao & Xie,
 SIGMOD 2016, and of the noisy quadtrees of Cormode et al., ICDE 2012). The public box
@@ -55,53 +59,34 @@ into the L2 ball of public radius ``B`` (a per-record map). For ``T`` rounds, gi
    onto the positive-definite cone) and the M-step gives the next factors.
 
 The T rounds compose to ``SelfComposedDpEvent(GaussianDpEvent(sigma), T)``;
-:func:`calibrate` chooses sigma with :func:`dpsummary.accounting.calibrate_noise_multiplier`.
-The summary: for each component with expected weight above ``min_weight``, P pseudopoints
-whose weighted count, mean and covariance equal the component's released ones
-(:func:`pseudo_points`), so weighted VI on them (any analyst, no further privacy cost) sees the
+:func:`dpsummary.mixtures.dp_summary.calibrate` chooses sigma with
+:func:`dpsummary.accounting.calibrate_noise_multiplier`. The summary: for each component with
+expected weight above ``min_weight``, P pseudopoints whose weighted count, mean and covariance
+equal the component's released ones (:func:`dpsummary.mixtures.dp_summary.pseudo_points`), so
+weighted VI on them (any analyst, no further privacy cost) sees the
 released mixture as data.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
-import dp_accounting as dpa
 import numpy as np
 import torch
 
-from ..accounting import calibrate_noise_multiplier, gaussian_event
-from ..mixtures.vi import (
-    MixturePosterior,
-    MixturePrior,
-    Statistics,
-    posterior_from_statistics,
-    responsibilities,
-)
+from ..mixtures.kdtree import MAX_NODES_PER_LEVEL, NoisyTree, TreePlan
+from ..mixtures.vi import MixturePosterior, Statistics, responsibilities
 from . import noise
 from .mechanism import (
     MechanismError,
     PrivacyRandomness,
     PrivateRecords,
-    SystemRandomness,
     clip_rows,
     exact_clipped_sum,
 )
 
 #: L2 bound of one record's statistics vector (see module docstring).
 STATISTICS_SENSITIVITY = math.sqrt(3.0)
-
-
-def calibrate(epsilon: float, delta: float, rounds: int) -> float:
-    """The noise multiplier sigma for ``rounds`` Gaussian rounds at (epsilon, delta) (Opacus RDP,
-    the accountant of record)."""
-    return calibrate_noise_multiplier(target_epsilon=epsilon, delta=delta, sample_rate=1.0, steps=rounds)
-
-
-def privacy_event(noise_multiplier: float, rounds: int) -> dpa.DpEvent:
-    """The ``DpEvent`` of one run (for the ledger and :func:`dpsummary.accounting.epsilon`)."""
-    return gaussian_event(noise_multiplier, rounds)
 
 
 def project_to_ball(x: np.ndarray, radius: float) -> np.ndarray:
@@ -148,218 +133,9 @@ def noisy_statistics(
     return Statistics(counts, sums, outer)
 
 
-def repair(
-    prior: MixturePrior,
-    stats: Statistics,
-    *,
-    min_count: float = 0.0,
-    max_variance: float = math.inf,
-    floor: float = 1e-3,
-) -> Statistics:
-    """Post-processing of noisy statistics (public thresholds only).
-
-    Components whose noisy count is below ``min_count`` (callers pass a multiple of the count's
-    noise sd: such a count is indistinguishable from noise) get all-zero statistics, i.e. the
-    prior. For the others the implied W_k^-1 is projected so that its eigenvalues lie in
-    ``[floor * lambda_min(W0^-1), nu_k * max_variance]`` (the data lie in a public ball, so no
-    component variance can exceed its squared radius), which makes it positive definite."""
-    keep = stats.counts >= max(min_count, 0.0)
-    counts = np.where(keep, np.maximum(stats.counts, 0.0), 0.0)
-    sums = np.where(keep[:, None], stats.sums, 0.0)
-    beta = prior.mean_precision + counts
-    means = (prior.mean_precision * prior.mean + sums) / beta[:, None]
-    base = prior.covariance + prior.mean_precision * np.outer(prior.mean, prior.mean) \
-        - beta[:, None, None] * np.einsum("ki,kj->kij", means, means)
-    outer = np.where(keep[:, None, None], 0.5 * (stats.outer + np.swapaxes(stats.outer, 1, 2)), 0.0)
-    scale_inv = base + outer
-    lo = floor * float(np.linalg.eigvalsh(prior.covariance).min())
-    hi = (prior.degrees_of_freedom + counts) * max_variance
-    vals, vecs = np.linalg.eigh(scale_inv)
-    clipped = np.minimum(np.maximum(vals, lo), np.maximum(hi, lo)[:, None])
-    fixed = np.einsum("kij,kj,klj->kil", vecs, clipped, vecs)
-    return Statistics(counts, sums, fixed - base)
-
-
-@dataclass(frozen=True)
-class PrivateMixtureSummary:
-    """What the mechanism releases: the final (public) factors, the pseudo-data summary and the
-    privacy cost. Everything here is a post-processing of the noisy statistics."""
-
-    posterior: MixturePosterior
-    points: np.ndarray
-    weights: np.ndarray
-    noise_multiplier: float
-    rounds: int
-    event: dpa.DpEvent
-
-
-def pseudo_points(
-    posterior: MixturePosterior,
-    prior: MixturePrior,
-    *,
-    per_component: int,
-    min_weight: float,
-    rng: np.random.Generator,
-) -> tuple[np.ndarray, np.ndarray]:
-    """``per_component`` (>= D + 1) pseudopoints per component with expected weight at least
-    ``min_weight``: a public standard-normal draw, re-centred and whitened so that its empirical
-    mean is exactly 0 and covariance exactly I, then mapped to ``m_k + L_k z`` with
-    ``L_k L_k^T = W_k^-1 / nu_k``. Weights ``N_k / per_component`` with ``N_k = nu_k - nu0``, so
-    each component's weighted count, mean and covariance are reproduced exactly (up to the
-    M-step's shrinkage towards the prior, negligible when N_k >> beta0, nu0)."""
-    d = posterior.dim
-    if per_component < d + 1:
-        raise ValueError("per_component must be at least D + 1")
-    weights = posterior.expected_weights()
-    counts = np.maximum(posterior.degrees_of_freedom - prior.degrees_of_freedom, 0.0)
-    covs = posterior.covariances()
-    pts, wts = [], []
-    for k in np.flatnonzero(weights >= min_weight):
-        z = rng.normal(size=(per_component, d))
-        z -= z.mean(0)
-        z = z @ np.linalg.inv(np.linalg.cholesky(z.T @ z / per_component)).T
-        pts.append(posterior.means[k] + z @ np.linalg.cholesky(covs[k]).T)
-        wts.append(np.full(per_component, counts[k] / per_component))
-    return np.concatenate(pts), np.concatenate(wts)
-
-
-def private_mixture(
-    records: np.ndarray,
-    prior: MixturePrior,
-    *,
-    epsilon: float,
-    delta: float,
-    radius: float,
-    rounds: int = 10,
-    min_weight: float = 0.005,
-    per_component: int = 64,
-    init_rng: np.random.Generator,
-    randomness: PrivacyRandomness | None = None,
-) -> PrivateMixtureSummary:
-    """Run DP-EM for ``rounds`` rounds at total (epsilon, delta) and release the summary.
-
-    ``records`` are in the public standardised space (they are projected into the ball of public
-    ``radius`` here); ``prior`` must be public (e.g. built from public bounds, never from the
-    records). ``init_rng`` drives only public randomness: the initial component centres, drawn
-    uniformly in the ball, each with a unit pseudo-count, and the pseudopoints' base draw. Privacy randomness comes from
-    ``randomness`` (default: OS entropy).
-    """
-    rand = randomness if randomness is not None else SystemRandomness()
-    sigma = calibrate(epsilon, delta, rounds)
-    x = project_to_ball(np.asarray(records, dtype=np.float64), radius)
-    k, d = prior.n_components, prior.dim
-    direction = init_rng.normal(size=(k, d))
-    radii = radius * init_rng.uniform(size=(k, 1)) ** (1 / d)
-    centres = direction / np.linalg.norm(direction, axis=1, keepdims=True) * radii
-    spread = (radius / 3.0) ** 2
-    init = Statistics(np.ones(k), centres, np.einsum("ki,kj->kij", centres, centres) + spread * np.eye(d)[None])
-    post = posterior_from_statistics(prior, init)
-    for _ in range(rounds):
-        stats = noisy_statistics(x, post, radius=radius, noise_multiplier=sigma, randomness=rand)
-        # A count below 3 noise sd is noise; no variance exceeds radius^2 (public bounds).
-        min_count = 3.0 * sigma * STATISTICS_SENSITIVITY
-        post = posterior_from_statistics(prior, repair(prior, stats, min_count=min_count, max_variance=radius**2))
-    points, weights = pseudo_points(post, prior, per_component=per_component, min_weight=min_weight,
-                                    rng=init_rng)
-    return PrivateMixtureSummary(post, points, weights, sigma, rounds, privacy_event(sigma, rounds))
-
-
 # ---------------------------------------------------------------------------------------------
 # Noisy adaptive kd-tree (module docstring): the private mixture summary proposed for release.
 # ---------------------------------------------------------------------------------------------
-
-#: Default public box half-width in the public standardised space: a standardised coordinate
-#: leaves [-4, 4] with probability at most 1/16 (Chebyshev), ~6e-5 for a Gaussian.
-DEFAULT_BOUND = 4.0
-#: Default splits per coordinate at the maximum depth (64 cells per coordinate: cell width
-#: 2B/64 = 0.125 sd at B = 4), and the cap on the total depth (the noise grows like sqrt(L)).
-DEFAULT_LEVELS_PER_DIM = 6
-DEFAULT_MAX_DEPTH = 36
-#: Split a node iff its noisy count >= 3 sigma (a node with no record is split with probability
-#: 0.13%); keep a leaf iff its noisy count >= 2 sigma (an empty leaf survives with probability
-#: 2.3%). Fixed before any private measurement (docs/MIXTURES.md, "design rule").
-DEFAULT_SPLIT_THRESHOLD = 3.0
-DEFAULT_KEEP_THRESHOLD = 2.0
-#: Public cap on the nodes released at one depth (memory); beyond it only the nodes with the
-#: largest noisy counts are split (post-processing of noisy counts).
-MAX_NODES_PER_LEVEL = 1 << 18
-
-
-@dataclass(frozen=True)
-class TreePlan:
-    """The public design of one noisy kd-tree release (everything here is public).
-
-    ``noise_multiplier`` is sigma, the standard deviation of the noise on every released count
-    (count units; sensitivity 1). The run costs exactly :meth:`event`:
-    ``max_depth + 1`` Gaussian mechanisms of noise multiplier sigma."""
-
-    dim: int
-    bound: float
-    max_depth: int
-    noise_multiplier: float
-    split_threshold: float = DEFAULT_SPLIT_THRESHOLD
-    keep_threshold: float = DEFAULT_KEEP_THRESHOLD
-    #: Variant (off by default): one more Gaussian release, same sigma, of per-leaf sums of
-    #: ``[(x - c)/h, ((x - c)/h)^2] / sqrt(2D)`` (L2 norm <= 1 per record), giving each leaf a
-    #: DP mean and per-coordinate variance (:func:`leaf_moments`).
-    leaf_moments: bool = False
-
-    def __post_init__(self) -> None:
-        if self.dim < 1 or self.max_depth < 0 or self.max_depth > 62:
-            raise ValueError("need dim >= 1 and 0 <= max_depth <= 62")
-        if not (self.bound > 0 and math.isfinite(self.bound)):
-            raise ValueError("bound must be positive and finite")
-        if not (self.noise_multiplier > 0 and math.isfinite(self.noise_multiplier)):
-            raise ValueError("noise_multiplier must be positive and finite")
-        if not (self.split_threshold > 0 and self.keep_threshold >= 0):
-            raise ValueError("thresholds must be non-negative (split positive)")
-
-    @property
-    def releases(self) -> int:
-        """Number of Gaussian mechanisms (one per depth 0..max_depth, plus the leaf moments)."""
-        return self.max_depth + 1 + (1 if self.leaf_moments else 0)
-
-    def event(self) -> dpa.DpEvent:
-        """The run's ``DpEvent``: ``SelfComposedDpEvent(GaussianDpEvent(sigma), releases)``."""
-        return gaussian_event(self.noise_multiplier, self.releases)
-
-    def splits(self, depth: int) -> np.ndarray:
-        """Number of midpoint splits of each coordinate at ``depth``, shape (D,)."""
-        j = np.arange(self.dim)
-        return depth // self.dim + (j < depth % self.dim).astype(np.int64)
-
-    def to_dict(self) -> dict[str, object]:
-        return {"mechanism": "noisy-kd-tree", "dim": self.dim, "bound": self.bound, "max_depth": self.max_depth,
-                "noise_multiplier": self.noise_multiplier, "split_threshold": self.split_threshold,
-                "keep_threshold": self.keep_threshold, "leaf_moments": self.leaf_moments}
-
-
-def default_max_depth(dim: int, levels_per_dim: int = DEFAULT_LEVELS_PER_DIM, cap: int = DEFAULT_MAX_DEPTH) -> int:
-    """The default depth rule: ``min(levels_per_dim * D, cap)``."""
-    return min(levels_per_dim * dim, cap)
-
-
-def plan_tree(
-    dim: int,
-    *,
-    epsilon: float,
-    delta: float,
-    bound: float = DEFAULT_BOUND,
-    max_depth: int | None = None,
-    split_threshold: float = DEFAULT_SPLIT_THRESHOLD,
-    keep_threshold: float = DEFAULT_KEEP_THRESHOLD,
-    leaf_moments: bool = False,
-    prior_events: tuple[dpa.DpEvent, ...] = (),
-) -> TreePlan:
-    """Calibrate sigma so that ``prior_events`` plus the tree's ``max_depth + 1`` Gaussian levels
-    meet (epsilon, delta) under the accountant of record (Opacus RDP,
-    :func:`dpsummary.accounting.calibrate_noise_multiplier`)."""
-    depth = default_max_depth(dim) if max_depth is None else int(max_depth)
-    steps = depth + 1 + (1 if leaf_moments else 0)
-    sigma = calibrate_noise_multiplier(target_epsilon=epsilon, delta=delta, sample_rate=1.0, steps=steps,
-                                       prior_events=list(prior_events))
-    return TreePlan(dim, float(bound), depth, sigma, float(split_threshold), float(keep_threshold), leaf_moments)
-
 
 def cell_codes(x: np.ndarray, plan: TreePlan) -> np.ndarray:
     """Per-record cell index along each coordinate at the maximum depth, shape (n, D), int64;
@@ -419,27 +195,6 @@ def release_counts(randomness: PrivacyRandomness, counts: np.ndarray, noise_mult
     scale = noise.count_vector_scale(1, counts.shape[0])
     noisy = randomness.gaussian(counts * scale, noise_std=noise_multiplier, clip_norm=1.0)
     return np.asarray(noisy, dtype=np.float64) / scale
-
-
-@dataclass(frozen=True)
-class NoisyTree:
-    """The released leaves (public: functions of the noisy counts only): per-coordinate cell
-    indices and depth of each kept leaf, and its noisy count; plus the number of nodes released
-    at each depth (public)."""
-
-    plan: TreePlan
-    leaf_cells: np.ndarray   # (m, D) int64
-    leaf_depths: np.ndarray  # (m,) int64
-    leaf_counts: np.ndarray  # (m,) float64, noisy
-    released_per_depth: tuple[int, ...]
-
-    def boxes(self) -> tuple[np.ndarray, np.ndarray]:
-        """Centres and half-widths of the kept leaves, each (m, D)."""
-        p = self.plan
-        s = np.stack([p.splits(int(d)) for d in self.leaf_depths]) if len(self.leaf_depths) else np.zeros((0, p.dim))
-        half = p.bound / (1 << s.astype(np.int64)).astype(np.float64)
-        centres = -p.bound + (2 * self.leaf_cells + 1) * half
-        return centres, half
 
 
 def _children(nodes: np.ndarray, plan: TreePlan, depth: int) -> np.ndarray:
@@ -516,21 +271,6 @@ def noisy_tree(records: PrivateRecords, plan: TreePlan) -> NoisyTree:
                      tuple(released))
 
 
-def tree_pseudo_points(tree: NoisyTree) -> tuple[np.ndarray, np.ndarray]:
-    """The weighted pseudo-data of a released tree (post-processing): 2D points per kept leaf at
-    ``centre +- sqrt(D/3) h_j e_j`` with weight ``count / (2D)`` each, so every leaf contributes
-    its noisy count with the mean and covariance of the uniform distribution on its cell."""
-    centres, half = tree.boxes()
-    m, d = centres.shape
-    offsets = math.sqrt(d / 3.0) * half  # (m, D)
-    eye = np.eye(d)
-    plus = centres[:, None, :] + offsets[:, None, :] * eye[None]
-    minus = centres[:, None, :] - offsets[:, None, :] * eye[None]
-    points = np.concatenate([plus, minus], axis=1).reshape(m * 2 * d, d)
-    weights = np.repeat(tree.leaf_counts / (2 * d), 2 * d)
-    return points, weights
-
-
 def leaf_moments(records: PrivateRecords, tree: NoisyTree) -> tuple[np.ndarray, np.ndarray]:
     """The optional moments release (``plan.leaf_moments``): ONE Gaussian mechanism, noise sd
     sigma, on the concatenated per-leaf exact sums of ``v = [u, u^2] / sqrt(2D)``, u = (x - c)/h
@@ -575,49 +315,3 @@ def leaf_moments(records: PrivateRecords, tree: NoisyTree) -> tuple[np.ndarray, 
     mean_u = np.clip(noisy[:, :d] / count, -1.0, 1.0)
     var_u = np.clip(noisy[:, d:] / count - mean_u**2, 0.0, 1.0)
     return centres + half * mean_u, (half**2) * var_u
-
-
-@dataclass(frozen=True)
-class MixtureRelease:
-    """What :func:`release_mixture_summary` returns: the weighted pseudo-points (the releasable
-    summary, in the public standardised space), and public notes (the plan, the accountant
-    event, leaf and node numbers; all functions of noisy counts or public values)."""
-
-    points: np.ndarray
-    weights: np.ndarray
-    event: dpa.DpEvent
-    notes: dict[str, object]
-
-
-def release_mixture_summary(records: PrivateRecords, *, plan: TreePlan) -> MixtureRelease:
-    """THE stage function of ``dpsummary release --model gmm|dpgmm`` (:mod:`dpsummary.release`).
-
-    Contract: ``records`` hold the private rows already mapped to the PUBLIC standardised space
-    (a public affine map per column, from the policy's bounds or schema; never from the data),
-    shape (n, plan.dim); ``plan`` comes from :func:`plan_tree` with the release's (epsilon, delta)
-    share, and its :meth:`TreePlan.event` has been charged to the ledger before this call. The
-    output ``points``/``weights`` are safe to publish (post-processing of the Gaussian
-    mechanisms); weighted CAVI on them (:func:`fit_release`) costs no further privacy."""
-    tree = noisy_tree(records, plan)
-    points, weights = tree_pseudo_points(tree)
-    if plan.leaf_moments and tree.leaf_counts.shape[0]:
-        means, variances = leaf_moments(records, tree)
-        m, d = means.shape
-        offsets = np.sqrt(d * variances)  # 2D points at mean +- sqrt(D var_j) e_j: the leaf's mean and variances
-        eye = np.eye(d)
-        points = np.concatenate([means[:, None, :] + offsets[:, None, :] * eye[None],
-                                 means[:, None, :] - offsets[:, None, :] * eye[None]], axis=1).reshape(m * 2 * d, d)
-    notes: dict[str, object] = {**plan.to_dict(), "leaves": int(tree.leaf_counts.shape[0]),
-                                "released_per_depth": list(tree.released_per_depth)}
-    return MixtureRelease(points, weights, plan.event(), notes)
-
-
-def fit_release(release: MixtureRelease, prior: MixturePrior, rng: np.random.Generator, *,
-                max_iter: int = 500, tol: float = 1e-7) -> MixturePosterior:
-    """Weighted CAVI on the released pseudo-points (post-processing; ``prior`` and ``rng`` must be
-    public). Raises ``ValueError`` if nothing was released (all leaves below the keep threshold)."""
-    from ..mixtures.vi import fit_cavi
-
-    if release.weights.shape[0] == 0:
-        raise ValueError("the release holds no pseudo-point (every leaf was below the keep threshold)")
-    return fit_cavi(release.points, release.weights, prior, rng, max_iter=max_iter, tol=tol).posterior

@@ -3,7 +3,9 @@
 Only the header row (the column names) is public. Everything else the release needs from the
 data to build a :class:`dpsummary.data.Schema` (column types, integer flags, numeric bounds,
 category lists, the kind of the target) is derived from ONE Gaussian mechanism applied to one
-concatenated vector of counts, followed by post-processing.
+concatenated vector of counts, followed by partition selection (here) and post-processing
+(:func:`dpsummary.postprocess.schema.schema_from_release`, with the public grid
+:data:`dpsummary.postprocess.schema.GRID_EDGES`; "Post-processing" there).
 
 What is released (before post-processing)
 -----------------------------------------
@@ -58,67 +60,38 @@ for Gaussian thresholding). In the direction "smaller data set first" the bound 
 ``1 / (1 - delta)`` instead, i.e. ``eps_G - log(1 - delta)``; ``epsilon_slack`` in the result
 reports that term (about ``delta``, negligible) for a caller that wants to add it.
 
-Post-processing (no further privacy cost)
------------------------------------------
-* numeric vs categorical: numeric when the noisy number count exceeds the noisy text count (a
-  column with a few stray strings is numeric; transform it with ``invalid_numeric="missing"``);
-* integer: the noisy non-integer count is below ``max(3 s, 1% of the numbers)``;
-* bounds: grid bins with noisy count below ``z s_c`` are zeroed (``z`` chosen so that, over
-  all grid bins of all feature columns, an empty bin survives with probability below 1%; the
-  target has its own 1% over its 83 bins, ``TARGET_FALSE_BIN_PROB``); the bounds are
-  the outer edges of the bins holding the 1% and 99% quantiles of what remains (for the target:
-  of the lowest and highest surviving bins), rounded inwards (ceil / floor) for integer
-  columns, capped at ``±1e9``;
-* categories: the values above ``tau_c``, the ``max_categories`` largest, sorted.
-* a public class count (``target_classes``, e.g. 2 for logistic regression): a numeric
-  target's bounds come from its ``target_classes`` largest noisy grid bins (noisy top-k over a
-  PUBLIC domain: post-processing, no threshold needed); a categorical target keeps at most
-  ``target_classes`` of the values above ``tau_c`` (the threshold stays, since its candidate keys
-  come from the data and a key only one neighbour has must pass with probability <= delta / C).
-A feature column for which nothing survives is dropped (with a note); for the target that is a
-DataError. Notes and errors only ever mention noisy, released quantities.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Final
 
 import dp_accounting
 import numpy as np
-from scipy.stats import norm
+from scipy.special import ndtri  # norm.isf(q) is -ndtri(q); scipy.stats costs 0.3 s (issue 29)
 
-from ..data import NO_TARGET, ColumnSpec, DataError, RawTable, Schema, parse_floats, target_kind
+from ..data import NO_TARGET, DataError, RawTable, parse_floats
+from ..postprocess.schema import (
+    GRID_EDGES,
+    NUM_GRID_BINS,
+    TYPE_BINS,
+    ZERO_BIN,
+    PrivateSchemaResult,
+    ReleasedColumn,
+    schema_from_release,
+)
 from .noise import add_gaussian_noise, count_vector_scale, rounding_slack
 
 __all__ = [
-    "GRID_EDGES",
     "CountVector",
-    "PrivateSchemaResult",
+    "SchemaCounts",
     "build_count_vector",
     "estimate_schema",
     "selection_threshold",
 ]
 
-#: Positive public grid edges: 1-2-5 steps from 1e-4 to 5e8, then 1e9.
-_POSITIVE_EDGES: Final = [m * 10.0**e for e in range(-4, 9) for m in (1.0, 2.0, 5.0)] + [1e9]
-#: All edges, ascending: -1e9 ... -1e-4, 0, 1e-4 ... 1e9 (81 edges). Bin k (0 <= k <= 81) lies
-#: between GRID_EDGES[k-1] and GRID_EDGES[k] (open ends), closed on the side away from zero:
-#: (a, b] for positive values, [a, b) for negative ones; bin 82 is exact zero.
-GRID_EDGES: Final = np.array([-x for x in reversed(_POSITIVE_EDGES)] + [0.0] + _POSITIVE_EDGES)
-GRID_LIMIT: Final = 1e9
-NUM_GRID_BINS: Final = len(GRID_EDGES) + 2
-_ZERO_BIN: Final = NUM_GRID_BINS - 1
-TYPE_BINS: Final = ("missing", "text", "integer", "fraction")
-#: Quantiles of the denoised grid histogram used as feature bounds.
-LOWER_QUANTILE: Final = 0.01
-UPPER_QUANTILE: Final = 0.99
-#: Probability that any empty grid bin (over all columns) survives denoising.
-GRID_FALSE_BIN_PROB: Final = 0.01
-#: Probability that an empty grid bin of the TARGET survives (its own budget, not shared with
-#: the features: a lower floor keeps a healthy minority class; a false bin only widens bounds).
-TARGET_FALSE_BIN_PROB = 0.01
 #: Default share of the schema mechanism's squared L2 sensitivity given to the target column
 #: (the other columns share the rest evenly); see benchmarks/results/schema_refusal_rate.md.
 DEFAULT_TARGET_SHARE: Final = 0.5
@@ -177,27 +150,6 @@ class CountVector:
         return dict(zip(self.keys, self.counts.tolist(), strict=True))
 
 
-@dataclass(frozen=True)
-class PrivateSchemaResult:
-    """A privately estimated schema and exactly what it cost.
-
-    ``events``: the dp_accounting events of the mechanism (one Gaussian). ``delta``: the extra
-    delta consumed by partition selection, to be added to the accountant's delta.
-    ``epsilon_slack``: ``-log(1 - delta)``, see the module docstring. ``noisy_num_records``: a
-    noisy record count (post-processing of the type histograms), usable wherever a DP count of
-    the records is needed. ``notes``: what was derived, for the release report.
-    """
-
-    schema: Schema
-    events: list[dp_accounting.DpEvent]
-    delta: float
-    epsilon_slack: float
-    noise_multiplier: float
-    noisy_num_records: float
-    notes: list[str] = field(default_factory=list)
-    dropped: list[str] = field(default_factory=list)
-
-
 def selection_threshold(raw_noise_std: float, delta_per_column: float) -> float:
     """Threshold tau on the raw scale: a key with true count 1 survives with prob. delta_col.
 
@@ -206,7 +158,7 @@ def selection_threshold(raw_noise_std: float, delta_per_column: float) -> float:
     """
     if not 0.0 < delta_per_column < 1.0:
         raise ValueError("delta_per_column must lie in (0, 1)")
-    return 1.0 + raw_noise_std * float(norm.isf(delta_per_column))
+    return 1.0 + raw_noise_std * float(-ndtri(delta_per_column))
 
 
 def _grid_bins(values: np.ndarray) -> np.ndarray:
@@ -216,16 +168,7 @@ def _grid_bins(values: np.ndarray) -> np.ndarray:
     # side="right" differs from side="left" exactly where the value equals an edge: [a, b) for v < 0
     on_edge = GRID_EDGES[np.minimum(toward, len(GRID_EDGES) - 1)] == values
     away = toward + on_edge
-    return np.where(values == 0.0, _ZERO_BIN, np.where(values > 0, toward, away))
-
-
-def _bin_edges(k: int) -> tuple[float, float]:
-    """Outer edges of bin k, capped at +-GRID_LIMIT (values beyond it are clipped)."""
-    if k == _ZERO_BIN:
-        return 0.0, 0.0
-    lo = GRID_EDGES[k - 1] if k >= 1 else -GRID_LIMIT
-    hi = GRID_EDGES[k] if k < len(GRID_EDGES) else GRID_LIMIT
-    return float(lo), float(hi)
+    return np.where(values == 0.0, ZERO_BIN, np.where(values > 0, toward, away))
 
 
 def build_count_vector(table: RawTable) -> CountVector:
@@ -294,10 +237,11 @@ class SchemaCounts:
         self._types[name] += np.bincount(kinds, minlength=4)
         self._grid[name] += np.bincount(_grid_bins(values[ok]), minlength=NUM_GRID_BINS)
         if is_text.any():
-            import pyarrow as pa
             import pyarrow.compute as pc
 
-            uniq, codes = dictionary_codes(pc.filter(text, pa.array(is_text)))
+            from ..data import arrow_bool_mask  # not pa.array: it imports pandas (issue 29)
+
+            uniq, codes = dictionary_codes(pc.filter(text, arrow_bool_mask(is_text)))
             counts = np.bincount(codes, minlength=len(uniq))
             table = self._values[name]
             for v, c in zip(uniq, counts.tolist(), strict=True):
@@ -384,8 +328,6 @@ def estimate_schema(
     scales = vec.coordinate_scales(tgt, target_share)
     noisy = add_gaussian_noise(vec.counts * scales, noise_std=noise_multiplier, clip_norm=1.0) / scales
     num_cols = len(header)
-    z_grid = float(norm.isf(GRID_FALSE_BIN_PROB / (num_cols * NUM_GRID_BINS)))
-    z_target = float(norm.isf(TARGET_FALSE_BIN_PROB / NUM_GRID_BINS))
 
     sections: dict[tuple[str, str], list[tuple[str, float]]] = {}
     raw_std: dict[str, float] = {}  # noise std on the raw count scale, per column (public)
@@ -395,151 +337,20 @@ def estimate_schema(
     s_feat = noise_multiplier / vec.scale if tgt is None or target_share is None else max(raw_std.values())
     tau = selection_threshold(s_feat, delta / num_cols)
 
-    specs: list[ColumnSpec] = []
-    notes: list[str] = [
-        f"schema estimated privately: one Gaussian mechanism, noise multiplier "
-        f"{noise_multiplier:g}, L2 sensitivity 1 after scaling counts (one record touches "
-        f"{vec.touches} of them{'' if target_share is None or tgt is None else f', target share {target_share:g}'}); "
-        f"feature category threshold {tau:.1f} records (delta {delta:g} for partition selection)"
-    ]
-    dropped: list[str] = []
-    totals: list[float] = []
+    # Partition selection: a value key leaves this function only if its noisy count passes its
+    # column's threshold tau_c (module docstring); what is returned is the release.
+    released: dict[str, ReleasedColumn] = {}
     for name in header:
-        is_target = name == tgt
         s = raw_std[name]
         tau_col = selection_threshold(s, delta / num_cols)
-        t = dict(sections[(name, "type")])
-        totals.append(sum(t.values()))
-        numbers = t["integer"] + t["fraction"]
-        spec: ColumnSpec | None
-        why: str
-        if max(numbers, t["text"]) < 3.0 * s:
-            spec, why = None, "too few non-missing values to estimate anything"
-        elif numbers > t["text"]:
-            integer = t["fraction"] < max(3.0 * s, 0.01 * numbers)
-            grid = np.array([v for _, v in sections[(name, "grid")]])
-            top = target_classes if is_target else None
-            # The target has its own false-bin budget (TARGET_FALSE_BIN_PROB over its 83 bins): a
-            # lower floor, so a healthy minority class is not taken for noise (issue 13).
-            z = z_target if is_target else z_grid
-            spec, why = _numeric_spec(name, grid, z * s, integer, full_range=is_target, top_k=top)
-        else:
-            values = [(lab, v) for lab, v in sections.get((name, "value"), []) if v > tau_col]
-            cap = min(max_categories, target_classes) if is_target and target_classes else max_categories
-            spec, why = _categorical_spec(name, values, cap)
-        if spec is None:
-            if is_target:
-                raise DataError(f"target {name!r}: {why}; give a schema with the target instead")
-            dropped.append(name)
-            notes.append(f"{name}: dropped ({why})")
-            continue
-        specs.append(spec)
-        notes.append(why)
-    if not [c for c in specs if c.name != tgt]:
-        raise DataError("no feature column could be estimated privately; give a schema instead")
-    schema = Schema(columns=specs, target=tgt)
-    kind = target_kind(schema)
-    if tgt is not None:
-        notes.append(f"target {tgt!r}: {kind}")
-    return PrivateSchemaResult(
-        schema=schema,
-        events=[dp_accounting.GaussianDpEvent(noise_multiplier)],
-        delta=delta,
-        epsilon_slack=-math.log1p(-delta),
-        noise_multiplier=noise_multiplier,
-        noisy_num_records=max(float(np.mean(totals)), 0.0),
-        notes=notes,
-        dropped=dropped,
+        released[name] = ReleasedColumn(
+            type_counts=dict(sections[(name, "type")]),
+            grid=np.array([v for _, v in sections[(name, "grid")]]),
+            values=[(lab, v) for lab, v in sections.get((name, "value"), []) if v > tau_col],
+            raw_noise_std=s,
+        )
+    return schema_from_release(
+        released, target=tgt, events=[dp_accounting.dp_event.GaussianDpEvent(noise_multiplier)],
+        noise_multiplier=noise_multiplier, delta=delta, touches=vec.touches, target_share=target_share,
+        feature_threshold=tau, max_categories=max_categories, target_classes=target_classes,
     )
-
-
-def _holds_integer(k: int) -> bool:
-    """Whether grid bin k (closed away from zero, capped at +-GRID_LIMIT) contains an integer."""
-    if k == _ZERO_BIN:
-        return True
-    lo, hi = _bin_edges(k)
-    if lo >= 0.0:  # (lo, hi]
-        return math.floor(hi) > lo
-    return math.ceil(lo) < hi  # [lo, hi)
-
-
-_INTEGER_BINS: Final = np.array([_holds_integer(k) for k in range(NUM_GRID_BINS)])
-
-
-def _numeric_spec(
-    name: str, grid: np.ndarray, floor: float, integer: bool, *, full_range: bool, top_k: int | None = None
-) -> tuple[ColumnSpec | None, str]:
-    """Bounds from the denoised grid histogram (pure post-processing).
-
-    ``top_k``: keep exactly the ``top_k`` largest noisy bins instead of those above ``floor``
-    (the bins are public, so this is post-processing).
-    """
-    if top_k is not None:
-        # An integer column's mass can only sit in bins holding an integer (public structure):
-        # skip the others, so a noise-only bin next to zero cannot collapse the class hull.
-        ranked = grid if not integer else np.where(_INTEGER_BINS, grid, -np.inf)
-        best = np.argsort(-ranked, kind="stable")[:top_k]
-        kept = np.zeros_like(grid)
-        kept[best] = np.maximum(grid[best], np.finfo(np.float64).tiny)
-    else:
-        kept = np.where(grid > floor, grid, 0.0)
-    # Reorder bins by position on the line: the zero bin sits between (-1e-4, 0) and [0, 1e-4).
-    zero_at = int(np.searchsorted(GRID_EDGES, 0.0, side="right"))  # bin [0, 1e-4)
-    order = list(range(zero_at)) + [_ZERO_BIN] + list(range(zero_at, _ZERO_BIN))
-    mass = kept[order]
-    total = float(mass.sum())
-    if total <= 0:
-        return None, "no numeric bin rose above the noise"
-    if full_range:
-        nz = np.flatnonzero(mass > 0)
-        lo_bin, hi_bin = order[int(nz[0])], order[int(nz[-1])]
-    else:
-        cum = np.cumsum(mass) / total
-        lo_bin = order[int(np.searchsorted(cum, LOWER_QUANTILE, side="left"))]
-        hi_bin = order[min(int(np.searchsorted(cum, UPPER_QUANTILE, side="left")), len(order) - 1)]
-    lower, _ = _bin_edges(lo_bin)
-    _, upper = _bin_edges(hi_bin)
-    if integer:
-        # The closed hull of the two bins' integers: round outer edges inwards, ceil / floor.
-        lo_i, hi_i = float(math.ceil(lower)), float(math.floor(upper))
-        if lo_i <= hi_i:
-            lower, upper = lo_i, hi_i
-    how = "lowest/highest surviving bins" if full_range else "noisy 1%/99% quantiles"
-    if lower >= upper:
-        if full_range:
-            return None, "it appears constant"
-        upper = lower + 1.0
-        how += ", widened to unit width (constant column)"
-    spec = ColumnSpec(name=name, kind="numeric", lower=lower, upper=upper, integer=integer)
-    kind = "integer" if integer else "real"
-    return (
-        spec,
-        f"{name}: numeric ({kind}), bounds [{lower:g}, {upper:g}] from {how} on a public grid",
-    )
-
-
-def _categorical_spec(
-    name: str, values: list[tuple[str, float]], max_categories: int
-) -> tuple[ColumnSpec | None, str]:
-    if not values:
-        return None, "no category was frequent enough to pass the noisy threshold"
-    ranked = sorted(values, key=lambda lv: (-lv[1], lv[0]))
-    kept = sorted(lab for lab, _ in ranked[:max_categories])
-    extra = f", the {max_categories} most frequent kept" if len(ranked) > max_categories else ""
-    spec = ColumnSpec(name=name, kind="categorical", categories=kept)
-    noun = "category" if len(kept) == 1 else "categories"
-    return spec, f"{name}: categorical, {len(kept)} {noun} passed the noisy threshold{extra}"
-
-
-def describe(result: PrivateSchemaResult) -> dict[str, Any]:
-    """A JSON-able summary for release reports (everything in it is already released)."""
-    return {
-        "schema": result.schema.model_dump(mode="json"),
-        "events": [repr(e) for e in result.events],
-        "delta": result.delta,
-        "epsilon_slack": result.epsilon_slack,
-        "noise_multiplier": result.noise_multiplier,
-        "noisy_num_records": result.noisy_num_records,
-        "notes": list(result.notes),
-        "dropped": list(result.dropped),
-    }

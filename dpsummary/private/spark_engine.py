@@ -1,8 +1,9 @@
-"""The Spark engine: ``dpsummary release --engine spark`` on a Parquet path or table.
+"""The Spark engine's private part: ``dpsummary release --engine spark`` on a Parquet path or table.
 
-The ONLY module that imports pyspark (lazily, inside functions; install the ``spark`` extra and
-Java 17). It runs the same mechanisms as the local engine, through the same kernel, on data that
-lives in a Spark cluster (or in ``local[2]``):
+What reads records or draws privacy randomness on Spark (pyspark imported lazily, inside
+functions). The session, the public checks, the executor probe and package shipping never see a
+record and live in :mod:`dpsummary.spark`. It runs the same mechanisms as the local engine,
+through the same kernel, on data that lives in a Spark cluster (or in ``local[2]``):
 
 * **Full passes** (stage 1's record count and DP schema counts; the quality counts; the
   noise-aware mechanism's rounds): ``mapInArrow`` runs, per partition and per Arrow batch, the
@@ -42,279 +43,13 @@ Privacy caveats (see SECURITY.md, "The Spark engine"):
 from __future__ import annotations
 
 import os
-import re
 import shutil
-import stat
-import sys
-import tempfile
-import warnings
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import Refusal
-
-#: Default master for ``--engine spark`` (tests, CI, one machine).
-DEFAULT_MASTER = "local[2]"
-
-
-class SparkEngineError(Refusal):
-    """The Spark engine cannot run (pyspark or Java missing, bad --spark-conf, executors without
-    dpsummary): a public fact, decided before the reservation; one line."""
-
-
-def spark_available() -> str | None:
-    """None if pyspark and a Java runtime are present, else a one-line reason (public)."""
-    try:
-        import pyspark  # noqa: F401
-    except ImportError:
-        return "pyspark is not installed (pip install 'dpsummary[spark]')"
-    java_home = os.environ.get("JAVA_HOME")
-    if not (shutil.which("java") or (java_home and Path(java_home, "bin", "java").exists())):
-        return "no Java runtime found (install Java 17, e.g. openjdk-17-jre-headless)"
-    return None
-
-
-def parse_spark_conf(items: list[str] | None) -> dict[str, str]:
-    """``["k=v", ...]`` from ``--spark-conf`` to a dict; a malformed item is a public error."""
-    out: dict[str, str] = {}
-    for item in items or []:
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise SparkEngineError(f"--spark-conf expects key=value, got {item!r}")
-        out[key.strip()] = value.strip()
-    return out
-
-
-def public_header(location: str | Path, policy: Any) -> list[str]:
-    """The checks ``--engine spark`` makes before the reservation, all on public facts: pyspark
-    and Java are installed, and the Parquet input's column names (its metadata; no record is
-    read). Returns the header; raises :class:`SparkEngineError` (one line). Without a schema in
-    the policy, stage 1 estimates it on Spark (:meth:`SparkSource.estimate_schema`)."""
-    reason = spark_available()
-    if reason is not None:
-        raise SparkEngineError(f"--engine spark: {reason}")
-    path = Path(location)
-    if path.is_dir():
-        files = sorted(f for f in path.rglob("*.parquet") if not any(part.startswith((".", "_"))
-                                                                      for part in f.relative_to(path).parts))
-        if not files:
-            raise SparkEngineError(f"no Parquet files under {path}")
-        path = files[0]
-    elif path.suffix.lower() not in (".parquet", ".pq"):
-        raise SparkEngineError("--engine spark reads Parquet (a .parquet file or a directory of them)")
-    from ..data import read_header
-
-    return read_header(path)
-
-
-#: The master URL forms Spark accepts (local modes, standalone, YARN, Kubernetes, Mesos).
-MASTER_URL = re.compile(r"local(\[(\d+|\*)(,\s*\d+)?\])?|local-cluster\[\d+,\s*\d+,\s*\d+\]"
-                        r"|spark://[^\s/]+(:\d+)?(,[^\s/]+(:\d+)?)*|yarn|k8s://\S+|mesos://\S+")
-
-
-@dataclass(frozen=True)
-class SparkOptions:
-    """Public engine options from the CLI: the master URL and extra Spark configuration.
-
-    The master URL's form is checked here, before the reservation (a typo is a public fact);
-    whether the cluster answers is known only when the session starts, after it."""
-
-    master: str = DEFAULT_MASTER
-    conf: Mapping[str, str] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        if not MASTER_URL.fullmatch(self.master):
-            raise SparkEngineError(f"--spark-master {self.master!r} is not a Spark master URL (local, local[N], "
-                                   "local[*], spark://HOST:PORT, yarn, k8s://URL)")
-
-
-
-def private_dir(prefix: str = "dpsummary-spark-") -> Path:
-    """A fresh directory readable only by this user (0700) for step files and Spark's spill."""
-    path = Path(tempfile.mkdtemp(prefix=prefix))
-    os.chmod(path, stat.S_IRWXU)
-    return path
-
-
-def _quiet_spark(spark: Any) -> None:
-    spark.sparkContext.setLogLevel("WARN")
-
-
-def build_session(options: SparkOptions, scratch: Path) -> Any:
-    """A SparkSession whose temp and spill dirs are inside ``scratch``, logs at WARN, no UI.
-
-    If a session is already active (tests share one), it is reused as is: its local dirs were
-    fixed when it was created (the tests' fixture puts them in a private temp dir too)."""
-    reason = spark_available()
-    if reason is not None:
-        raise SparkEngineError(f"--engine spark: {reason}")
-    warnings.filterwarnings("ignore", category=FutureWarning, module=r"pyspark\..*")
-    from pyspark.sql import SparkSession
-
-    active = SparkSession.getActiveSession()
-    if active is not None:
-        _quiet_spark(active)
-        return active
-    spill = scratch / "spark-local"
-    spill.mkdir(mode=0o700, exist_ok=True)
-    java_opts = f"-Djava.io.tmpdir={spill}"
-    builder = (SparkSession.builder.master(options.master).appName("dpsummary")
-               .config("spark.local.dir", str(spill))
-               .config("spark.driver.extraJavaOptions", java_opts)
-               .config("spark.executor.extraJavaOptions", java_opts)
-               .config("spark.ui.enabled", "false")
-               .config("spark.ui.showConsoleProgress", "false")
-               .config("spark.speculation", "false")
-               .config("spark.sql.execution.arrow.maxRecordsPerBatch", "65536")
-               .config("spark.sql.sources.partitionOverwriteMode", "static"))
-    python = worker_python(options)
-    if python is not None:
-        builder = builder.config("spark.pyspark.python", python)
-    if options.master.startswith("local"):
-        builder = builder.config("spark.pyspark.driver.python", sys.executable)
-    for key, value in options.conf.items():
-        builder = builder.config(key, value)
-    # PySpark takes the workers' interpreter from PYSPARK_PYTHON when the context starts (the
-    # spark.pyspark.python setting is read only by spark-submit): set it for that moment only.
-    saved = os.environ.get("PYSPARK_PYTHON")
-    if python is not None:
-        os.environ["PYSPARK_PYTHON"] = python
-    try:
-        spark = builder.getOrCreate()
-    finally:
-        if python is not None:
-            if saved is None:
-                os.environ.pop("PYSPARK_PYTHON", None)
-            else:
-                os.environ["PYSPARK_PYTHON"] = saved
-    _quiet_spark(spark)
-    return spark
-
-
-def worker_python(options: SparkOptions) -> str | None:
-    """The executors' Python: ``spark.pyspark.python`` from ``--spark-conf`` if given; for a
-    local master the driver's own interpreter (no activated virtual environment needed); else
-    None (the cluster's default, ``PYSPARK_PYTHON`` of the executors' environment)."""
-    given = options.conf.get("spark.pyspark.python")
-    if given:
-        return given
-    return sys.executable if options.master.startswith("local") else None
-
-
-# ---- the executors' dpsummary: shipped, then checked by a probe that touches no record ------
-#: Modules an executor imports to run the engine's passes (the probe imports them all).
-EXECUTOR_MODULES = ("numpy", "pyarrow", "torch", "dpsummary.data.encode", "dpsummary.private.kernel",
-                    "dpsummary.private.spark_engine", "dpsummary.private.prf")
-
-
-def package_zip(scratch: Path) -> Path:
-    """A zip of the installed dpsummary package (its ``.py`` files and package data), written
-    inside the private directory, for :meth:`SparkContext.addPyFile`."""
-    import zipfile
-
-    from .. import __version__
-
-    root = Path(__file__).resolve().parents[1]
-    out = scratch / f"dpsummary-{__version__}.zip"
-    with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as zf:
-        for path in sorted(root.rglob("*")):
-            rel = path.relative_to(root.parent)
-            if path.is_file() and "__pycache__" not in rel.parts and path.suffix != ".pyc":
-                zf.write(path, rel.as_posix())
-    return out
-
-
-def ship_package(spark: Any, scratch: Path) -> None:
-    """Ship this dpsummary to the executors (PySpark's ``addPyFile`` of a zip: on every
-    executor's ``sys.path`` ahead of any installed copy), once per SparkContext."""
-    from .. import __version__
-
-    sc = spark.sparkContext
-    if f"dpsummary-{__version__}.zip" in (getattr(sc, "_python_includes", None) or []):
-        return
-    sc.addPyFile(str(package_zip(scratch)))
-
-
-def _probe_function() -> Any:
-    """The probe run on the executors (a nested function: pickled by value, so unpickling it
-    needs no dpsummary). It touches no record: it imports :data:`EXECUTOR_MODULES`."""
-    modules = EXECUTOR_MODULES
-
-    def probe(_: Any) -> tuple[str, str]:
-        import importlib
-
-        try:
-            for name in modules:
-                importlib.import_module(name)
-            import dpsummary
-
-            return ("ok", str(dpsummary.__version__))
-        except Exception as exc:  # noqa: BLE001 - reported to the driver as one line
-            return ("error", f"{type(exc).__name__}: {exc}".splitlines()[0][:200])
-
-    return probe
-
-
-def executor_report(spark: Any, scratch: Path) -> list[tuple[str, str]]:
-    """Ship the package, then run the probe in one task per default-parallelism slot: the
-    distinct answers (("ok", version) or ("error", one line)). A job that fails (e.g. the
-    executors' Python cannot start) is one ("job", exception type) answer."""
-    ship_package(spark, scratch)
-    sc = spark.sparkContext
-    slots = max(1, int(sc.defaultParallelism))
-    try:
-        return sorted(set(sc.parallelize(range(slots), slots).map(_probe_function()).collect()))
-    except Exception as exc:  # noqa: BLE001 - a worker that cannot start: one line, no traceback
-        return [("job", type(exc).__name__)]
-
-
-def check_executors(spark: Any, scratch: Path, options: SparkOptions) -> None:
-    """Before any reservation: the executors import the driver's dpsummary version (a public
-    fact about the cluster; no record is read). Else a one-line :class:`SparkEngineError`."""
-    from .. import __version__
-
-    answers = executor_report(spark, scratch)
-    bad = [a for a in answers if a != ("ok", __version__)]
-    if not bad:
-        return
-    kind, detail = bad[0]
-    if kind == "ok":
-        what = f"import dpsummary {detail}, not the driver's {__version__}"
-    elif kind == "job":
-        what = f"could not run the probe job ({detail})"
-    else:
-        what = f"cannot import dpsummary {__version__} and its dependencies ({detail})"
-    python = worker_python(options) or "the cluster's default python"
-    raise SparkEngineError(
-        f"--engine spark: the Spark executors ({python}) {what}; install dpsummary with its 'spark' extra in "
-        "the executors' Python, or point them at one that has it (--spark-conf spark.pyspark.python=/path/to/python)")
-
-
-@contextmanager
-def spark_scope(options: SparkOptions) -> Iterator[tuple[Any, Path]]:
-    """(session, private dir) for one release; the dir (step files, spill) is deleted and a
-    session created here is stopped on every exit path."""
-    reason = spark_available()
-    if reason is not None:
-        raise SparkEngineError(f"--engine spark: {reason}")
-    from pyspark.sql import SparkSession
-
-    scratch = private_dir()
-    created = SparkSession.getActiveSession() is None
-    spark = None
-    try:
-        spark = build_session(options, scratch)
-        yield spark, scratch
-    finally:
-        try:
-            if created and spark is not None:
-                spark.stop()
-        finally:
-            shutil.rmtree(scratch, ignore_errors=True)
-
+from ..spark.session import SparkEngineError
 
 # =============================================================================================
 # Row ids and passes (the functions below run on executors: pure, no logging, no randomness
@@ -375,7 +110,7 @@ class BatchEncoder:
 
     def __call__(self, batch: Any) -> tuple[Any, Any, Any]:
         """``(rows (m, point_dim) float64 of the KEPT records, kept (m,) int64 positions in the
-        batch, quality (n, 4) bool per record in :data:`~dpsummary.private.source.QUALITY_COUNTS`
+        batch, quality (n, 4) bool per record in :data:`~dpsummary.postprocess.quality.QUALITY_COUNTS`
         order)`` for one Arrow batch of data columns, by :func:`dpsummary.data.encode_batch`
         (the encoder the local engine uses)."""
         import numpy as np
@@ -396,7 +131,7 @@ class BatchEncoder:
             from .mechanism import MechanismError
 
             raise MechanismError("the encoder's kept rows do not match its drop indicators")
-        # source.QUALITY_COUNTS order: ragged_or_unreadable (Parquet has no ragged rows),
+        # QUALITY_COUNTS order: ragged_or_unreadable (Parquet has no ragged rows),
         # imputed_numeric, other_category, dropped.
         quality = np.stack([np.asarray(enc.undecodable, dtype=bool), rule("imputed_numeric"),
                             rule("other_category"), dropped], axis=1)
@@ -632,15 +367,17 @@ def _collect(df: Any, fn: Any) -> dict[str, Any]:
 class SparkSource:
     """The private Parquet data of a release on Spark: the same interface as
     :class:`~dpsummary.private.source.PrivateSource` (noisy count; :meth:`encode`), answering only
-    through accounted mechanisms. A release opens it before its first reservation, so that an
-    unreachable cluster refuses for free: opening starts the session and reads only metadata
-    (the schema and the file list), never a record."""
+    through accounted mechanisms. A release opens it before its first reservation
+    (:func:`dpsummary.spark.launch.open_spark_source`), so that an unreachable cluster refuses
+    for free: constructing it reads only metadata (the schema and the file list), never a record.
+    ``on_close`` (the release's session scope) runs last in :meth:`close`."""
 
-    __slots__ = ("_coins", "_df", "_file_index", "_header", "_owned", "_randomness", "_rows", "_schema_counts",
+    __slots__ = ("_coins", "_df", "_file_index", "_header", "_on_close", "_randomness", "_rows", "_schema_counts",
                  "_scratch", "_spark", "_steps")
 
     def __init__(self, spark: Any, location: str | Path, scratch: Path, *, steps: int,
-                 randomness: Any = None, coins: Any = None, partitions: int | None = None) -> None:
+                 randomness: Any = None, coins: Any = None, partitions: int | None = None,
+                 on_close: Callable[[], None] | None = None) -> None:
         from .mechanism import SystemRandomness
 
         self._spark = spark
@@ -654,7 +391,7 @@ class SparkSource:
         self._randomness = randomness if randomness is not None else SystemRandomness()
         #: Tests replay with a given :class:`StepCoins`; a release draws a fresh key.
         self._coins = coins
-        self._owned: Any = None
+        self._on_close = on_close
         from ..data import normalise_text
 
         #: The data columns by normalised name (the local reader's header rule).
@@ -662,41 +399,13 @@ class SparkSource:
         self._rows: int | None = None  # PRIVATE exact count of records read (stage 1's pass)
         self._schema_counts: Any = None  # PRIVATE exact schema counts (stage 1's pass)
 
-    @classmethod
-    def open(cls, location: str | Path, options: SparkOptions, *, steps: int) -> SparkSource:
-        """For a release, BEFORE any reservation: a private 0700 directory, a SparkSession (or
-        the active one) whose temp/spill dirs live inside it, and the input's metadata (schema,
-        file list; no record is read until a mechanism runs). A session that cannot start is a
-        public, one-line :class:`SparkEngineError`. :meth:`close` (or the context manager) stops
-        a session started here and deletes the directory: step files never outlive the release."""
-        scope = spark_scope(options)
-        try:
-            spark, scratch = scope.__enter__()
-        except SparkEngineError:
-            raise
-        except Exception as exc:
-            # Whether a cluster answers is a public fact, and the release opens this source
-            # before any reservation, so this refusal costs no budget. The message names the
-            # exception type only (Spark's own text may carry host details, never data).
-            raise SparkEngineError(
-                f"--engine spark: could not start a Spark session on {options.master!r} ({type(exc).__name__}); "
-                "check --spark-master, --spark-conf and that the cluster is reachable") from None
-        try:
-            check_executors(spark, scratch, options)
-            source = cls(spark, location, scratch, steps=steps)
-        except BaseException:
-            scope.__exit__(None, None, None)
-            raise
-        source._owned = scope
-        return source
-
     def close(self) -> None:
-        scope, self._owned = self._owned, None
+        on_close, self._on_close = self._on_close, None
         stop = getattr(self._randomness, "close", None)
         if stop is not None:
             stop()  # noise pools drawn ahead (unused vectors discarded)
-        if scope is not None:
-            scope.__exit__(None, None, None)
+        if on_close is not None:
+            on_close()
 
     def __enter__(self) -> SparkSource:
         return self
@@ -795,8 +504,8 @@ class SparkEncoded:
     def noisy_quality_counts(self, *, noise_multiplier: float) -> Any:
         """One full pass: the exact per-rule counts, then one Gaussian mechanism on the driver
         (:func:`~dpsummary.private.mechanism.noisy_indicator_totals`, the local engine's path)."""
+        from ..postprocess.quality import QUALITY_COUNTS, QualityCounts
         from .mechanism import noisy_indicator_totals
-        from .source import QUALITY_COUNTS, QualityCounts
 
         totals = _collect(self._source._df, QualityPass(self._encoder))
         import numpy as np

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from dpsummary.blackbox import dp_bb_psvi as dpb
 from dpsummary.blackbox.core import WeightParam, make_state
 from dpsummary.blackbox.objective import InnerConfig, outer_gradient
 from dpsummary.models import DTYPE
@@ -20,7 +21,7 @@ def setup(n: int = 40):
     model = BNN(2, widths=(5,), activation="tanh")
     g = torch.Generator().manual_seed(0)
     data = model.simulate(model.sample_prior(1, g)[0], n, g)
-    state = make_state(model, pb.public_init(model, 6, g), WeightParam.softmax(6, float(n), learn_total=True), n, g,
+    state = make_state(model, dpb.public_init(model, 6, g), WeightParam.softmax(6, float(n), learn_total=True), n, g,
                        learn_points=True, learn_labels=True, points_lr=0.01, weights_lr=0.1, total_lr=0.001,
                        inner=INNER, init_sd=0.1, warmup_steps=5)
     return model, data, state
@@ -29,7 +30,7 @@ def setup(n: int = 40):
 def test_non_private_limit_equals_black_box_gradient() -> None:
     """sigma = 0, q = 1, C = inf: the surrogate's gradient is exactly the non-private one."""
     model, data, state = setup()
-    g_p, g_w, stat, _ = pb.private_outer_gradient(
+    g_p, g_w, stat, _ = dpb.private_outer_gradient(
         state, data, model, torch.Generator().manual_seed(3), inner=INNER, outer_samples=5, sample_rate=1.0,
         clip_norm=float("inf"), noise_multiplier=0.0, mask=np.ones(data.shape[0], dtype=bool))
     gen = torch.Generator().manual_seed(3)
@@ -104,20 +105,20 @@ def test_accountant_reproduces_opacus() -> None:
     from dpsummary.accounting import epsilon
 
     sigma, q, steps, delta = 1.1, 0.0625, 300, 1e-5
-    events = pb.privacy_events(sigma, q, steps)
+    events = dpb.privacy_events(sigma, q, steps)
     acc = RDPAccountant()
     acc.history = [(sigma, q, steps)]
     ref = acc.get_epsilon(delta)
     ours = epsilon(events, delta, "rdp")
     assert abs(ours - ref) / ref < 0.02, (ours, ref)
-    assert ours < epsilon(pb.privacy_events(sigma, q, 2 * steps), delta, "rdp")
+    assert ours < epsilon(dpb.privacy_events(sigma, q, 2 * steps), delta, "rdp")
 
 
 def test_private_step_runs_and_keeps_supports() -> None:
     model, data, state = setup()
     g = torch.Generator().manual_seed(6)
     for _ in range(2):
-        state = pb.private_step(state, data, model, g, inner=INNER, outer_samples=4, sample_rate=0.5, clip_norm=1.0,
+        state = dpb.private_step(state, data, model, g, inner=INNER, outer_samples=4, sample_rate=0.5, clip_norm=1.0,
                                 noise_multiplier=1.0)
     assert torch.isfinite(state.points).all() and torch.isfinite(state.weights).all()
     assert ((state.points[:, -1] >= 0) & (state.points[:, -1] <= 1)).all()

@@ -23,6 +23,7 @@ import pytest
 import torch
 
 from dpsummary.blackbox import BBPSVI, BBSparseVI
+from dpsummary.blackbox import dp_bb_psvi as dpb
 from dpsummary.blackbox.core import WeightParam, make_state, outer_step
 from dpsummary.blackbox.objective import InnerConfig
 from dpsummary.models.bnn import BNN
@@ -71,20 +72,20 @@ def scenarios() -> dict[str, dict[str, list[str]]]:
     # Private: the release's fit_private on PrivateRecords, seeded coins, noise on and off.
     for zero in (False, True):
         recs = PrivateRecords(data, randomness=ReplayRandomness(7, shared=80, zero_noise=zero))
-        fit = pb.fit_private(recs, model, size=5, steps=4, sample_rate=0.3, noise_multiplier=1.0, clip_norm=2.0,
+        fit = dpb.fit_private(recs, model, size=5, steps=4, sample_rate=0.3, noise_multiplier=1.0, clip_norm=2.0,
                              record_count=80.0,
-                             initial_points=pb.public_init(model, 5, torch.Generator().manual_seed(2)),
+                             initial_points=dpb.public_init(model, 5, torch.Generator().manual_seed(2)),
                              generator=torch.Generator().manual_seed(11), inner=InnerConfig(steps=3, num_samples=2),
                              outer_samples=3, warmup_steps=5)
         out[f"fit_private_zero{zero}"] = {k: _hexes(getattr(fit, k)) for k in ("points", "weights", "mu", "rho")}
     # Private steps on a learned-total state (the benchmark's path).
     recs = PrivateRecords(data, randomness=ReplayRandomness(9, shared=80))
     g = torch.Generator().manual_seed(13)
-    state = make_state(model, pb.public_init(model, 6, g), WeightParam.softmax(6, 80.0, learn_total=True), 80, g,
+    state = make_state(model, dpb.public_init(model, 6, g), WeightParam.softmax(6, 80.0, learn_total=True), 80, g,
                        learn_points=True, learn_labels=True, points_lr=0.05, weights_lr=0.1, total_lr=0.01,
                        inner=inner, init_sd=1e-3, warmup_steps=5)
     for _ in range(3):
-        state = pb.private_step(state, recs, model, g, inner=inner, outer_samples=3, sample_rate=0.5, clip_norm=1.0,
+        state = dpb.private_step(state, recs, model, g, inner=inner, outer_samples=3, sample_rate=0.5, clip_norm=1.0,
                                 noise_multiplier=1.0)
     out["private_step"] = {k: _hexes(v) for k, v in dict(points=state.points, weights=state.weights, mu=state.mu,
                                                         rho=state.rho).items()}
@@ -122,13 +123,13 @@ def test_the_private_step_is_the_shared_step() -> None:
 
     def fresh() -> tuple:
         gen = torch.Generator().manual_seed(4)
-        st = make_state(model, pb.public_init(model, 4, gen), WeightParam.softmax_fixed(4, 40.0), 40, gen,
+        st = make_state(model, dpb.public_init(model, 4, gen), WeightParam.softmax_fixed(4, 40.0), 40, gen,
                         learn_points=True, learn_labels=True, points_lr=0.05, weights_lr=0.1, total_lr=0.0,
                         inner=inner, init_sd=1e-3, warmup_steps=3)
         return st, gen, PrivateRecords(data, randomness=ReplayRandomness(2, shared=40))
 
     a, ga, ra = fresh()
-    a = pb.private_step(a, ra, model, ga, inner=inner, outer_samples=2, sample_rate=0.5, clip_norm=1.0,
+    a = dpb.private_step(a, ra, model, ga, inner=inner, outer_samples=2, sample_rate=0.5, clip_norm=1.0,
                         noise_multiplier=1.0)
     b, gb, rb = fresh()
 

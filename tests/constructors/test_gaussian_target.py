@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -93,3 +94,65 @@ def test_matching_runs_until_the_target_is_reached_in_many_dimensions():
     post = coreset_posterior(model, pts, w)
     assert gaussian_kl(target, post) < 1.0
     assert gt.DEFAULT_TOLERANCE < 1.0
+
+
+@pytest.mark.parametrize("model", [LogisticRegression(5), PoissonRegression(5), LogisticRegression(4, intercept=False),
+                                   PoissonRegression(3, prior_mean=[0.5, -0.2, 0.1, 0.3])],
+                         ids=["logistic", "poisson", "logistic-no-intercept", "poisson-recentred"])
+def test_closed_form_gradient_is_autograds(model):
+    """The GLM fast path (numpy, closed-form gradient) computes the autograd path's losses and
+    gradients, for several targets at once (issue 29)."""
+    from dpsummary.constructors import gaussian_target as gt
+
+    g = torch.Generator().manual_seed(11)
+    d = model.param_dim
+    targets, starts = [], []
+    for _ in range(3):
+        a = torch.randn(d, d, generator=g, dtype=torch.float64) * 0.2
+        cov = a @ a.T + 0.05 * torch.eye(d, dtype=torch.float64)
+        targets.append(GaussianPosterior(torch.randn(d, generator=g, dtype=torch.float64) * 0.3,
+                                         torch.linalg.cholesky(cov)))
+        starts.append((torch.randn(7, model.num_features, generator=g, dtype=torch.float64),
+                       torch.randn(7, generator=g, dtype=torch.float64),
+                       torch.randn(7, generator=g, dtype=torch.float64) * 0.5 + 2.0))
+    m = torch.stack([t.mean for t in targets])
+    cov = torch.stack([t.cov for t in targets])
+    prec = torch.linalg.inv(cov)
+    prec = 0.5 * (prec + prec.transpose(-1, -2))
+    auto = gt._AutogradProblem(model, starts, m, cov, prec, lr=0.05)
+    closed = gt._GLMProblem(model, starts, m, cov, prec, lr=0.05)
+    live = [True, False, True]
+    assert closed.losses() == pytest.approx(auto.losses(), rel=1e-10)
+    auto.descend(live)  # fills .grad (and takes a step)
+    closed.descend(live)
+    assert closed._grads is not None
+    for grad, param in zip(closed._grads, (auto.feats, auto.tparam, auto.log_w), strict=True):
+        assert param.grad is not None
+        expected = param.grad.numpy()
+        for i in (0, 2):  # live targets (a finished target's gradient is masked to zero)
+            assert np.allclose(grad[i], expected[i], rtol=1e-8, atol=1e-10)
+        assert not np.any(expected[1])
+    # After one identical Adam step the parameters still agree to rounding.
+    for mine, theirs in zip(closed.params, (auto.feats, auto.tparam, auto.log_w), strict=True):
+        assert np.allclose(mine, theirs.detach().numpy(), rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("model", [LogisticRegression(4), PoissonRegression(4)], ids=lambda m: m.name)
+def test_closed_form_fit_follows_the_autograd_fit(model, monkeypatch):
+    """The whole fit through the fast path ends where the autograd path ends (same steps, same
+    stopping rule): points, weights and loss agree closely over a few hundred Adam steps."""
+    from dpsummary.constructors import gaussian_target as gt
+
+    g = torch.Generator().manual_seed(5)
+    d = model.param_dim
+    a = torch.randn(d, d, generator=g, dtype=torch.float64) * 0.1
+    target = GaussianPosterior(torch.randn(d, generator=g, dtype=torch.float64) * 0.3,
+                               torch.linalg.cholesky(a @ a.T + 0.02 * torch.eye(d, dtype=torch.float64)))
+    feats = torch.rand(20, model.num_features, generator=g, dtype=torch.float64) * 2 - 1
+    fast = match_gaussian(model, target, size=20, initial_features=feats, generator=torch.Generator().manual_seed(2),
+                          steps=300)
+    monkeypatch.setattr(gt, "_CLOSED_FORM", ())
+    slow = match_gaussian(model, target, size=20, initial_features=feats, generator=torch.Generator().manual_seed(2),
+                          steps=300)
+    assert fast[2] == pytest.approx(slow[2], rel=1e-6)
+    assert torch.allclose(fast[0], slow[0], atol=1e-6) and torch.allclose(fast[1], slow[1], rtol=1e-6)

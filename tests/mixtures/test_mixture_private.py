@@ -13,16 +13,9 @@ from dpsummary.mixtures import (
     posterior_from_statistics,
     weighted_statistics,
 )
+from dpsummary.mixtures.dp_summary import calibrate, privacy_event, private_mixture, pseudo_points
 from dpsummary.mixtures.vi import responsibilities
-from dpsummary.private.mixture import (
-    STATISTICS_SENSITIVITY,
-    calibrate,
-    noisy_statistics,
-    privacy_event,
-    private_mixture,
-    project_to_ball,
-    pseudo_points,
-)
+from dpsummary.private.mixture import STATISTICS_SENSITIVITY, noisy_statistics, project_to_ball
 
 
 class Recording:

@@ -1,5 +1,5 @@
 """Privacy and contract tests of the noisy kd-tree mixture summary
-(``dpsummary.private.mixture.release_mixture_summary``)."""
+(``dpsummary.mixtures.dp_summary.release_mixture_summary``)."""
 
 from __future__ import annotations
 
@@ -8,17 +8,10 @@ import numpy as np
 import pytest
 
 from dpsummary.accounting import epsilon
+from dpsummary.mixtures.dp_summary import fit_release, release_mixture_summary
+from dpsummary.mixtures.kdtree import TreePlan, plan_tree, tree_pseudo_points
 from dpsummary.private.mechanism import PrivateRecords, SystemRandomness
-from dpsummary.private.mixture import (
-    TreePlan,
-    cell_codes,
-    fit_release,
-    noisy_tree,
-    plan_tree,
-    release_counts,
-    release_mixture_summary,
-    tree_pseudo_points,
-)
+from dpsummary.private.mixture import cell_codes, noisy_tree, release_counts
 
 
 class Recording:

@@ -1,4 +1,4 @@
-"""DP-PSVI's public clip-norm reference (dpsummary.private.dppsvi).
+"""DP-PSVI's public clip-norm reference (dpsummary.constructors.dppsvi).
 
 Statistical tolerances: each randomised bound states its failure probability under a correct
 implementation; the generators are seeded, so the outcome is fixed for a given torch version.
@@ -10,8 +10,8 @@ import math
 
 import torch
 
+from dpsummary.constructors.dppsvi import DPPSVI
 from dpsummary.models import DTYPE, LogisticRegression
-from dpsummary.private.dppsvi import DPPSVI
 from dpsummary.private.mechanism import PrivateRecords
 
 

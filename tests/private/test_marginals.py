@@ -1,4 +1,4 @@
-"""DP initialisation histograms (``dpsummary.private.marginals``): public bins, sensitivity,
+"""DP initialisation histograms (``dpsummary.private.marginals``, ``dpsummary.postprocess.marginals``): public bins, sensitivity,
 analytic noise scale, and the post-processing sampler.
 
 Statistical tolerances: each randomised check states its failure probability under a correct
@@ -16,7 +16,8 @@ from scipy import stats
 
 from dpsummary.data import ColumnSpec, RawTable, Schema, Transform
 from dpsummary.models import DTYPE
-from dpsummary.private.marginals import NUM_INTERIOR_BINS, NoisyMarginals, layout_for
+from dpsummary.postprocess.marginals import NoisyMarginals, layout_for
+from dpsummary.private.marginals import NUM_INTERIOR_BINS
 from dpsummary.private.mechanism import MechanismError, PrivateRecords
 from dpsummary.private.noise import rounding_slack
 

@@ -94,7 +94,7 @@ def test_gray_box_replay_neighbours_same_control_flow():
     # One record added, identical non-private and privacy randomness: same number of calls,
     # same shapes, and the pre-noise sum moves by at most C at every step.
     from dpsummary.constructors import fit
-    from dpsummary.private.dppsvi import DPPSVI
+    from dpsummary.constructors.dppsvi import DPPSVI
 
     model, points, _ = _data(400, seed=5)
     canary = torch.tensor([[3.0, -3.0, 3.0, -3.0, 1.0]], dtype=DTYPE)

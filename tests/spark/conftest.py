@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from dpsummary.private.spark_engine import SparkOptions, build_session, private_dir, spark_available
+from dpsummary.spark.session import SparkOptions, build_session, private_dir, spark_available
 
 
 @pytest.fixture(scope="session")

@@ -21,7 +21,8 @@ from dpsummary.private import kernel
 from dpsummary.private.mechanism import PrivateRecords
 from dpsummary.private.noise import quantize_sample_rate
 from dpsummary.private.prf import StepCoins
-from dpsummary.private.spark_engine import SparkSource, private_dir
+from dpsummary.private.spark_engine import SparkSource
+from dpsummary.spark.session import private_dir
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")
 

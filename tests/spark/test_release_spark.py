@@ -14,7 +14,8 @@ from spark_helpers import table, write_parquet
 from typer.testing import CliRunner
 
 from dpsummary.cli import app
-from dpsummary.private import prf, spark_engine
+from dpsummary.private import prf
+from dpsummary.spark import session as spark_session
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")
 runner = CliRunner()
@@ -37,7 +38,7 @@ def test_release_engine_spark_both_mechanisms(spark: Any, tmp_path: Path, home: 
     pol = write_policy(tmp_path / "policy.toml", n=None)
     keys: list[bytes] = []
     dirs: list[Path] = []
-    real_generate, real_dir = prf.StepCoins.generate, spark_engine.private_dir
+    real_generate, real_dir = prf.StepCoins.generate, spark_session.private_dir
 
     def generate(sample_rate: float, steps: int) -> prf.StepCoins:
         coins = real_generate(sample_rate, steps)
@@ -49,7 +50,7 @@ def test_release_engine_spark_both_mechanisms(spark: Any, tmp_path: Path, home: 
         return dirs[-1]
 
     monkeypatch.setattr(prf.StepCoins, "generate", staticmethod(generate))
-    monkeypatch.setattr(spark_engine, "private_dir", tracked)
+    monkeypatch.setattr(spark_session, "private_dir", tracked)
     out1 = tmp_path / "na.json"
     r = _release("--engine", "spark", "--epsilon", "1.0", "--policy", str(pol), "--out", str(out1), "--json",
                  str(data))
@@ -97,7 +98,7 @@ def test_spark_options_need_engine_spark(tmp_path: Path, home: Path) -> None:
     assert r.exit_code == 2 and r.output.startswith("error:") and "master" in r.output
     assert not (home / "ledger.jsonl").exists() or "reserve" not in (home / "ledger.jsonl").read_text()
     for ok in ("local", "local[2]", "local[*]", "spark://head:7077", "spark://a:7077,b:7077", "yarn", "k8s://https://h:443"):
-        assert spark_engine.SparkOptions(master=ok).master == ok
+        assert spark_session.SparkOptions(master=ok).master == ok
 
 
 def test_spark_session_that_cannot_start_refuses_before_the_reservation(tmp_path: Path, home: Path,
@@ -110,7 +111,7 @@ def test_spark_session_that_cannot_start_refuses_before_the_reservation(tmp_path
     def unreachable(options: Any, scratch: Path) -> Any:
         raise RuntimeError("java.net.ConnectException: Connection refused: nohost/10.0.0.1:7077")
 
-    monkeypatch.setattr(spark_engine, "build_session", unreachable)
+    monkeypatch.setattr(spark_session, "build_session", unreachable)
     r = runner.invoke(app, ["release", "--engine", "spark", "--spark-master", "spark://nohost:7077", "--epsilon",
                             "1.0", "--policy", str(pol), "--out", str(tmp_path / "o.json"), str(data)])
     assert r.exit_code == 2, r.output

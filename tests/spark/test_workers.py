@@ -17,7 +17,7 @@ import pytest
 from release_support import write_policy
 from spark_helpers import table, write_parquet
 
-from dpsummary.private.spark_engine import spark_available
+from dpsummary.spark.session import spark_available
 
 pytestmark = pytest.mark.skipif(spark_available() is not None, reason=f"needs pyspark and Java: {spark_available()}")
 

@@ -1,13 +1,18 @@
 """DP-PSVI: differentially private pseudocoreset variational inference (Section 3.3).
 
-Identical to :class:`dpsummary.constructors.PSVI` except in the two places where the data enter:
+Identical to :class:`dpsummary.constructors.PSVI` except in the two places where the data enter.
+Nothing here reads a record or draws privacy noise: the mechanism is
+:meth:`dpsummary.private.mechanism.PrivateRecords.noisy_clipped_sum` (in the privacy boundary,
+:mod:`dpsummary.private`); this constructor chooses its public inputs (the draws theta and the
+clip norm C) and post-processes its noisy outputs.
 
 * initialisation: pseudopoints are *simulated* from the model — a prior draw of theta, features
   from ``feature_sampler``, targets simulated (or, for count targets in a release, drawn from the
   released target marginal, ``target_sampler``) — with weights ``count / M`` where ``count`` is
   public or a DP estimate (never the exact N). The sampler is public (the schema's box, no
   privacy cost) or a post-processing of already released DP histograms
-  (:mod:`dpsummary.private.marginals`, accounted by the caller); the clip-norm reference records
+  (:mod:`dpsummary.private.marginals`, accounted by the caller; post-processing in
+  :mod:`dpsummary.postprocess.marginals`); the clip-norm reference records
   use ``reference_feature_sampler`` (the public one in a release);
 * the data term of the gradient: the Poisson-subsampled, clipped, noised sum of centred
   record log-likelihood vectors from :meth:`PrivateRecords.noisy_clipped_sum`, scaled by 1/q.
@@ -26,7 +31,9 @@ from typing import Literal
 
 import torch
 
-from ..constructors.psvi import (
+from ..models import DTYPE, Model
+from ..private.mechanism import PrivateRecords
+from .psvi import (
     OptimizerFactory,
     PSVIState,
     ScheduleFactory,
@@ -37,8 +44,6 @@ from ..constructors.psvi import (
     init_state,
     posterior_draws,
 )
-from ..models import DTYPE, Model
-from .mechanism import PrivateRecords
 
 FeatureSampler = Callable[[int, torch.Generator], torch.Tensor]
 #: ``(n, generator) -> (n,)`` initial targets (a public or already released marginal).

@@ -1,0 +1,179 @@
+"""``noise-aware-newton``: the default mechanism of the GLMs.
+
+A few rounds in which, at a public anchor (the prior mean, then the previous round's noise-aware
+mean), the sums over all records of per-record log-likelihood scores (clipped to L2 norm
+``score_bound``) and curvatures (clipped to Frobenius norm ``curvature_bound``; the upper triangle
+noised) are released by two Gaussian mechanisms each, no subsampling
+(:meth:`~dpsummary.private.mechanism.PrivateRecords.noisy_score_statistics`, the privacy
+boundary). The rounds' schedule and the noise-aware posterior are :mod:`dpsummary.noise_aware`
+(post-processing); the pseudocoreset is matched to that posterior
+(:mod:`dpsummary.constructors.gaussian_target`, post-processing).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from ..errors import ChargedRefusal
+from .base import (
+    NON_FINITE_FIT_MESSAGE,
+    CheckpointFn,
+    Mechanism,
+    MechanismOutput,
+    MechanismPlan,
+    ProgressFn,
+    nonprivate_generator,
+    quality_noise,
+    quality_parts,
+    selection_slack,
+    stage_noise,
+)
+from .dp_psvi_setup import DP_INITIALISATION_MODELS
+from .glm import check_model_for_schema, glm_model, glm_split
+
+if TYPE_CHECKING:
+    import torch
+
+    from ..release import PublicPlan, Released, ReleaseRequest
+    from ..selftest.config import SelftestScenario
+
+
+def noise_aware_summaries(plan: MechanismPlan, records: Any, size: int, generator: torch.Generator
+                          ) -> tuple[Any, dict[str, Any]]:
+    """The noise-aware mechanism (:mod:`dpsummary.noise_aware`) on the private records, then its
+    noise-aware Gaussian turned into a pseudocoreset (post-processing,
+    :mod:`dpsummary.constructors.gaussian_target`). The raw (noise-unaware) Gaussian is no longer
+    matched or released (issue 25: nothing needed it, it doubled the matching time and was the
+    first to go non-finite).
+
+    Total: a fit that yields no finite Gaussian or no finite pseudocoreset (decided on DP outputs
+    and public values only) ends in a :class:`ChargedRefusal` (``non-finite-fit``)."""
+    import torch
+
+    from .. import noise_aware
+    from ..constructors.base import Summary
+    from ..constructors.gaussian_target import match_gaussian
+
+    model, tf, schedule = plan.model, plan.transform, plan.settings["schedule"]
+    feature_norm, target_bound = noise_aware.schema_bounds(tf)
+    bounds = noise_aware.public_bounds(model, feature_norm=feature_norm, target_bound=target_bound)
+
+    def release(theta: torch.Tensor, score_bound: float, curvature_bound: float, s_mult: float, c_mult: float
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        st = records.noisy_score_statistics(model, theta, score_bound=score_bound, curvature_bound=curvature_bound,
+                                            score_noise_multiplier=s_mult, curvature_noise_multiplier=c_mult)
+        return st.score, st.curvature
+
+    try:
+        result = noise_aware.fit(model, release, bounds, schedule=schedule, sigma=plan.noise_multiplier,
+                                 feature_norm=feature_norm, target_bound=target_bound)
+    except noise_aware.NonFiniteFit:
+        raise ChargedRefusal(NON_FINITE_FIT_MESSAGE) from None
+    posterior = result.posterior
+    # The fit's model: the same likelihood, with the prior the posterior was taken under (a
+    # Poisson release re-centres it at the noisy log-mean, noise_aware 5.); the summary carries it.
+    model = result.model or model
+    points, weights, loss = match_gaussian(model, posterior, size=size,
+                                           initial_features=tf.sample_public_features(size, generator),
+                                           generator=generator)
+    if not (math.isfinite(loss) and bool(torch.isfinite(points).all()) and bool(torch.isfinite(weights).all())):
+        raise ChargedRefusal(NON_FINITE_FIT_MESSAGE)
+    summary = Summary(points, weights, model, noise_aware.MECHANISM, tf.to_dict(),
+                      {"posterior": "noise_aware", "match_symmetric_kl": loss})
+    gaussians = {"noise_aware": {"mean": posterior.mean.tolist(), "cov": posterior.cov.tolist()}}
+    notes = [*result.notes, f"pseudocoreset matched to the noise-aware Gaussian (symmetric KL {loss:.3g} nats)"]
+    return summary, {
+        "gaussians": gaussians, "notes": notes,
+        "noise_multipliers": [list(m) for m in result.noise_multipliers],
+        "schedule": schedule.as_dict(), "bounds": {"feature_norm": feature_norm, "target_bound": target_bound},
+        "prior_mean": model.prior_mean.tolist(),
+        "rounds": [{"score_bound": r.score_bound, "curvature_bound": r.curvature_bound} for r in result.rounds],
+    }
+
+
+class NoiseAwareNewton(Mechanism):
+    """Noisy score statistics, noise-aware posterior (see the module docstring)."""
+
+    name: ClassVar[str] = "noise-aware-newton"
+    models: ClassVar[frozenset[str]] = frozenset()
+    options: ClassVar[tuple[str, ...]] = ()
+    uses_target: ClassVar[bool] = True
+    sampling: ClassVar[str] = "none (every record)"
+
+    def check_public(self, req: ReleaseRequest, schema: Any | None) -> None:
+        if schema is not None:
+            check_model_for_schema(req.model, schema)
+
+    def budget_parts(self, req: ReleaseRequest) -> frozenset[str]:
+        # Stage 0 keeps the initialisation share for a model that could use one (its budget split
+        # must not depend on the mechanism); plan() hands it to the optimisation.
+        dp_init = req.model is None or req.model in DP_INITIALISATION_MODELS
+        return frozenset({"initialisation"}) if dp_init else frozenset()
+
+    def plan(self, public: PublicPlan, released: Released) -> MechanismPlan:
+        """The GLM's model and transform, the quality counts' noise, the default schedule of
+        rounds and its single-Gaussian noise multiplier, calibrated with the accountant of record
+        so that everything composes to the release's epsilon (no initialisation)."""
+        from dp_accounting import dp_event as dpe
+
+        from .. import noise_aware
+
+        _name, transform, model = glm_model(public, released)
+        quality_sigma, before = quality_noise(public, glm_split(public, initialisation=False))
+        schedule = noise_aware.Schedule.default(model)
+        sigma, _ = noise_aware.calibrate(schedule, target_epsilon=public.req.epsilon - selection_slack(public),
+                                         delta=public.delta, prior_events=before, accountant=public.accountant)
+        parts = (*quality_parts(quality_sigma), ("optimisation", dpe.ComposedDpEvent(schedule.events(sigma))))
+        return MechanismPlan(self.name, model, transform, sigma, 1.0, 1, quality_sigma, parts,
+                             {"schedule": schedule})
+
+    def run(self, public: PublicPlan, plan: MechanismPlan, records: Any, *, record_count: float,
+            progress: ProgressFn | None = None, checkpoint: CheckpointFn | None = None) -> MechanismOutput:
+        mark = checkpoint or (lambda _name: None)
+        nonpriv = nonprivate_generator(public.req.seed)
+        mark("initialised")  # the public start: nothing to release
+        summary, extra = noise_aware_summaries(plan, records, public.req.size, nonpriv)
+        notes = extra.pop("notes")
+        mark("optimised")
+        # The default (and only) summary is the noise-aware one; its Gaussian rides along. Since
+        # issue 25 there is no raw (noise-unaware) summary; older artifacts that carry one still load.
+        body = {"posterior": {"default": "noise_aware", "gaussians": extra["gaussians"]}}
+        return MechanismOutput(summary, notes, extra, body)
+
+    def claim(self, public: PublicPlan, plan: MechanismPlan, output: MechanismOutput) -> dict[str, Any]:
+        ex = output.extra
+        return {
+            "name": self.name,
+            "description": ("rounds of DP Newton: at a public anchor (prior mean, then the previous round's "
+                            "noise-aware mean) the sums over ALL records of per-record log-likelihood scores "
+                            "(clipped to L2 score_bound) and curvatures (clipped to Frobenius curvature_bound, "
+                            "upper triangle noised) are released by Gaussian mechanisms; the noise-aware "
+                            "posterior of the last round (Kulkarni et al. 2021 style) is matched by the "
+                            "pseudocoreset (post-processing)"),
+            "single_gaussian_noise_multiplier": plan.noise_multiplier,
+            "noise_multipliers": ex["noise_multipliers"],
+            "schedule": ex["schedule"],
+            "bounds_rule": ("public, from the schema: feature L2 norm bound sqrt(sum over numeric columns of "
+                            "their scaled range^2 + number of categorical columns), target bound from the "
+                            "target's declared range; per-model score/curvature bounds from "
+                            "Model.statistic_bounds"),
+            "bounds": ex["bounds"],
+            "rounds": ex["rounds"],
+            # The released model's prior centre (summary.model.prior_mean): the model's prior mean,
+            # or, with schedule.prior_centre "log-mean", the intercept at round 1's noisy log mean
+            # count (post-processing of DP outputs).
+            "prior_mean": ex.get("prior_mean"),
+            "sampling": "none (every record, every round)",
+            "noise": "OpenDP discrete Gaussian from OS entropy",
+            **stage_noise(public, plan),
+        }
+
+    def selftest_scenarios(self) -> tuple[SelftestScenario, ...]:
+        """``newton``: the white-box audit of the score release
+        (:func:`dpsummary.selftest.newton.newton_audit`)."""
+        from ..selftest.config import SelftestScenario
+        from ..selftest.newton import newton_audit
+
+        return (SelftestScenario("newton", self.name, "audits", lambda cfg: "newton" in cfg.scenarios,
+                                 lambda cfg, ctx, progress: [newton_audit(cfg, ctx.alpha, progress)]),)

@@ -1,0 +1,281 @@
+"""Post-processing of DP schema estimation: a :class:`dpsummary.data.Schema` from what the one
+Gaussian mechanism of :func:`dpsummary.private.preprocess.estimate_schema` released.
+
+Nothing here reads a record or draws privacy noise. The input is the release after partition
+selection (:class:`ReleasedColumn` per column: noisy type and grid histograms, the value keys
+whose noisy count passed the column's threshold, the column's public noise scale); the public
+grid the per-record counting bins into (:data:`GRID_EDGES`) is defined here too, because the
+bounds are read off it. The mechanism, its sensitivity and the partition-selection argument are
+in :mod:`dpsummary.private.preprocess`.
+
+Post-processing (no further privacy cost)
+-----------------------------------------
+* numeric vs categorical: numeric when the noisy number count exceeds the noisy text count (a
+  column with a few stray strings is numeric; transform it with ``invalid_numeric="missing"``);
+* integer: the noisy non-integer count is below ``max(3 s, 1% of the numbers)``;
+* bounds: grid bins with noisy count below ``z s_c`` are zeroed (``z`` chosen so that, over
+  all grid bins of all feature columns, an empty bin survives with probability below 1%; the
+  target has its own 1% over its 83 bins, ``TARGET_FALSE_BIN_PROB``); the bounds are
+  the outer edges of the bins holding the 1% and 99% quantiles of what remains (for the target:
+  of the lowest and highest surviving bins), rounded inwards (ceil / floor) for integer
+  columns, capped at ``±1e9``;
+* categories: the values above ``tau_c``, the ``max_categories`` largest, sorted.
+* a public class count (``target_classes``, e.g. 2 for logistic regression): a numeric
+  target's bounds come from its ``target_classes`` largest noisy grid bins (noisy top-k over a
+  PUBLIC domain: post-processing, no threshold needed); a categorical target keeps at most
+  ``target_classes`` of the values above ``tau_c`` (the threshold stays, since its candidate keys
+  come from the data and a key only one neighbour has must pass with probability <= delta / C).
+A feature column for which nothing survives is dropped (with a note); for the target that is a
+DataError. Notes and errors only ever mention noisy, released quantities.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import dp_accounting
+import numpy as np
+from scipy.special import ndtri  # norm.isf(q) is -ndtri(q); scipy.stats costs 0.3 s (issue 29)
+
+from ..data import ColumnSpec, DataError, Schema, target_kind
+
+#: Positive public grid edges: 1-2-5 steps from 1e-4 to 5e8, then 1e9.
+_POSITIVE_EDGES: Final = [m * 10.0**e for e in range(-4, 9) for m in (1.0, 2.0, 5.0)] + [1e9]
+#: All edges, ascending: -1e9 ... -1e-4, 0, 1e-4 ... 1e9 (81 edges). Bin k (0 <= k <= 81) lies
+#: between GRID_EDGES[k-1] and GRID_EDGES[k] (open ends), closed on the side away from zero:
+#: (a, b] for positive values, [a, b) for negative ones; bin 82 is exact zero.
+GRID_EDGES: Final = np.array([-x for x in reversed(_POSITIVE_EDGES)] + [0.0] + _POSITIVE_EDGES)
+GRID_LIMIT: Final = 1e9
+NUM_GRID_BINS: Final = len(GRID_EDGES) + 2
+#: The bin of exact zero (the last one).
+ZERO_BIN: Final = NUM_GRID_BINS - 1
+TYPE_BINS: Final = ("missing", "text", "integer", "fraction")
+#: Quantiles of the denoised grid histogram used as feature bounds.
+LOWER_QUANTILE: Final = 0.01
+UPPER_QUANTILE: Final = 0.99
+#: Probability that any empty grid bin (over all columns) survives denoising.
+GRID_FALSE_BIN_PROB: Final = 0.01
+#: Probability that an empty grid bin of the TARGET survives (its own budget, not shared with
+#: the features: a lower floor keeps a healthy minority class; a false bin only widens bounds).
+TARGET_FALSE_BIN_PROB = 0.01
+
+
+@dataclass(frozen=True)
+class ReleasedColumn:
+    """What schema estimation releases about one column (noisy counts, raw count scale):
+    ``type_counts`` (the four :data:`TYPE_BINS`), ``grid`` (:data:`NUM_GRID_BINS` public grid
+    bins), ``values`` (the value keys whose noisy count passed the column's partition-selection
+    threshold, with those counts) and ``raw_noise_std`` (the column's noise sd, public)."""
+
+    type_counts: dict[str, float]
+    grid: np.ndarray
+    values: list[tuple[str, float]]
+    raw_noise_std: float
+
+
+@dataclass(frozen=True)
+class PrivateSchemaResult:
+    """A privately estimated schema and exactly what it cost.
+
+    ``events``: the dp_accounting events of the mechanism (one Gaussian). ``delta``: the extra
+    delta consumed by partition selection, to be added to the accountant's delta.
+    ``epsilon_slack``: ``-log(1 - delta)``, see the module docstring. ``noisy_num_records``: a
+    noisy record count (post-processing of the type histograms), usable wherever a DP count of
+    the records is needed. ``notes``: what was derived, for the release report.
+    """
+
+    schema: Schema
+    events: list[dp_accounting.DpEvent]
+    delta: float
+    epsilon_slack: float
+    noise_multiplier: float
+    noisy_num_records: float
+    notes: list[str] = field(default_factory=list)
+    dropped: list[str] = field(default_factory=list)
+
+
+def schema_from_release(
+    columns: dict[str, ReleasedColumn],
+    *,
+    target: str | None,
+    events: list[dp_accounting.DpEvent],
+    noise_multiplier: float,
+    delta: float,
+    touches: int,
+    target_share: float | None,
+    feature_threshold: float,
+    max_categories: int,
+    target_classes: int | None,
+) -> PrivateSchemaResult:
+    """The schema, notes and noisy record count from the released ``columns`` (in header order;
+    post-processing only, see the module docstring). ``target``, ``events``, ``delta``,
+    ``touches``, ``target_share`` and ``feature_threshold`` (the feature columns' category
+    threshold, for the notes) are the mechanism's public parameters. Raises ``DataError`` when
+    the target or every feature column is left with nothing (messages name only released,
+    noisy quantities)."""
+    header = list(columns)
+    num_cols = len(header)
+    tgt = target
+    z_grid = float(-ndtri(GRID_FALSE_BIN_PROB / (num_cols * NUM_GRID_BINS)))
+    z_target = float(-ndtri(TARGET_FALSE_BIN_PROB / NUM_GRID_BINS))
+    tau = feature_threshold
+
+    specs: list[ColumnSpec] = []
+    notes: list[str] = [
+        f"schema estimated privately: one Gaussian mechanism, noise multiplier "
+        f"{noise_multiplier:g}, L2 sensitivity 1 after scaling counts (one record touches "
+        f"{touches} of them{'' if target_share is None or tgt is None else f', target share {target_share:g}'}); "
+        f"feature category threshold {tau:.1f} records (delta {delta:g} for partition selection)"
+    ]
+    dropped: list[str] = []
+    totals: list[float] = []
+    for name in header:
+        column = columns[name]
+        is_target = name == tgt
+        s = column.raw_noise_std
+        t = column.type_counts
+        totals.append(sum(t.values()))
+        numbers = t["integer"] + t["fraction"]
+        spec: ColumnSpec | None
+        why: str
+        if max(numbers, t["text"]) < 3.0 * s:
+            spec, why = None, "too few non-missing values to estimate anything"
+        elif numbers > t["text"]:
+            integer = t["fraction"] < max(3.0 * s, 0.01 * numbers)
+            grid = column.grid
+            top = target_classes if is_target else None
+            # The target has its own false-bin budget (TARGET_FALSE_BIN_PROB over its 83 bins): a
+            # lower floor, so a healthy minority class is not taken for noise (issue 13).
+            z = z_target if is_target else z_grid
+            spec, why = _numeric_spec(name, grid, z * s, integer, full_range=is_target, top_k=top)
+        else:
+            values = column.values
+            cap = min(max_categories, target_classes) if is_target and target_classes else max_categories
+            spec, why = _categorical_spec(name, values, cap)
+        if spec is None:
+            if is_target:
+                raise DataError(f"target {name!r}: {why}; give a schema with the target instead")
+            dropped.append(name)
+            notes.append(f"{name}: dropped ({why})")
+            continue
+        specs.append(spec)
+        notes.append(why)
+    if not [c for c in specs if c.name != tgt]:
+        raise DataError("no feature column could be estimated privately; give a schema instead")
+    schema = Schema(columns=specs, target=tgt)
+    kind = target_kind(schema)
+    if tgt is not None:
+        notes.append(f"target {tgt!r}: {kind}")
+    return PrivateSchemaResult(
+        schema=schema,
+        events=list(events),
+        delta=delta,
+        epsilon_slack=-math.log1p(-delta),
+        noise_multiplier=noise_multiplier,
+        noisy_num_records=max(float(np.mean(totals)), 0.0),
+        notes=notes,
+        dropped=dropped,
+    )
+
+
+def _bin_edges(k: int) -> tuple[float, float]:
+    """Outer edges of bin k, capped at +-GRID_LIMIT (values beyond it are clipped)."""
+    if k == ZERO_BIN:
+        return 0.0, 0.0
+    lo = GRID_EDGES[k - 1] if k >= 1 else -GRID_LIMIT
+    hi = GRID_EDGES[k] if k < len(GRID_EDGES) else GRID_LIMIT
+    return float(lo), float(hi)
+
+
+def _holds_integer(k: int) -> bool:
+    """Whether grid bin k (closed away from zero, capped at +-GRID_LIMIT) contains an integer."""
+    if k == ZERO_BIN:
+        return True
+    lo, hi = _bin_edges(k)
+    if lo >= 0.0:  # (lo, hi]
+        return math.floor(hi) > lo
+    return math.ceil(lo) < hi  # [lo, hi)
+
+
+_INTEGER_BINS: Final = np.array([_holds_integer(k) for k in range(NUM_GRID_BINS)])
+
+
+def _numeric_spec(
+    name: str, grid: np.ndarray, floor: float, integer: bool, *, full_range: bool, top_k: int | None = None
+) -> tuple[ColumnSpec | None, str]:
+    """Bounds from the denoised grid histogram (pure post-processing).
+
+    ``top_k``: keep exactly the ``top_k`` largest noisy bins instead of those above ``floor``
+    (the bins are public, so this is post-processing).
+    """
+    if top_k is not None:
+        # An integer column's mass can only sit in bins holding an integer (public structure):
+        # skip the others, so a noise-only bin next to zero cannot collapse the class hull.
+        ranked = grid if not integer else np.where(_INTEGER_BINS, grid, -np.inf)
+        best = np.argsort(-ranked, kind="stable")[:top_k]
+        kept = np.zeros_like(grid)
+        kept[best] = np.maximum(grid[best], np.finfo(np.float64).tiny)
+    else:
+        kept = np.where(grid > floor, grid, 0.0)
+    # Reorder bins by position on the line: the zero bin sits between (-1e-4, 0) and [0, 1e-4).
+    zero_at = int(np.searchsorted(GRID_EDGES, 0.0, side="right"))  # bin [0, 1e-4)
+    order = list(range(zero_at)) + [ZERO_BIN] + list(range(zero_at, ZERO_BIN))
+    mass = kept[order]
+    total = float(mass.sum())
+    if total <= 0:
+        return None, "no numeric bin rose above the noise"
+    if full_range:
+        nz = np.flatnonzero(mass > 0)
+        lo_bin, hi_bin = order[int(nz[0])], order[int(nz[-1])]
+    else:
+        cum = np.cumsum(mass) / total
+        lo_bin = order[int(np.searchsorted(cum, LOWER_QUANTILE, side="left"))]
+        hi_bin = order[min(int(np.searchsorted(cum, UPPER_QUANTILE, side="left")), len(order) - 1)]
+    lower, _ = _bin_edges(lo_bin)
+    _, upper = _bin_edges(hi_bin)
+    if integer:
+        # The closed hull of the two bins' integers: round outer edges inwards, ceil / floor.
+        lo_i, hi_i = float(math.ceil(lower)), float(math.floor(upper))
+        if lo_i <= hi_i:
+            lower, upper = lo_i, hi_i
+    how = "lowest/highest surviving bins" if full_range else "noisy 1%/99% quantiles"
+    if lower >= upper:
+        if full_range:
+            return None, "it appears constant"
+        upper = lower + 1.0
+        how += ", widened to unit width (constant column)"
+    spec = ColumnSpec(name=name, kind="numeric", lower=lower, upper=upper, integer=integer)
+    kind = "integer" if integer else "real"
+    return (
+        spec,
+        f"{name}: numeric ({kind}), bounds [{lower:g}, {upper:g}] from {how} on a public grid",
+    )
+
+
+def _categorical_spec(
+    name: str, values: list[tuple[str, float]], max_categories: int
+) -> tuple[ColumnSpec | None, str]:
+    if not values:
+        return None, "no category was frequent enough to pass the noisy threshold"
+    ranked = sorted(values, key=lambda lv: (-lv[1], lv[0]))
+    kept = sorted(lab for lab, _ in ranked[:max_categories])
+    extra = f", the {max_categories} most frequent kept" if len(ranked) > max_categories else ""
+    spec = ColumnSpec(name=name, kind="categorical", categories=kept)
+    noun = "category" if len(kept) == 1 else "categories"
+    return spec, f"{name}: categorical, {len(kept)} {noun} passed the noisy threshold{extra}"
+
+
+def describe(result: PrivateSchemaResult) -> dict[str, Any]:
+    """A JSON-able summary for release reports (everything in it is already released)."""
+    return {
+        "schema": result.schema.model_dump(mode="json"),
+        "events": [repr(e) for e in result.events],
+        "delta": result.delta,
+        "epsilon_slack": result.epsilon_slack,
+        "noise_multiplier": result.noise_multiplier,
+        "noisy_num_records": result.noisy_num_records,
+        "notes": list(result.notes),
+        "dropped": list(result.dropped),
+    }
