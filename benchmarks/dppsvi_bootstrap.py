@@ -95,8 +95,13 @@ def effects(post: GaussianPosterior, full: GaussianPosterior) -> tuple[int, int,
     return int((f != 0).sum()), found, wrong
 
 
-def mechanism(table: trust.Table, tf: Any, epsilon: float) -> tuple[Any, MechanismSettings, float]:
-    """The release's DP-PSVI on the table's training rows (count and schema public)."""
+def mechanism(table: trust.Table, tf: Any, epsilon: float,
+              init_models: frozenset[str] | None = None) -> tuple[Any, MechanismSettings, float]:
+    """The release's DP-PSVI on the table's training rows (count and schema public).
+
+    ``init_models``: the models that get the DP initialisation histograms (None: the release's
+    :data:`~dpsummary.mechanisms.dp_psvi_setup.DP_INITIALISATION_MODELS`); the
+    ``--init-models`` experiment of issue 28 (Poisson features for the bootstrap)."""
     from dpsummary.constructors.base import fit
     from dpsummary.mechanisms.base import (
         DEFAULT_EXPECTED_BATCH,
@@ -116,9 +121,10 @@ def mechanism(table: trust.Table, tf: Any, epsilon: float) -> tuple[Any, Mechani
     n = table.train.shape[0]
     share = default_policy().budget_split.normalised(count=False, preprocessing=False)["initialisation"]
     q = quantize_sample_rate(min(1.0, DEFAULT_EXPECTED_BATCH / n))
+    extra = {} if init_models is None else {"models": init_models}
     init_sigma, layout, before = plan_initialisation(tf, table.model.name, prior_events=[],
                                                      target_epsilon=share * epsilon, delta=trust.DELTA,
-                                                     accountant="rdp")
+                                                     accountant="rdp", **extra)
     sigma = acc.calibrate_noise_multiplier(target_epsilon=epsilon, delta=trust.DELTA, sample_rate=q,
                                            steps=DEFAULT_STEPS, prior_events=before)
     t0 = time.perf_counter()
@@ -146,7 +152,7 @@ def default_mechanism(table: trust.Table, epsilon: float) -> Any:
 
 
 def run(out: Path, datasets: list[str], epsilons: list[float], seeds: list[int], replicates: int,
-        rounds: int, workers: int | None) -> None:
+        rounds: int, workers: int | None, init_models: frozenset[str] | None = None) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     new = not out.exists()
     with out.open("a", newline="") as fh:
@@ -158,7 +164,7 @@ def run(out: Path, datasets: list[str], epsilons: list[float], seeds: list[int],
                 table = trust.load(name, seed)
                 tf = table_transform(name, seed)
                 for eps in epsilons:
-                    raw_summary, settings, mech_s = mechanism(table, tf, eps)
+                    raw_summary, settings, mech_s = mechanism(table, tf, eps, init_models)
                     boot = ParametricBootstrap(settings, BootstrapConfig(replicates=replicates, rounds=rounds,
                                                                          workers=workers,
                                                                          seed=1000 * seed + int(100 * eps)))
@@ -359,6 +365,8 @@ def main() -> None:
     r.add_argument("--replicates", type=int, default=DEFAULT_REPLICATES, help="per round")
     r.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS)
     r.add_argument("--workers", type=int, default=None)
+    r.add_argument("--init-models", default=None,
+                   help="comma list of models with DP initialisation histograms (default: the release's)")
     z = sub.add_parser("zero-config")
     z.add_argument("--out", type=Path, default=RESULTS / "dppsvi_bootstrap.csv")
     z.add_argument("--datasets", default="adult,bike_rentals")
@@ -373,7 +381,8 @@ def main() -> None:
     torch.set_num_threads(1)
     if a.cmd == "run":
         run(a.out, a.datasets.split(","), [float(e) for e in a.epsilons.split(",")],
-            [int(s) for s in a.seeds.split(",")], a.replicates, a.rounds, a.workers)
+            [int(s) for s in a.seeds.split(",")], a.replicates, a.rounds, a.workers,
+            None if a.init_models is None else frozenset(a.init_models.split(",")))
     elif a.cmd == "zero-config":
         zero_config(a.out, a.datasets.split(","), [float(e) for e in a.epsilons.split(",")],
                     [int(x) for x in a.seeds.split(",")], a.workdir)

@@ -85,13 +85,16 @@ class Table:
 
 
 def simulated(name: str, seed: int) -> Table:
-    kind, size = name.split("_")[1], int(float(name.split("_")[2]))
+    # ``sim_<kind>[_shifted]_<N>``: "shifted" draws every numeric on [0, 1], off-centre in the
+    # public box [-1, 1] as skewed real columns are.
+    parts = name.split("_")
+    kind, size, shifted = parts[1], int(float(parts[-1])), "shifted" in parts
     g = torch.Generator().manual_seed(20_000 + seed)
     f = SIM_NUMERIC + SIM_CATEGORICAL * SIM_LEVELS
     model: Model = LogisticRegression(f) if kind == "logistic" else PoissonRegression(f)
     n = size + 1000
     x = torch.zeros(n, f, dtype=DTYPE)
-    x[:, :SIM_NUMERIC] = torch.rand(n, SIM_NUMERIC, generator=g, dtype=DTYPE) * 2 - 1
+    x[:, :SIM_NUMERIC] = torch.rand(n, SIM_NUMERIC, generator=g, dtype=DTYPE) * (1 if shifted else 2) - (0 if shifted else 1)
     for c in range(SIM_CATEGORICAL):
         pick = torch.randint(0, SIM_LEVELS, (n,), generator=g)
         x[torch.arange(n), SIM_NUMERIC + c * SIM_LEVELS + pick] = 1.0
