@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from ..errors import ChargedRefusal
 from .base import (
     CheckpointFn,
-    Mechanism,
     MechanismOutput,
     MechanismPlan,
     NoticeFn,
@@ -41,10 +40,10 @@ from .dp_psvi_setup import (
     initial_samplers,
     plan_initialisation,
 )
-from .glm import check_model_for_schema, glm_model, glm_split
+from .glm import GlmMechanism, glm_model, glm_split
 
 if TYPE_CHECKING:
-    from ..release import PublicPlan, Released, ReleaseRequest
+    from ..release import PublicPlan, Released
     from ..selftest.config import SelftestScenario
 
 
@@ -63,22 +62,11 @@ def bootstrap_settings(public: PublicPlan, plan: MechanismPlan, record_count: fl
     )
 
 
-class DpPsvi(Mechanism):
+class DpPsvi(GlmMechanism):
     """DP-PSVI with the release's public defaults (see the module docstring)."""
 
     name: ClassVar[str] = "dp-psvi"
-    models: ClassVar[frozenset[str]] = frozenset()
-    options: ClassVar[tuple[str, ...]] = ()
-    uses_target: ClassVar[bool] = True
     sampling: ClassVar[str] = "poisson"
-
-    def check_public(self, req: ReleaseRequest, schema: Any | None) -> None:
-        if schema is not None:
-            check_model_for_schema(req.model, schema)
-
-    def budget_parts(self, req: ReleaseRequest) -> frozenset[str]:
-        dp_init = req.model is None or req.model in DP_INITIALISATION_MODELS
-        return frozenset({"initialisation"}) if dp_init else frozenset()
 
     def plan(self, public: PublicPlan, released: Released) -> MechanismPlan:
         """The GLM's model and transform, q (default 200 / released count), the quality counts'

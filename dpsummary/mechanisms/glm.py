@@ -4,13 +4,14 @@ They serve every model no family mechanism claims (``models`` empty)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..errors import ReleaseError
-from .base import check_released_count, refusal_kind
+from .base import Mechanism, check_released_count, refusal_kind
+from .dp_psvi_setup import DP_INITIALISATION_MODELS
 
 if TYPE_CHECKING:
-    from ..release import PublicPlan, Released
+    from ..release import PublicPlan, Released, ReleaseRequest
 
 
 def check_model_for_schema(model_name: str | None, schema: Any) -> None:
@@ -64,3 +65,23 @@ def glm_split(public: PublicPlan, initialisation: bool) -> dict[str, float]:
                                                       preprocessing="preprocessing" in nonzero,
                                                       initialisation=False)
     return split
+
+
+class GlmMechanism(Mechanism):
+    """What both GLM mechanisms declare the same way: they serve every model no family mechanism
+    claims, read the target, check the model against a public schema, and keep the same stage-0
+    parts (a model that could use DP initialisation keeps its share, whatever the mechanism, so
+    stage 0's budget split does not depend on the mechanism; noise-aware-newton's plan hands it
+    to the optimisation)."""
+
+    models: ClassVar[frozenset[str]] = frozenset()
+    options: ClassVar[tuple[str, ...]] = ()
+    uses_target: ClassVar[bool] = True
+
+    def check_public(self, req: ReleaseRequest, schema: Any | None) -> None:
+        if schema is not None:
+            check_model_for_schema(req.model, schema)
+
+    def budget_parts(self, req: ReleaseRequest) -> frozenset[str]:
+        dp_init = req.model is None or req.model in DP_INITIALISATION_MODELS
+        return frozenset({"initialisation"}) if dp_init else frozenset()

@@ -19,7 +19,6 @@ from ..errors import ChargedRefusal
 from .base import (
     NON_FINITE_FIT_MESSAGE,
     CheckpointFn,
-    Mechanism,
     MechanismOutput,
     MechanismPlan,
     ProgressFn,
@@ -29,13 +28,12 @@ from .base import (
     selection_slack,
     stage_noise,
 )
-from .dp_psvi_setup import DP_INITIALISATION_MODELS
-from .glm import check_model_for_schema, glm_model, glm_split
+from .glm import GlmMechanism, glm_model, glm_split
 
 if TYPE_CHECKING:
     import torch
 
-    from ..release import PublicPlan, Released, ReleaseRequest
+    from ..release import PublicPlan, Released
     from ..selftest.config import SelftestScenario
 
 
@@ -92,24 +90,11 @@ def noise_aware_summaries(plan: MechanismPlan, records: Any, size: int, generato
     }
 
 
-class NoiseAwareNewton(Mechanism):
+class NoiseAwareNewton(GlmMechanism):
     """Noisy score statistics, noise-aware posterior (see the module docstring)."""
 
     name: ClassVar[str] = "noise-aware-newton"
-    models: ClassVar[frozenset[str]] = frozenset()
-    options: ClassVar[tuple[str, ...]] = ()
-    uses_target: ClassVar[bool] = True
     sampling: ClassVar[str] = "none (every record)"
-
-    def check_public(self, req: ReleaseRequest, schema: Any | None) -> None:
-        if schema is not None:
-            check_model_for_schema(req.model, schema)
-
-    def budget_parts(self, req: ReleaseRequest) -> frozenset[str]:
-        # Stage 0 keeps the initialisation share for a model that could use one (its budget split
-        # must not depend on the mechanism); plan() hands it to the optimisation.
-        dp_init = req.model is None or req.model in DP_INITIALISATION_MODELS
-        return frozenset({"initialisation"}) if dp_init else frozenset()
 
     def plan(self, public: PublicPlan, released: Released) -> MechanismPlan:
         """The GLM's model and transform, the quality counts' noise, the default schedule of
