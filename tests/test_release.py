@@ -125,9 +125,10 @@ def test_dp_initialisation_is_accounted_and_reproduces_opacus(tmp_path: Path, ho
     assert audit.exit_code == 0, audit.output
 
 
-def test_poisson_release_keeps_the_uniform_start_and_gives_the_share_to_optimisation(
-    tmp_path: Path, home: Path
-) -> None:
+def test_poisson_release_starts_from_dp_histograms_of_the_features_and_the_count(tmp_path: Path, home: Path) -> None:
+    """Issue 28: Poisson DP-PSVI takes the initialisation share too (the bootstrap then draws
+    synthetic features from the histograms, not the public box); the count target is
+    histogrammed with the features, and the two events compose to the claimed epsilon."""
     data = _write_csv(tmp_path / "c.csv", 3000, target="count")
     pol = tmp_path / "p.toml"
     _policy(pol, n=3000, target_kind="count")
@@ -135,6 +136,32 @@ def test_poisson_release_keeps_the_uniform_start_and_gives_the_share_to_optimisa
     out = tmp_path / "r.json"
     res = _release(str(data), "--epsilon", "0.5", "--policy", str(pol), "--out", str(out), "--steps", "10",
                    "--size", "4", "--mechanism", "dp-psvi")
+    assert res.exit_code == 0, res.output
+    from dpsummary import accounting as A
+    from dpsummary.artifact import read_artifact
+
+    _, claim, _ = read_artifact(out, allow_unsigned=True)
+    init = claim["mechanism"]["initialisation"]
+    assert init is not None and init["columns"] == ["x1", "x2", "y"]
+    assert claim["budget_split"]["initialisation"] > 0
+    assert len(claim["events"]) == 2
+    eps = A.epsilon_rdp(A.events_from_json(claim["events"]), claim["delta_accounting"])
+    assert eps == pytest.approx(claim["epsilon"]["rdp"], abs=1e-9) and eps <= 0.5
+    assert "DP per-column histograms" in " ".join(res.output.split())  # the console wraps lines
+
+
+def test_linear_release_keeps_the_uniform_start_and_gives_the_share_to_optimisation(
+    tmp_path: Path, home: Path
+) -> None:
+    """A model outside DP_INITIALISATION_MODELS (linear regression) starts uniformly over the
+    public box, and its initialisation share goes to the optimisation."""
+    data = _write_csv(tmp_path / "r.csv", 3000, target="real")
+    pol = tmp_path / "p.toml"
+    _policy(pol, n=3000, target_kind="real")
+    pol.write_text(pol.read_text() + "\n" + SPLIT_WITH_INIT)
+    out = tmp_path / "r.json"
+    res = _release(str(data), "--epsilon", "0.5", "--policy", str(pol), "--out", str(out), "--steps", "10",
+                   "--size", "4", "--mechanism", "dp-psvi", "--model", "linear")
     assert res.exit_code == 0, res.output
     from dpsummary import accounting as A
     from dpsummary.artifact import read_artifact

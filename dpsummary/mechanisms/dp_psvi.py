@@ -2,7 +2,8 @@
 
 Optionally one Gaussian mechanism over per-column histograms on public bins, from which the
 initial pseudopoints are drawn (:meth:`~dpsummary.private.mechanism.PrivateRecords.noisy_marginals`;
-logistic models whose policy gives ``budget_split.initialisation`` a share), then T steps of the
+logistic and Poisson models whose policy gives ``budget_split.initialisation`` a share,
+:data:`~dpsummary.mechanisms.dp_psvi_setup.DP_INITIALISATION_MODELS`), then T steps of the
 Poisson-subsampled Gaussian mechanism on per-record centred log-likelihood vectors clipped to
 L2 norm C (DP-PSVI paper, Section 3.3;
 :meth:`~dpsummary.private.mechanism.PrivateRecords.noisy_clipped_sum`, the privacy boundary).
