@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import copy
 import csv
 import dataclasses
 import functools
@@ -460,6 +461,26 @@ def make_artifacts(directory: Path, epsilons: tuple[float, ...]) -> None:
             raise SystemExit(f"error: the release at epsilon {eps:g} wrote no artifact")
 
 
+# ---- prior shrinkage ----------------------------------------------------------------------
+def prior_shrinkage(artifacts: Path, epsilons: tuple[float, ...], scales: tuple[float, ...]) -> list[str]:
+    """The idealised floor on adult (zero-configuration space of each artifact) with the model's
+    prior scale replaced: is a floor coverage of the full-data mean below 0.9 caused by the
+    prior's shrinkage? (issues 27 and 28; the full-data posterior keeps the release's prior.)"""
+    lines = ["| epsilon | d | prior scale | floor coverage | floor effects found | floor width / full |",
+             "|---|---|---|---|---|---|"]
+    for eps in epsilons:
+        table = adult_table(eps, artifacts)
+        for scale in scales:
+            model = copy.copy(table.model)
+            model.prior_scale = float(scale)
+            fl = idealised_floor(model, table.train, table.full, epsilon=eps, delta=table.delta,
+                                 generator=torch.Generator().manual_seed(0))
+            lines.append(f"| {eps:g} | {model.param_dim} | {scale:g} | {fl.coverage:.3f} | {fl.effects_found:.2f} | "
+                         f"{fl.width_ratio:.2f} |")
+            print(lines[-1], flush=True)
+    return lines
+
+
 # ---- report -------------------------------------------------------------------------------
 def _median(rows: list[dict[str, str]], key: str) -> float | None:
     vals = [float(r[key]) for r in rows if r.get(key) not in (None, "")]
@@ -567,6 +588,10 @@ def main() -> None:
     t.add_argument("--out", type=Path, required=True)
     t.add_argument("--structure-of", nargs=2, metavar=("CONFIG", "LOWER"),
                    help="second stage: this configuration with and without the one-hot structure")
+    ps = sub.add_parser("prior-shrinkage")
+    ps.add_argument("--artifacts", type=Path, required=True)
+    ps.add_argument("--epsilons", type=float, nargs="+", default=list(GRID_EPSILONS))
+    ps.add_argument("--scales", type=float, nargs="+", default=[1.0, 3.0, 10.0, 1000.0])
     rep = sub.add_parser("report")
     rep.add_argument("results", type=Path)
     rep.add_argument("target", type=Path)
@@ -581,6 +606,8 @@ def main() -> None:
             tune(args.out, {label: TUNE_ROUNDS[label]}, (float(lower),), (False, True))
         else:
             tune(args.out)
+    elif args.cmd == "prior-shrinkage":
+        prior_shrinkage(args.artifacts, tuple(args.epsilons), tuple(args.scales))
     elif args.cmd == "run":
         eps = tuple(args.epsilons)
         tables: list[Callable[[], Table]] = []
