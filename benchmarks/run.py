@@ -318,7 +318,8 @@ def report(results: Path, target: Path) -> None:
                   "spark_scale.md", "mixtures.md", "mixtures_small_m.md", "mixtures_1e6.md",
                   "mixtures_private.md", "mixtures_private_moments.md", "mixtures_private_residual.md", "bnn.md",
                   "ledger_stress.md", "selftest.md", "power.md", "poisson.md", "poisson_tune.md",
-                  "poisson_diagnosis.md", "dppsvi_bootstrap.md", "dppsvi_poisson_init.md", "default_policy.md", "spark_scale_cost.md",
+                  "poisson_diagnosis.md", "poisson_convergence_rules.md", "dppsvi_bootstrap.md", "dppsvi_poisson_init.md",
+                  "dppsvi_feature_moments.md", "default_policy.md", "spark_scale_cost.md",
                   "csv_reading.md", "NOTES.md"):
         path = results / extra
         if path.exists():
