@@ -25,6 +25,10 @@ private: they bound what any feature/target model could reach, they are not cand
   replicate's truth to the noisy mean of ``y^2``. The ``dispersion_k`` column holds the tilt's
   effective sample size for these rows.
 * ``dp-tilt``: the ``dp`` features with the model's own (Poisson) targets.
+* ``dp-tree``: one Gaussian release of every pairwise table of the histogram layout's public
+  bins (L2 sensitivity sqrt(number of pairs), at the same sqrt(2) times the histograms' noise
+  multiplier), a Chow-Liu tree (maximum spanning tree of the noisy tables' mutual information)
+  and features sampled along it (root from the release's DP histogram); Poisson targets.
 
 Per row, ``z`` lists the calibrated release's errors (posterior mean minus full-data posterior
 mean, in its own sds) per coordinate, intercept first. Usage::
@@ -45,6 +49,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -169,6 +174,85 @@ def tilt_sampler(base: Any, target: torch.Tensor, noise_sd: torch.Tensor, *, poo
         return WeightedRows(cand, torch.softmax(ts @ lam, 0))
 
 
+class TreeSampler:
+    """Features drawn along a tree of DP two-way marginals (``dp-tree``; picklable).
+
+    ``columns``: the histogram layout's feature columns; ``root_mass``: the root's noisy one-way
+    mass; ``children``: (child, parent, conditional table ``P(child bin | parent bin)``) in
+    sampling order; ``public``: the public sampler for coordinates outside the layout."""
+
+    def __init__(self, columns: list[Any], root: int, root_mass: np.ndarray,
+                 children: list[tuple[int, int, np.ndarray]], public: Any) -> None:
+        self.columns, self.root, self.root_mass, self.children, self.public = columns, root, root_mass, children, public
+
+    def _values(self, col: Any, bins: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+        from dpsummary.private.marginals import NUM_INTERIOR_BINS
+
+        n = bins.shape[0]
+        if col.kind == "categorical":
+            out = torch.zeros(n, col.width + 1, dtype=DTYPE)
+            out[torch.arange(n), bins] = 1.0
+            return out[:, : col.width]
+        width = (col.upper - col.lower) / NUM_INTERIOR_BINS
+        u = torch.rand(n, generator=gen, dtype=DTYPE)
+        v = col.lower + (bins - 1).to(DTYPE) * width + u * width
+        v = torch.where(bins == 0, torch.full_like(v, col.lower), v)
+        v = torch.where(bins == NUM_INTERIOR_BINS + 1, torch.full_like(v, col.upper), v)
+        return v[:, None]
+
+    def __call__(self, n: int, gen: torch.Generator) -> torch.Tensor:
+        out = self.public(n, gen)
+        picks: dict[int, torch.Tensor] = {}
+        probs = torch.as_tensor(self.root_mass / self.root_mass.sum(), dtype=DTYPE)
+        picks[self.root] = torch.multinomial(probs, n, replacement=True, generator=gen)
+        for child, parent, cond in self.children:
+            rows = torch.as_tensor(cond, dtype=DTYPE)[picks[parent]]
+            picks[child] = torch.multinomial(rows, 1, generator=gen)[:, 0]
+        for k, col in enumerate(self.columns):
+            out[:, col.start : col.start + col.width] = self._values(col, picks[k], gen)
+        return out
+
+
+def dp_tree_sampler(points: torch.Tensor, layout: Any, marginals: Any, public: Any, *, noise_multiplier: float,
+                    generator: torch.Generator) -> TreeSampler:
+    """``dp-tree``: one Gaussian release of every pairwise bin table of the layout's feature
+    columns (each record adds 1 to one cell of each of the P tables: L2 sensitivity sqrt(P)),
+    a maximum spanning tree of the noisy tables' mutual information (Chow-Liu), and conditional
+    tables along it; the root's marginal is the release's own DP histogram."""
+    cols = [c for c in layout.columns if not c.target]
+    bins = [torch.as_tensor(c.record_bins(points)) for c in cols]
+    k = len(cols)
+    pairs = [(i, j) for i in range(k) for j in range(i + 1, k)]
+    sd = noise_multiplier * math.sqrt(len(pairs))
+    tables: dict[tuple[int, int], np.ndarray] = {}
+    for i, j in pairs:
+        t = torch.zeros(cols[i].num_bins, cols[j].num_bins, dtype=DTYPE)
+        t.index_put_((bins[i], bins[j]), torch.ones(points.shape[0], dtype=DTYPE), accumulate=True)
+        t = t + sd * torch.randn(t.shape, generator=generator, dtype=DTYPE)
+        tables[(i, j)] = t.clamp_min(0.0).numpy()
+
+    def mi(t: np.ndarray) -> float:
+        p = t / max(t.sum(), 1e-12)
+        pi, pj = p.sum(1, keepdims=True), p.sum(0, keepdims=True)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            terms = np.where(p > 0, p * np.log(p / (pi * pj)), 0.0)
+        return float(np.nansum(terms))
+
+    weight = {key: mi(t) for key, t in tables.items()}
+    in_tree, children = {0}, []
+    while len(in_tree) < k:
+        best = max(((i, j) for (i, j) in pairs if (i in in_tree) != (j in in_tree)), key=lambda e: weight[e])
+        parent, child = best if best[0] in in_tree else (best[1], best[0])
+        t = tables[best] if best[0] == parent else tables[best].T
+        cond = t + 1e-9
+        cond = cond / cond.sum(1, keepdims=True)
+        children.append((child, parent, cond))
+        in_tree.add(child)
+    masses = [m for c, m in zip(layout.columns, marginals.masses(), strict=True) if not c.target]
+    root_mass = masses[0] if masses[0] is not None else tables[(0, 1)].sum(1) + 1e-9
+    return TreeSampler(cols, 0, root_mass, children, public)
+
+
 def real_dispersion_k(table: Any) -> float:
     nf = table.model.num_features
     x, y = table.train[:, :nf], table.train[:, -1]
@@ -247,6 +331,12 @@ def main() -> None:
                             fn = oracle(x)
                             k_real = real_dispersion_k(table)
                             model_override = OverdispersedPoisson(table.model, inv_k=1.0 / k_real)
+                        elif kind == "dp-tree":
+                            gen = torch.Generator().manual_seed(7000 + seed)
+                            fn = dp_tree_sampler(table.train, settings.init_layout, settings.init_marginals,
+                                                 tf.sample_public_features,
+                                                 noise_multiplier=settings.init_noise_multiplier * math.sqrt(2.0),
+                                                 generator=gen)
                         elif kind in ("dp", "dp-tilt"):
                             gen = torch.Generator().manual_seed(7000 + seed)
                             sigma = settings.init_noise_multiplier * math.sqrt(2.0)
