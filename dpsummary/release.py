@@ -44,6 +44,7 @@ import contextlib
 import dataclasses
 import datetime as _dt
 import math
+import os
 import platform
 import secrets
 from dataclasses import dataclass, field
@@ -207,6 +208,15 @@ def _check_request(req: ReleaseRequest) -> None:
     if out.exists() and not req.force:
         raise ReleaseError(f"{out} already exists (a published artifact is never replaced silently); "
                            "pass --force to replace it, or --out to write elsewhere")
+    # Where the artifact goes is a public fact: refuse here, before the budget is charged, rather
+    # than after the mechanism ran (the default path sits beside the data, which may be a
+    # read-only shared directory).
+    folder = out.resolve().parent
+    if not folder.is_dir():
+        raise ReleaseError(f"--out {out}: the folder {folder} does not exist; create it or choose another --out")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise ReleaseError(f"cannot write the artifact into {folder} (not writable); pass --out with a writable "
+                           "path")
 
 
 # =============================================================================================

@@ -8,6 +8,7 @@ from its threshold, so a spurious outcome has probability below 1e-20 per case.
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -75,6 +76,8 @@ CASES: dict[str, tuple[Any, str]] = {
     "not-a-file": (lambda t: [str(t), "--epsilon", "0.5", "--policy", str(_pub(t))], "not a file"),
     "out-exists": (lambda t: [str(_data(t)), "--epsilon", "0.5", "--out", str(_write(t / "o.json", "{}")), "--policy",
                               str(_pub(t))], "already exists"),
+    "out-folder-missing": (lambda t: [str(_data(t)), "--epsilon", "0.5", "--out", str(t / "nodir" / "o.json"),
+                                      "--policy", str(_pub(t))], "does not exist"),
     "file-empty": (lambda t: [str(_write(t / "e.csv", "")), "--epsilon", "0.5", "--policy", str(_pub(t))], "empty"),
     "header-bad": (lambda t: [str(_write(t / "h.csv", "x1,x1,y\n1,a,yes\n")), "--epsilon", "0.5", "--policy",
                               str(_pub(t))], "duplicate"),
@@ -229,3 +232,20 @@ def test_refusal(rid: str, tmp_path: Path, home: Path, monkeypatch: pytest.Monke
         from dpsummary.ledger import _active_holds
 
         assert _active_holds(read_ledger(home / "ledger.jsonl", pub).entries, "test-source") == {}
+
+
+def test_unwritable_output_folder_is_refused_before_the_reservation(tmp_path: Path, home: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """A folder the artifact cannot be written into is a public fact: refused (exit 2) before any
+    ledger entry. ``os.access`` is stubbed because tests may run as root, which writes anywhere."""
+    import dpsummary.release as release
+
+    data = _data(tmp_path)
+    real_access = os.access
+    monkeypatch.setattr(release.os, "access",
+                        lambda p, mode: False if Path(p) == data.parent.resolve() else real_access(p, mode))
+    res = runner.invoke(app, ["release", str(data), "--epsilon", "0.5", "--policy", str(_pub(tmp_path))])
+    assert res.exit_code == 2, res.output
+    assert "not writable" in res.output and "--out" in res.output
+    assert not (home / "ledger.jsonl").exists() or not ledger_lines(home)
+
