@@ -461,6 +461,17 @@ def make_artifacts(directory: Path, epsilons: tuple[float, ...]) -> None:
             raise SystemExit(f"error: the release at epsilon {eps:g} wrote no artifact")
 
 
+def with_prior_scale(make: Callable[[], Table], scale: float) -> Table:
+    """``make()``'s table with the model's prior scale replaced, for the release and for the
+    full-data reference alike (the floor is defined under the prior the release uses); the
+    table's name says so."""
+    table = make()
+    model = copy.copy(table.model)
+    model.prior_scale = float(scale)
+    return dataclasses.replace(table, name=f"{table.name} (prior {scale:g})", model=model,
+                               full=full_posterior(model, table.train))
+
+
 # ---- prior shrinkage ----------------------------------------------------------------------
 def prior_shrinkage(artifacts: Path, epsilons: tuple[float, ...], scales: tuple[float, ...]) -> list[str]:
     """The idealised floor on adult (zero-configuration space of each artifact) with the model's
@@ -584,6 +595,8 @@ def main() -> None:
     r.add_argument("--methods", nargs="+", default=["default", "candidate", "dp-vi"])
     r.add_argument("--runs", type=int, default=5)
     r.add_argument("--public", nargs="*", default=[], help="real tables under their public schema")
+    r.add_argument("--prior-scale", type=float, default=None,
+                   help="replace the model's prior scale (release and full-data reference alike)")
     t = sub.add_parser("tune")
     t.add_argument("--out", type=Path, required=True)
     t.add_argument("--structure-of", nargs=2, metavar=("CONFIG", "LOWER"),
@@ -615,6 +628,8 @@ def main() -> None:
             tables += [functools.partial(adult_table, e, args.artifacts) for e in eps]
         tables += [functools.partial(public_schema_table, name, e) for name in args.public for e in eps]
         tables += _sim_tables(args.sim, eps)
+        if args.prior_scale is not None:
+            tables = [functools.partial(with_prior_scale, make, args.prior_scale) for make in tables]
         measure(tables, args.methods, args.runs, args.out)
     else:
         report(args.results, args.target, args.plot)
