@@ -45,20 +45,12 @@ def newton_audit(cfg: SelfTestConfig, alpha: float, progress: Progress | None = 
     expected = model.record_scores(without, theta).sum(0).numpy()
     canary_score = model.record_scores(with_canary[-1:], theta)[0].numpy()
     direction = canary_score / np.linalg.norm(canary_score)
-    done = [0]
-    total = 2 * (cfg.pilot + cfg.runs)
+    sides = [make_mechanism(rows, inject=cfg.inject, noise_path=cfg.noise) for rows in (without, with_canary)]
 
-    def scores(n: int, canary: bool) -> np.ndarray:
-        records = make_mechanism(with_canary if canary else without, inject=cfg.inject, noise_path=cfg.noise)
-        out = np.empty(n)
-        for i in range(n):
-            st = records.noisy_score_statistics(model, theta, score_bound=bound, curvature_bound=1.0,
-                                                score_noise_multiplier=sigma, curvature_noise_multiplier=1e3)
-            out[i] = float((st.score.numpy() - expected) @ direction)
-            done[0] += 1
-            if progress is not None and (done[0] % 256 == 0 or done[0] == total):
-                progress("newton", done[0], total)
-        return out
+    def draw(canary: bool) -> float:
+        st = sides[int(canary)].noisy_score_statistics(model, theta, score_bound=bound, curvature_bound=1.0,
+                                                       score_noise_multiplier=sigma, curvature_noise_multiplier=1e3)
+        return float((st.score.numpy() - expected) @ direction)
 
-    return gaussian_audit(cfg, alpha, scores, scenario="newton", mechanism="noisy_score_statistics",
-                           sigma=sigma, claimed=claimed)
+    return gaussian_audit(cfg, alpha, draw, scenario="newton", mechanism="noisy_score_statistics",
+                           sigma=sigma, claimed=claimed, progress=progress)

@@ -106,22 +106,14 @@ def histogram_audit(cfg: SelfTestConfig, alpha: float, progress: Progress | None
         layout = NoScaleLayout(layout.columns, layout.num_features)
     expected = layout.counts(without)
     direction = layout.counts(with_canary) - expected  # 1 on each of the canary's bins
-    done = [0]
-    total = 2 * (cfg.pilot + cfg.runs)
+    sides = [make_mechanism(rows, inject=cfg.inject, noise_path=cfg.noise) for rows in (without, with_canary)]
 
-    def scores(n: int, canary: bool) -> np.ndarray:
-        records = make_mechanism(with_canary if canary else without, inject=cfg.inject, noise_path=cfg.noise)
-        out = np.empty(n)
-        for i in range(n):
-            noisy = records.noisy_marginals(layout, noise_multiplier=sigma).noisy_counts
-            out[i] = float((noisy - expected) @ direction)
-            done[0] += 1
-            if progress is not None and (done[0] % 256 == 0 or done[0] == total):
-                progress("histogram", done[0], total)
-        return out
+    def draw(canary: bool) -> float:
+        noisy = sides[int(canary)].noisy_marginals(layout, noise_multiplier=sigma).noisy_counts
+        return float((noisy - expected) @ direction)
 
-    return gaussian_audit(cfg, alpha, scores, scenario="histogram", mechanism="noisy_marginals",
-                           sigma=sigma, claimed=claimed)
+    return gaussian_audit(cfg, alpha, draw, scenario="histogram", mechanism="noisy_marginals",
+                           sigma=sigma, claimed=claimed, progress=progress)
 
 
 def one_run_audit(

@@ -73,8 +73,6 @@ def quality_audit(cfg: SelfTestConfig, alpha: float, progress: Progress | None =
     sigma = calibrate_gaussian(target_epsilon=cfg.epsilon, delta=cfg.delta, accountant=cfg.accountant)
     claimed = epsilon([gaussian_event(sigma)], cfg.delta, cfg.accountant)
     clean, poisoned = quality_design(cfg.design.background)
-    done = [0]
-    total = 2 * (cfg.pilot + cfg.runs)
     with tempfile.TemporaryDirectory(prefix="dpsummary-selftest-") as tmp:
         outcomes = []
         for name, content in (("d.csv", clean), ("d1.csv", poisoned)):
@@ -82,21 +80,14 @@ def quality_audit(cfg: SelfTestConfig, alpha: float, progress: Progress | None =
             p.write_bytes(content)
             outcomes.append(quality_outcome(p, inject=cfg.inject))
 
-        def scores(n: int, canary: bool) -> np.ndarray:
+        def draw(canary: bool) -> float:
             encoded = outcomes[int(canary)]
-            out = np.empty(n)
-            for i in range(n):
-                if encoded is None:
-                    out[i] = math.inf
-                else:
-                    out[i] = float(np.sum(list(encoded.noisy_quality_counts(noise_multiplier=sigma).noisy.values())))
-                done[0] += 1
-                if progress is not None and (done[0] % 256 == 0 or done[0] == total):
-                    progress("quality", done[0], total)
-            return out
+            if encoded is None:
+                return math.inf
+            return float(np.sum(list(encoded.noisy_quality_counts(noise_multiplier=sigma).noisy.values())))
 
-        return gaussian_audit(cfg, alpha, scores, scenario="quality", mechanism="noisy_quality_counts",
-                               sigma=sigma, claimed=claimed)
+        return gaussian_audit(cfg, alpha, draw, scenario="quality", mechanism="noisy_quality_counts",
+                               sigma=sigma, claimed=claimed, progress=progress)
 
 
 #: The "csv-lines" scenario (issue 24): one line inserted into a clean CSV, each a line that a
@@ -206,8 +197,6 @@ def csv_lines_audit(cfg: SelfTestConfig, alpha: float, progress: Progress | None
     sigma = calibrate_gaussian(target_epsilon=cfg.epsilon, delta=cfg.delta, accountant=cfg.accountant)
     claimed = epsilon([gaussian_event(sigma)], cfg.delta, cfg.accountant)
     clean, neighbours = csv_line_design(cfg.design.background)
-    done = [0]
-    total = 2 * (cfg.pilot + cfg.runs)
     with tempfile.TemporaryDirectory(prefix="dpsummary-selftest-") as tmp, _csv_reading(cfg.inject):
         paths = {}
         for name, content in (("base", clean), *neighbours.items()):
@@ -218,17 +207,10 @@ def csv_lines_audit(cfg: SelfTestConfig, alpha: float, progress: Progress | None
         worst = max(moved, key=lambda name: moved[name])
         sources = [PrivateSource.open(paths["base"]), PrivateSource.open(paths[worst])]
 
-        def scores(n: int, canary: bool) -> np.ndarray:
-            source = sources[int(canary)]
-            out = np.empty(n)
-            for i in range(n):
-                out[i] = abs(source.noisy_record_count(noise_multiplier=sigma) - counts["base"])
-                done[0] += 1
-                if progress is not None and (done[0] % 256 == 0 or done[0] == total):
-                    progress("csv-lines", done[0], total)
-            return out
+        def draw(canary: bool) -> float:
+            return float(abs(sources[int(canary)].noisy_record_count(noise_multiplier=sigma) - counts["base"]))
 
-        result = gaussian_audit(cfg, alpha, scores, scenario="csv-lines", mechanism="noisy_record_count",
-                                 sigma=sigma, claimed=claimed)
+        result = gaussian_audit(cfg, alpha, draw, scenario="csv-lines", mechanism="noisy_record_count",
+                                 sigma=sigma, claimed=claimed, progress=progress)
     return dataclasses.replace(result, sensitivity=float(moved[worst]),
                                violation=result.violation or moved[worst] > 1)

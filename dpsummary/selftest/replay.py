@@ -182,29 +182,17 @@ def gray_box_replay(
     return replay_verdict(in0, in1, stds, clips, lock.ratios, steps)
 
 
-class _SparkReplayRandomness:
+class _SparkReplayRandomness(ReplayRandomness):
     """Recording, seeded noise for the Spark replay: the Spark engine's coins are its keyed PRF
     (shared by D and D + canary); its per-step mechanism runs at rate 1 on the step's batch."""
 
     def __init__(self, seed: int, zero_noise: bool = False) -> None:
-        self._rng = np.random.default_rng(seed)
-        self.zero_noise = zero_noise
-        self.inputs: list[np.ndarray] = []
-        self.noise_stds: list[float] = []
+        super().__init__(seed, shared=0, zero_noise=zero_noise)
 
     def coins(self, num_records: int, sample_rate: float) -> np.ndarray:
         if sample_rate != 1.0:
             raise RuntimeError("the Spark replay samples only through the PRF step coins")
         return np.ones(num_records, dtype=bool)
-
-    def sample_indices(self, num_records: int, sample_rate: float) -> np.ndarray:
-        return np.flatnonzero(self.coins(num_records, sample_rate))
-
-    def gaussian(self, values: np.ndarray, *, noise_std: float, clip_norm: float) -> np.ndarray:
-        values = np.array(values, dtype=np.float64, copy=True)
-        self.inputs.append(values.copy())
-        self.noise_stds.append(float(noise_std))
-        return values if self.zero_noise else values + noise_std * self._rng.standard_normal(values.shape[0])
 
 
 def spark_gray_box_replay(spark: Any = None, *, records: int = 400, steps: int = 8, num_samples: int = 20,
