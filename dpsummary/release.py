@@ -6,7 +6,10 @@ ledger has reserved the budget of every mechanism they run. The pipeline names n
 stage-2 mechanism (``--mechanism``, or the one ``--model`` selects) is an entry of
 :data:`dpsummary.mechanisms.REGISTRY` behind one interface
 (:class:`~dpsummary.mechanisms.base.Mechanism`, docs/MECHANISMS.md): it plans from public values
-and declares its privacy events, runs on the encoded records and writes its claim section.
+and declares its privacy events, runs on the encoded records and writes its claim section. The
+records a mechanism receives (:class:`~dpsummary.plan.ReleaseRequest`,
+:class:`~dpsummary.plan.PublicPlan`, :class:`~dpsummary.plan.Released`) live in
+:mod:`dpsummary.plan`, below both this module and the mechanisms, which never import it.
 
 ====  ===========================  ===================================================  ==========
  #    stage                        what                                                 charged
@@ -49,15 +52,12 @@ import platform
 import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from . import __version__
 from .errors import ChargedRefusal, PolicyRefusal, ReleaseError
 from .mechanisms import REGISTRY
 from .mechanisms.base import (
-    DEFAULT_NUM_SAMPLES,
-    DEFAULT_SIZE,
-    DEFAULT_STEPS,
     NON_FINITE_FIT_MESSAGE,
     CheckpointFn,
     Mechanism,
@@ -67,8 +67,10 @@ from .mechanisms.base import (
     ProgressFn,
     all_finite,
 )
+from .plan import PublicPlan, Released, ReleaseRequest, Stage1Plan
 
-Accountant = Literal["rdp", "prv", "pld"]
+if TYPE_CHECKING:
+    from .accounting import Accountant
 
 #: Share of a release's delta given to the partition selection of DP schema estimation.
 DELTA_SELECTION_SHARE = 0.1
@@ -77,45 +79,6 @@ DELTA_SELECTION_SHARE = 0.1
 #: (tests raise from it to check that every exit path settles the ledger).
 CHECKPOINTS = ("planned-public", "reserved-stage1", "read", "stage1", "planned-stage2", "reserved-stage2",
                "encoded", "quality", "initialised", "optimised", "written")
-
-
-@dataclass(frozen=True)
-class ReleaseRequest:
-    data: Path
-    epsilon: float
-    delta: float | None = None
-    model: str | None = None
-    target: str | None = None
-    size: int = DEFAULT_SIZE
-    steps: int = DEFAULT_STEPS
-    sample_rate: float | None = None
-    num_samples: int = DEFAULT_NUM_SAMPLES
-    policy: Path | None = None
-    out: Path | None = None
-    seed: int | None = None
-    ledger: Path | None = None
-    key: Path | None = None
-    calibrate_to: Accountant | None = None
-    #: A name of :data:`dpsummary.mechanisms.REGISTRY`: ``noise-aware-newton`` (the default for
-    #: GLMs), ``dp-psvi`` (the paper's mechanism, for reproduction), or the mechanism a model
-    #: selects (``dp-bb-psvi`` for ``bnn``, ``dp-kd-tree`` for ``gmm``/``dpgmm``). None: chosen
-    #: from the model (:func:`resolve_mechanism`).
-    mechanism: str | None = None
-    #: ``local`` or ``spark`` (:mod:`dpsummary.private.spark_engine`; ``spark`` holds its
-    #: :class:`~dpsummary.spark.session.SparkOptions`).
-    engine: str = "local"
-    spark: Any = None
-    #: Options one mechanism reads (its ``options``; refused with any other, :func:`resolve_mechanism`).
-    #: ``--model bnn`` (``dp-bb-psvi``): hidden layer widths (public; default
-    #: :data:`dpsummary.blackbox.dp_bb_psvi.DEFAULT_WIDTHS`).
-    bnn_widths: tuple[int, ...] | None = None
-    #: ``--model gmm|dpgmm`` (``dp-kd-tree``): the number of components K (gmm) or the truncation T
-    #: (dpgmm), public (default :data:`dpsummary.mechanisms.dp_kd_tree.MIXTURE_DEFAULT_COMPONENTS`).
-    components: int | None = None
-    #: Replace an existing artifact at the output path (``--force``). Without it, an existing
-    #: file there refuses the release in stage 0, before any reservation (a published artifact
-    #: is never silently replaced).
-    force: bool = False
 
 
 @dataclass
@@ -298,39 +261,6 @@ def run_release(
 
 
 # ---- stage 0: public planning ----------------------------------------------------------------
-@dataclass(frozen=True)
-class Stage1Plan:
-    """Stage 1's events and noise multipliers (empty when the count and schema are public)."""
-
-    events: list[Any]
-    count_sigma: float | None
-    schema_sigma: float | None
-
-
-@dataclass(frozen=True)
-class PublicPlan:
-    """Everything fixed from public inputs before any record is read."""
-
-    req: ReleaseRequest
-    policy: Any
-    policy_name: str
-    accountant: Accountant
-    delta_total: float
-    delta: float
-    delta_selection: float
-    split: dict[str, float]
-    stage1: Stage1Plan
-    source_id: str
-    release_id: str
-    started: str
-    ledger: Any
-    ledger_path: Path
-    key_info: Any
-    key_created: Path | None
-    out: Path
-    header: list[str]
-
-
 def plan_public(req: ReleaseRequest, say: NoticeFn) -> PublicPlan:
     """Stage 0. Validate the request and the policy, fix delta, the budget split and stage 1's
     noise, find the key and the ledger, and read the file's HEADER only (column names are public:
@@ -450,16 +380,6 @@ def plan_public(req: ReleaseRequest, say: NoticeFn) -> PublicPlan:
 
 
 # ---- stage 1: record count and schema ------------------------------------------------------
-@dataclass(frozen=True)
-class Released:
-    """What stage 1 released (or the policy declared public): the schema and the record count."""
-
-    schema: Any
-    record_count: float
-    count_is_public: bool
-    notes: list[str]
-
-
 def read_source(path: Path, req: ReleaseRequest | None = None) -> Any:
     """Open the private file through the total per-record rules (after a reservation); with
     ``--engine spark`` a :class:`~dpsummary.private.spark_engine.SparkSource` (same interface)."""

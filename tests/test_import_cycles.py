@@ -12,7 +12,17 @@ Every module under ``dpsummary/`` is parsed with :mod:`ast` (nothing is imported
   modules depend on each other: :func:`test_no_import_cycles_through_deferred_imports` fails on
   any cycle of module-level and deferred edges together that is not in
   :data:`KNOWN_DEFERRED_CYCLES` (a ratchet: each entry says why it is still there).
-* ``typing``: under ``if TYPE_CHECKING:`` (never executed): not counted.
+* ``typing``: under ``if TYPE_CHECKING:`` (never executed). It cannot break an import, but a
+  signature that names a module is a dependency all the same (issue 37: the mechanism interface
+  named the pipeline's records only for type checking, and tied 11 files into one circle):
+  :func:`test_no_import_cycles_through_type_only_imports` fails on any cycle of all three kinds
+  together that is not in :data:`KNOWN_TYPE_ONLY_CYCLES` (a ratchet like the deferred one).
+
+The layering issue 37 asks for is checked directly too: the records a mechanism receives live in
+``dpsummary/plan.py``, below both the pipeline (``dpsummary/release.py``) and
+``dpsummary/mechanisms/``; :func:`test_the_mechanisms_never_name_the_pipeline` fails if any
+module of ``dpsummary/mechanisms/`` imports ``dpsummary.release`` by any kind of import, or if
+``dpsummary/plan.py`` imports either of them.
 
 ``from pkg import name`` is an edge to ``pkg.name`` when that is a module of the package, else
 to ``pkg`` itself (``name`` is then an attribute of ``pkg/__init__.py``). Importing a submodule
@@ -194,6 +204,19 @@ def _describe(found: list[list[str]]) -> str:
 #: a new cycle fails, and so does an entry here once its cycle is gone (delete the entry).
 KNOWN_DEFERRED_CYCLES: dict[frozenset[str], str] = {}
 
+#: Cycles that close only through ``if TYPE_CHECKING:`` imports, each with why it is still there
+#: (a ratchet, as :data:`KNOWN_DEFERRED_CYCLES`).
+KNOWN_TYPE_ONLY_CYCLES: dict[frozenset[str], str] = {
+    frozenset({"dpsummary.private.mechanism", "dpsummary.private.score_stats"}):
+        "mechanism.py's PrivateRecords returns score_stats' NoisyStatistics and score_stats takes "
+        "mechanism's PrivacyRandomness; both inside the privacy boundary, which another issue owns",
+}
+
+#: The pipeline, the package of mechanisms and the records between them (issue 37).
+PIPELINE = f"{PACKAGE}.release"
+MECHANISMS = f"{PACKAGE}.mechanisms"
+RECORDS = f"{PACKAGE}.plan"
+
 
 def test_no_module_level_import_cycles() -> None:
     """The import-time graph has no cycle (the circle issue 30 names, private/kernel.py ->
@@ -209,6 +232,38 @@ def test_no_import_cycles_through_deferred_imports() -> None:
     assert not new, f"import cycles among dpsummary modules (deferred imports included): {_describe(new)}"
     gone = [sorted(k) for k in KNOWN_DEFERRED_CYCLES if k not in comps]
     assert not gone, f"these cycles are gone: delete them from KNOWN_DEFERRED_CYCLES: {gone}"
+
+
+def test_no_import_cycles_through_type_only_imports() -> None:
+    """Cycles that need a ``TYPE_CHECKING`` import to close are found too: the 11-file circle
+    dpsummary/mechanisms/base.py -> (type-only) dpsummary/release.py -> dpsummary/mechanisms/
+    that issue 37 names would fail here."""
+    graph = _graph({"module", "deferred", "typing"})
+    comps = {frozenset(c): c for c in _strongly_connected(graph)}
+    known = KNOWN_DEFERRED_CYCLES | KNOWN_TYPE_ONLY_CYCLES
+    new = [_a_cycle(c, graph) for k, c in comps.items() if k not in known]
+    assert not new, f"import cycles among dpsummary modules (type-only imports included): {_describe(new)}"
+    gone = [sorted(k) for k in KNOWN_TYPE_ONLY_CYCLES if k not in comps]
+    assert not gone, f"these cycles are gone: delete them from KNOWN_TYPE_ONLY_CYCLES: {gone}"
+
+
+def _in(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def test_the_mechanisms_never_name_the_pipeline() -> None:
+    """No module of dpsummary/mechanisms/ imports dpsummary.release, not even for type checking
+    or inside a function: a mechanism receives dpsummary.plan's records, which import neither
+    the pipeline nor the mechanisms (issue 37)."""
+    assert RECORDS in _modules() and PIPELINE in _modules() and MECHANISMS in _modules()
+    edges = _edges()
+    upward = sorted(f"{a} -> {b} ({', '.join(sorted(kinds))})" for (a, b), kinds in edges.items()
+                    if (_in(a, MECHANISMS) and _in(b, PIPELINE))
+                    or (a == RECORDS and (_in(b, PIPELINE) or _in(b, MECHANISMS))))
+    assert not upward, ("the mechanisms name the pipeline (import what they need from dpsummary.plan): "
+                        + "; ".join(upward))
+    assert (PIPELINE, RECORDS) in edges and (f"{MECHANISMS}.base", RECORDS) in edges, \
+        "the pipeline and the mechanism interface no longer read dpsummary.plan: update this test"
 
 
 def test_the_cycle_finder_finds_a_cycle() -> None:
@@ -238,5 +293,6 @@ def test_the_import_parser_sees_every_kind_of_import() -> None:
 
 
 if __name__ == "__main__":
-    for label, kinds in (("module-level", {"module"}), ("with deferred", {"module", "deferred"})):
+    for label, kinds in (("module-level", {"module"}), ("with deferred", {"module", "deferred"}),
+                         ("with type-only", {"module", "deferred", "typing"})):
         print(label, _describe(cycles(kinds)) or "none")

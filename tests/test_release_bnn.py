@@ -255,7 +255,8 @@ def test_selftest_reports_the_bnn_checks() -> None:
 
 # --------------------------------------------------------------------------- settlement and refusals
 def test_failure_after_the_reservation_stays_charged(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from dpsummary.release import ReleaseRequest, run_release
+    from dpsummary.plan import ReleaseRequest
+    from dpsummary.release import run_release
 
     monkeypatch.setenv("DPSUMMARY_HOME", str(tmp_path / "home"))
     data = write_csv(tmp_path / "d.csv", 600, seed=2)
@@ -313,7 +314,8 @@ def test_count_target_is_refused_before_the_reservation(tmp_path: Path, monkeypa
 
 def test_real_target_gives_a_gaussian_bnn(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import dpsummary
-    from dpsummary.release import ReleaseRequest, run_release
+    from dpsummary.plan import ReleaseRequest
+    from dpsummary.release import run_release
 
     monkeypatch.setenv("DPSUMMARY_HOME", str(tmp_path / "home"))
     data = write_csv(tmp_path / "r.csv", 600, target="real")

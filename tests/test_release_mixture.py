@@ -170,7 +170,8 @@ def test_zero_configuration_dpgmm_needs_no_target(tmp_path: Path, monkeypatch: p
 
 def test_a_failure_after_the_reservation_leaves_it_charged_and_writes_nothing(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from dpsummary.release import ReleaseRequest, run_release
+    from dpsummary.plan import ReleaseRequest
+    from dpsummary.release import run_release
 
     home = tmp_path / "home"
     monkeypatch.setenv("DPSUMMARY_HOME", str(home))

@@ -26,7 +26,8 @@ import pytest
 from release_support import ledger_lines, write_csv, write_policy
 
 from dpsummary.data import BatchStream
-from dpsummary.release import ReleaseRequest, run_release
+from dpsummary.plan import ReleaseRequest
+from dpsummary.release import run_release
 
 #: One poisoned record per kind the issue lists (bytes, appended as one line of the CSV).
 POISON: dict[str, bytes] = {

@@ -14,7 +14,8 @@ from release_support import ledger_lines, write_csv, write_policy
 
 from dpsummary import keys
 from dpsummary.ledger import Ledger
-from dpsummary.release import CHECKPOINTS, ReleaseRequest, run_release
+from dpsummary.plan import ReleaseRequest
+from dpsummary.release import CHECKPOINTS, run_release
 
 
 class Injected(RuntimeError):

@@ -35,7 +35,8 @@ def write_policy(path: Path, n: int = N) -> Path:
 
 def make_release(tmp_path: Path, *, bad_targets: int = 0) -> tuple[Path, Path]:
     """A signed release of a small CSV (public schema and count) and the CSV it came from."""
-    from dpsummary.release import ReleaseRequest, run_release
+    from dpsummary.plan import ReleaseRequest
+    from dpsummary.release import run_release
 
     release_csv = write_csv(tmp_path / "d.csv")
     pol = write_policy(tmp_path / "p.toml")

@@ -48,7 +48,8 @@ def release(
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from ..release import DEFAULT_STEPS, ReleaseError, ReleaseRequest, default_out, run_release
+    from ..plan import DEFAULT_STEPS, ReleaseRequest
+    from ..release import ReleaseError, default_out, run_release
 
     err = Console(stderr=True)
     if steps is None and model == "bnn":

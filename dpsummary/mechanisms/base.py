@@ -20,6 +20,10 @@ A mechanism supplies only what differs (:class:`Mechanism`, in the style of dp_a
 Two hooks have defaults: ``budget_parts(req)`` (the optional budget-split parts stage 0 keeps)
 and ``postprocess(public, output, ...)`` (post-processing after the record store is closed).
 
+The records a mechanism receives (``req``, ``public``, ``released``) are
+:mod:`dpsummary.plan`'s, below both the pipeline and the mechanisms: no mechanism imports
+:mod:`dpsummary.release`, not even for type checking (tests/test_import_cycles.py).
+
 Nothing here imports torch or the accountants at module level: a public refusal stays light.
 """
 
@@ -33,17 +37,18 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from ..errors import ChargedRefusal, PolicyRefusal, Refusal
 
+# The request's public defaults live with the request (dpsummary/plan.py); re-exported here for
+# the benchmarks that read them beside DEFAULT_EXPECTED_BATCH.
+from ..plan import DEFAULT_NUM_SAMPLES as DEFAULT_NUM_SAMPLES
+from ..plan import DEFAULT_SIZE as DEFAULT_SIZE
+from ..plan import DEFAULT_STEPS as DEFAULT_STEPS
+
 if TYPE_CHECKING:
     import torch
 
-    from ..release import PublicPlan, Released, ReleaseRequest
+    from ..plan import PublicPlan, Released, ReleaseRequest
     from ..selftest.config import SelftestScenario
 
-#: Public defaults of a release request, chosen on synthetic data
-#: (benchmarks/tune_dp_defaults.py), never on private data.
-DEFAULT_SIZE = 50
-DEFAULT_STEPS = 500
-DEFAULT_NUM_SAMPLES = 100
 #: Expected Poisson batch of the subsampled mechanisms: q = min(1, this / released count).
 DEFAULT_EXPECTED_BATCH = 200
 

@@ -28,7 +28,7 @@ from .base import (
 )
 
 if TYPE_CHECKING:
-    from ..release import PublicPlan, Released, ReleaseRequest
+    from ..plan import PublicPlan, Released, ReleaseRequest
     from ..selftest.config import SelftestScenario
 
 #: Target kind -> BNN likelihood (categorical targets with more than two classes are not yet

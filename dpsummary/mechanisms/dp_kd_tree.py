@@ -27,7 +27,7 @@ from .base import (
 )
 
 if TYPE_CHECKING:
-    from ..release import PublicPlan, Released, ReleaseRequest
+    from ..plan import PublicPlan, Released, ReleaseRequest
     from ..selftest.config import SelftestScenario
 
 #: Public defaults and caps of a mixture release (docs/MIXTURES.md, "The private release").

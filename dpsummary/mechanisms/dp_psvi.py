@@ -44,7 +44,7 @@ from .dp_psvi_setup import (
 from .glm import GlmMechanism, glm_model, glm_split
 
 if TYPE_CHECKING:
-    from ..release import PublicPlan, Released
+    from ..plan import PublicPlan, Released
     from ..selftest.config import SelftestScenario
 
 

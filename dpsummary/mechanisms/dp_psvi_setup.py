@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .base import DEFAULT_NUM_SAMPLES, DEFAULT_STEPS
+from ..plan import DEFAULT_NUM_SAMPLES, DEFAULT_STEPS
 
 if TYPE_CHECKING:
     from ..accounting import Accountant

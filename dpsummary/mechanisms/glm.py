@@ -11,7 +11,7 @@ from .base import Mechanism, check_released_count, refusal_kind
 from .dp_psvi_setup import DP_INITIALISATION_MODELS
 
 if TYPE_CHECKING:
-    from ..release import PublicPlan, Released, ReleaseRequest
+    from ..plan import PublicPlan, Released, ReleaseRequest
 
 
 def check_model_for_schema(model_name: str | None, schema: Any) -> None:

@@ -33,7 +33,7 @@ from .glm import GlmMechanism, glm_model, glm_split
 if TYPE_CHECKING:
     import torch
 
-    from ..release import PublicPlan, Released
+    from ..plan import PublicPlan, Released
     from ..selftest.config import SelftestScenario
 
 

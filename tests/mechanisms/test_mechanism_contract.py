@@ -43,7 +43,8 @@ from dpsummary.errors import Refusal
 from dpsummary.ledger import Ledger
 from dpsummary.mechanisms import REGISTRY
 from dpsummary.mechanisms.base import all_finite
-from dpsummary.release import CHECKPOINTS, ReleaseRequest, plan_public, public_stage1, run_release
+from dpsummary.plan import ReleaseRequest
+from dpsummary.release import CHECKPOINTS, plan_public, public_stage1, run_release
 
 N = 2000
 #: Every budget part in use, so each declared part is exercised (DP-PSVI runs its DP initialisation).
