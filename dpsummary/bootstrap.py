@@ -10,7 +10,9 @@ run we simulate it, in ``rounds`` rounds of ``replicates`` re-runs each: for ``b
 2. draw a synthetic table of ``round(N~)`` records at ``theta*_b`` (``N~`` the release's noisy or
    public record count): features from the release's DP initialisation histograms when the
    release ran them (DP outputs of this very release), else from the public schema's box;
-   targets simulated from the model, clamped to the schema's public range;
+   targets simulated from the model, clamped to the schema's public range; the table is a
+   :class:`SyntheticStore` (fixed blocks regenerated on demand, only the rows of the run's
+   pre-drawn Poisson samples kept), so its memory does not grow with ``N~``;
 3. re-run the WHOLE mechanism on it through the mechanism's own code path
    (:func:`dpsummary.mechanisms.dp_psvi_setup.initial_samplers`,
    :func:`dpsummary.mechanisms.dp_psvi_setup.dp_psvi_constructor`,
@@ -46,7 +48,8 @@ SIMULATION noise: it protects nothing, so it comes from a seeded numpy Generator
 (:class:`SimulationRandomness`), never from OS entropy, and the whole bootstrap is reproducible
 from its recorded seed. The synthetic tables hold no real record.
 
-Cost: ``rounds x replicates`` full re-runs of the mechanism (default 2 x 7), spread over
+Cost: ``rounds x replicates`` full re-runs of the mechanism (default 2 x 7; each replicate holds
+one block of :data:`SYNTHETIC_BLOCK_ROWS` rows plus its sampled rows, whatever ``N~``), spread over
 worker processes (``workers``, default ``min(2, cores)`` on Linux, where workers start by
 ``fork`` and need no ``__main__`` guard; one in-process worker elsewhere, see
 :func:`worker_start_method`). Replicates share nothing but public setup.
@@ -58,7 +61,7 @@ import math
 import os
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -66,6 +69,7 @@ import numpy as np
 import torch
 
 from .gaussian import DTYPE, GaussianPosterior
+from .private.store import RecordStore
 
 #: Default number of bootstrap replicates PER ROUND (issue 28's cost budget: at most 10x the
 #: mechanism, aim 3x, on 2 cores: 2 x 7 re-runs on 2 workers cost about 7 mechanism run times);
@@ -93,17 +97,41 @@ class SimulationRandomness:
     Seeded numpy PCG64: Poisson coins and continuous Gaussian noise of the same standard
     deviations as the release's OpenDP discrete Gaussian. It protects nothing (the tables are
     synthetic) and must never be given real records; the release path always uses
-    :class:`~dpsummary.private.mechanism.SystemRandomness`."""
+    :class:`~dpsummary.private.mechanism.SystemRandomness`.
 
-    def __init__(self, rng: np.random.Generator) -> None:
+    :meth:`plan_samples` draws the Poisson samples of a run's ``steps`` steps AHEAD of the run
+    (from ``coin_rng``, a stream of their own) so that a :class:`SyntheticStore` knows which
+    rows the run will ever read; :meth:`sample_indices` then hands them out in order. The coins
+    depend on nothing but the record count and q (never on the data, the draws or the noise),
+    so drawing them first gives exactly the joint distribution of drawing them step by step."""
+
+    def __init__(self, rng: np.random.Generator, coin_rng: np.random.Generator | None = None) -> None:
         self._rng = rng
+        self._coin_rng = coin_rng if coin_rng is not None else rng
+        self._planned: list[np.ndarray] | None = None
+        self._plan_key: tuple[int, float] | None = None
 
     def coins(self, num_records: int, sample_rate: float) -> np.ndarray:
-        return self._rng.random(num_records) < sample_rate
+        return self._coin_rng.random(num_records) < sample_rate
+
+    def _draw_indices(self, num_records: int, sample_rate: float) -> np.ndarray:
+        k = int(self._coin_rng.binomial(num_records, sample_rate))
+        return np.sort(self._coin_rng.choice(num_records, size=k, replace=False)).astype(np.int64)
+
+    def plan_samples(self, num_records: int, sample_rate: float, steps: int) -> np.ndarray:
+        """Draw the Poisson samples of the next ``steps`` calls of :meth:`sample_indices` with
+        these arguments; returns their union (sorted distinct indices: every row the run reads)."""
+        self._planned = [self._draw_indices(num_records, sample_rate) for _ in range(steps)]
+        self._plan_key = (int(num_records), float(sample_rate))
+        return (np.unique(np.concatenate(self._planned)) if self._planned
+                else np.zeros(0, dtype=np.int64))
 
     def sample_indices(self, num_records: int, sample_rate: float) -> np.ndarray:
-        k = int(self._rng.binomial(num_records, sample_rate))
-        return np.sort(self._rng.choice(num_records, size=k, replace=False)).astype(np.int64)
+        if self._planned is None:
+            return self._draw_indices(num_records, sample_rate)
+        if self._plan_key != (int(num_records), float(sample_rate)) or not self._planned:
+            raise BootstrapError("a replicate asked for a Poisson sample its plan does not hold (a bug)")
+        return self._planned.pop(0)
 
     def gaussian(self, values: np.ndarray, *, noise_std: float, clip_norm: float) -> np.ndarray:
         values = np.asarray(values, dtype=np.float64)
@@ -215,7 +243,15 @@ class Replicate:
 
 def synthetic_table(settings: MechanismSettings, truth: torch.Tensor, num_records: int,
                     generator: torch.Generator) -> torch.Tensor:
-    """A synthetic table in model space from the release only (see the module docstring)."""
+    """``num_records`` synthetic rows in model space from the release only (module docstring).
+
+    The rows are i.i.d.: features from per-column samplers that draw each row independently
+    (:meth:`~dpsummary.postprocess.marginals.NoisyMarginals.sampler`: multinomial with
+    replacement per column, then uniform within the bin; the public box:
+    :meth:`~dpsummary.data.transform.Transform.sample_public_features`), a target drawn from the
+    model given that row's features only (``model.simulate``), clamped per row. So a table
+    generated in blocks (:class:`SyntheticStore`) has the same distribution as one generated at
+    once."""
     from .mechanisms.dp_psvi_setup import public_point_bounds
 
     tf, model = settings.transform, settings.model
@@ -229,21 +265,140 @@ def synthetic_table(settings: MechanismSettings, truth: torch.Tensor, num_record
     return table
 
 
+#: Rows per generated block of a replicate's synthetic table (public constant): a full pass over
+#: a :class:`SyntheticStore` holds one block at a time.
+SYNTHETIC_BLOCK_ROWS = 1 << 16
+
+
+class SyntheticStore(RecordStore):
+    """A replicate's synthetic table of ``num_rows`` rows whose memory does not grow with it.
+
+    The table is FIXED, as a materialised one would be: block ``b`` (rows ``b*K .. b*K+K-1``,
+    ``K = block_rows``) is ``synthetic_table(settings, truth, K, Generator(seed_b))`` with
+    ``seed_b`` derived from ``(table_seed, b)`` alone, so it can be regenerated bit for bit.
+    :meth:`chunks` (the DP histograms' full pass) generates the blocks one at a time and drops
+    them; :meth:`gather` (a DP-PSVI step) serves rows from a cache of the rows at ``touched``,
+    the union of every step's Poisson sample drawn ahead by
+    :meth:`SimulationRandomness.plan_samples`, filled on the first pass (or, if no full pass
+    comes first, by generating only the blocks that hold touched rows). A run therefore reads
+    exactly the rows it would read from the materialised table
+    ``concatenate([block_0, block_1, ...])`` (tested bit for bit), i.e. it replays the mechanism
+    on a synthetic table of the released size, while memory is O(K x dim) for a pass plus
+    O(|touched| x dim) for the cache: ``|touched| <= T x`` the batch sizes, whose expectation
+    is ``T q N~`` (``T x 200`` under the release's default ``q = 200 / N~``, whatever ``N~``) --
+    the mechanism's own per-step batch times T, independent of the record count.
+
+    Synthetic data only: it never holds a record (module docstring)."""
+
+    def __init__(self, settings: MechanismSettings, truth: torch.Tensor, num_rows: int, *, table_seed: int,
+                 touched: np.ndarray, block_rows: int | None = None) -> None:
+        block_rows = SYNTHETIC_BLOCK_ROWS if block_rows is None else block_rows
+        if num_rows < 1 or block_rows < 1:
+            raise ValueError("a synthetic table needs at least one row and one row per block")
+        super().__init__(int(settings.model.point_dim), memory_bytes=0)
+        self._syn_settings = settings
+        self._syn_truth = truth
+        self._syn_rows = int(num_rows)
+        self._syn_seed = int(table_seed)
+        self._syn_block = int(block_rows)
+        self._touched = np.asarray(touched, dtype=np.int64)
+        if self._touched.size and (self._touched[0] < 0 or self._touched[-1] >= num_rows
+                                   or np.any(np.diff(self._touched) <= 0)):
+            raise ValueError("touched rows must be sorted, distinct and within the table")
+        self._cache: np.ndarray | None = None
+        self._syn_closed = False
+
+    @property
+    def num_rows(self) -> int:
+        return self._syn_rows
+
+    def block(self, b: int) -> np.ndarray:
+        """Block ``b`` of the table (deterministic in ``(table_seed, b)``)."""
+        start = b * self._syn_block
+        rows = min(self._syn_block, self._syn_rows - start)
+        state = np.random.SeedSequence([self._syn_seed, b]).generate_state(1, np.uint64)[0]
+        gen = torch.Generator().manual_seed(int(state))
+        # Looked up at call time, so a caller that swaps synthetic_table (a benchmark) is obeyed.
+        table = synthetic_table(self._syn_settings, self._syn_truth, rows, gen)
+        return np.ascontiguousarray(table.detach().to(DTYPE).numpy(), dtype=np.float64)
+
+    def _blocks(self) -> int:
+        return -(-self._syn_rows // self._syn_block)
+
+    def _keep(self, b: int, rows: np.ndarray, cache: np.ndarray) -> None:
+        start = b * self._syn_block
+        lo, hi = np.searchsorted(self._touched, [start, start + rows.shape[0]])
+        if hi > lo:
+            cache[lo:hi] = rows[self._touched[lo:hi] - start]
+
+    def _check_open(self) -> None:
+        if self._syn_closed:
+            raise RuntimeError("the store is closed")
+
+    def chunks(self, rows: int = 0) -> Iterator[np.ndarray]:
+        """Every row in order, one generated block at a time (``rows`` is ignored: the block
+        size is :data:`SYNTHETIC_BLOCK_ROWS`); the first pass also fills the touched-row cache."""
+        self._check_open()
+        cache = None if self._cache is not None else np.empty((self._touched.size, self.dim), dtype=np.float64)
+        for b in range(self._blocks()):
+            part = self.block(b)
+            if cache is not None:
+                self._keep(b, part, cache)
+            yield part
+        if cache is not None:
+            self._cache = cache
+
+    def gather(self, indices: np.ndarray) -> np.ndarray:
+        """The rows at sorted, distinct ``indices``, all of which must be touched rows."""
+        self._check_open()
+        idx = np.asarray(indices, dtype=np.int64)
+        if self._cache is None:
+            cache = np.empty((self._touched.size, self.dim), dtype=np.float64)
+            for b in np.unique(self._touched // self._syn_block).tolist():
+                self._keep(b, self.block(b), cache)
+            self._cache = cache
+        pos = np.searchsorted(self._touched, idx)
+        if idx.ndim != 1 or np.any(pos >= self._touched.size) or not np.array_equal(self._touched[pos], idx):
+            raise BootstrapError("a replicate read a synthetic row outside its planned samples (a bug)")
+        return self._cache[pos]
+
+    def close(self) -> None:
+        self._syn_closed = True
+        self._cache = None
+        super().close()
+
+
 def run_replicate(job: ReplicateJob) -> Replicate:
     """One replicate: synthetic table, then the mechanism's own code path on it (module docstring).
-    Pure function of the job (reproducible from ``job.seed``)."""
-    from .constructors.base import fit
-    from .inference import coreset_posterior
-    from .mechanisms.dp_psvi_setup import dp_psvi_constructor, initial_samplers
+    Pure function of the job (reproducible from ``job.seed``).
+
+    Seeding: the torch Generator of the run (posterior draws, initial points) and the numpy
+    Generator of the Gaussian noise are seeded by ``job.seed`` as before; the Poisson coins and
+    the table take streams of their own: ``SeedSequence([job.seed, 1])`` for the coins, and the
+    table seed ``SeedSequence([job.seed, 2])`` whose block ``b`` is generated from ``[table seed, b]``. The table is a :class:`SyntheticStore` (memory independent of the
+    record count), the coins of all T steps are drawn before the run
+    (:meth:`SimulationRandomness.plan_samples`)."""
     from .private.mechanism import PrivateRecords
 
     s = job.settings
     torch.set_num_threads(1)
     gen = torch.Generator().manual_seed(job.seed)
-    rng = np.random.default_rng(job.seed)
+    randomness = SimulationRandomness(np.random.default_rng(job.seed), np.random.default_rng([job.seed, 1]))
     num = max(int(round(s.record_count)), 1)
-    table = synthetic_table(s, job.truth, num, gen)
-    records = PrivateRecords(table, randomness=SimulationRandomness(rng))
+    touched = randomness.plan_samples(num, s.sample_rate, s.steps)
+    store = SyntheticStore(s, job.truth, num, table_seed=int(np.random.SeedSequence([job.seed, 2]).generate_state(
+        1, np.uint64)[0]), touched=touched)
+    return replay_mechanism(s, job.truth, PrivateRecords(store, randomness=randomness), gen)
+
+
+def replay_mechanism(s: MechanismSettings, truth: torch.Tensor, records: Any, gen: torch.Generator) -> Replicate:
+    """The release's DP-PSVI code path on ``records`` (synthetic; a
+    :class:`~dpsummary.private.mechanism.PrivateRecords` with :class:`SimulationRandomness`):
+    noisy count (when the release's was noisy), DP initialisation, T steps; closes ``records``."""
+    from .constructors.base import fit
+    from .inference import coreset_posterior
+    from .mechanisms.dp_psvi_setup import dp_psvi_constructor, initial_samplers
+
     try:
         count = s.record_count if s.count_noise_multiplier is None else max(
             records.noisy_count(noise_multiplier=s.count_noise_multiplier), 1.0)
@@ -257,7 +412,7 @@ def run_replicate(job: ReplicateJob) -> Replicate:
     finally:
         records.close()
     post = coreset_posterior(s.model, summary.points, summary.weights)
-    return Replicate(job.truth, summary.points.detach().clone(), summary.weights.detach().clone(),
+    return Replicate(truth, summary.points.detach().clone(), summary.weights.detach().clone(),
                      post.mean.detach().clone())
 
 

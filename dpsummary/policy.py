@@ -39,6 +39,10 @@ class PolicyError(ValueError):
     """A policy that cannot be loaded or that forbids the requested release (one line)."""
 
 
+#: Largest n_max a policy may set (see ``Policy.n_max``).
+MAX_N_MAX = 10**12
+
+
 class DeltaRule(BaseModel):
     """``delta <= max_delta_times_n_max / n_max`` (delta far below 1/N, from a public bound)."""
 
@@ -116,7 +120,9 @@ class Policy(BaseModel):
     total_delta: float = Field(gt=0, lt=1)
     max_epsilon_per_release: float = Field(gt=0, allow_inf_nan=False)
     min_records: int = Field(0, ge=0)
-    n_max: int | None = Field(None, ge=1)
+    # At most 10^12: the float64 slack reserved in every noisy sum and count is sized for
+    # 2^41 records (dpsummary.private.noise.MAX_RECORDS, tested against this bound).
+    n_max: int | None = Field(None, ge=1, le=MAX_N_MAX)
     delta_rule: DeltaRule = Field(default_factory=lambda: DeltaRule.model_validate({}))
     record_count_public: bool = False
     record_count: int | None = Field(None, ge=0)

@@ -24,11 +24,13 @@ class MechanismError(RuntimeError):
 #: ``2^(floor(log2 C) + 1 - FIXED_POINT_BITS)``, so one row contributes integers below
 #: ``2^FIXED_POINT_BITS`` in magnitude.
 FIXED_POINT_BITS = 29
-#: Public cap on the rows of one exact sum: ``2^24 * 2^29 = 2^53``, so every partial and final
-#: integer sum fits int64 AND converts to float64 exactly. Batches are Poisson draws whose size is
-#: private; 2^24 (16.7 million) rows is far above any batch a policy allows (n_max * q), and
-#: beyond it the sum is still computed exactly in Python integers (see
-#: :func:`dpsummary.private.mechanism.exact_clipped_sum`).
+#: Rows up to which an exact sum also CONVERTS to float64 exactly: ``2^24 * 2^29 = 2^53``. It is
+#: not a cap: beyond it the sum is still computed exactly in Python integers (see
+#: :func:`dpsummary.private.mechanism.exact_clipped_sum`), and only its conversion to float64
+#: rounds, by at most ``2^-53`` of each coordinate's value; the per-record clip reserves room for
+#: that for sums over up to :data:`dpsummary.private.noise.MAX_RECORDS` records
+#: (:func:`dpsummary.private.noise.float_slack`, :func:`dpsummary.private.kernel.effective_clip`),
+#: so the sensitivity holds at every record count a policy allows (n_max <= 10^12).
 MAX_EXACT_ROWS = 2**24
 
 

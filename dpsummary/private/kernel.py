@@ -8,8 +8,8 @@ per-record rules anywhere:
 
 * :func:`dppsvi_partial` — DP-PSVI (paper Section 3.3): per record, the log-likelihood vector
   over the S public draws ``theta``, centred over its own S values, clipped to L2 norm
-  ``effective_clip(clip_norm, S)`` (``clip_norm`` minus OpenDP's input-rounding slack, see
-  :func:`dpsummary.private.noise.rounding_slack`; non-finite records become zero);
+  ``effective_clip(clip_norm, S)`` (``clip_norm`` minus OpenDP's input-rounding slack and the
+  float64 slack of the sum, see :func:`effective_clip`; non-finite records become zero);
 * :func:`score_partial` — the noise-aware mechanism (:mod:`dpsummary.private.score_stats`): per
   record, the score at one public ``theta`` clipped to L2 norm ``effective_clip(score_bound, d)``
   and the curvature (symmetrised) clipped to Frobenius norm ``effective_clip(curvature_bound,
@@ -24,7 +24,11 @@ integer addition is associative and commutative. Two neighbouring data sets ther
 that differ by exactly one rounded record, whose norm is at most the bound, whatever the order or
 the partitioning. :func:`finish` converts the integer total to float64 on the grid (exact up to
 2^53 units, correctly rounded beyond); the result is a multiple of the noise grid, so OpenDP's
-input rounding leaves it unchanged. The curvature sum is fixed-point PER RECORD too (no float
+input rounding leaves it unchanged. Beyond 2^53 units (a sum over more than about 1.7 * 10^7
+records at full norm) the conversion rounds, by at most ``2^-53`` of each coordinate's value;
+the per-record clip :func:`effective_clip` reserves :func:`~dpsummary.private.noise.float_slack`
+for it, sized for sums over up to :data:`~dpsummary.private.noise.MAX_RECORDS` records, so the
+released vectors of neighbours stay within the bound. The curvature sum is fixed-point PER RECORD too (no float
 Gram-matrix sum, hence no summation-error margin).
 
 Inputs: ``rows`` is a C-contiguous float64 numpy array (n, point_dim) in model space (the output
@@ -73,10 +77,18 @@ def _unit(bound: float) -> float:
 
 def effective_clip(bound: float, dim: int) -> float:
     """The per-record clip actually applied for a mechanism of L2 sensitivity ``bound`` over a
-    ``dim``-vector: ``bound`` minus OpenDP's input-rounding slack (a public function)."""
+    ``dim``-vector: ``bound`` minus OpenDP's input-rounding slack and minus the float64 slack of
+    :func:`finish` for sums over up to :data:`~dpsummary.private.noise.MAX_RECORDS` records
+    (:func:`~dpsummary.private.noise.float_slack`; a public function).
+
+    Why both: neighbouring integer totals differ by one rounded record of norm <= this clip;
+    :func:`finish` rounds each total to float64 (exact below 2^53 grid units, off by at most
+    ``2^-53 |value|`` per coordinate beyond), which can move the two released vectors apart by
+    at most ``float_slack(bound)`` more; the result ``clip + float_slack <= bound - rounding_slack``
+    (the rounding slack is OpenDP's, unused here because the sums lie on its grid, kept as margin)."""
     if not (bound > 0 and math.isfinite(bound)):
         raise KernelError("bound must be positive and finite")
-    return bound - noise.rounding_slack(bound, dim)
+    return bound - noise.rounding_slack(bound, dim) - noise.float_slack(bound)
 
 
 def zero_partial(dim: int) -> np.ndarray:
@@ -99,7 +111,9 @@ def combine(*parts: np.ndarray) -> np.ndarray:
 
 
 def finish(total: np.ndarray, bound: float) -> np.ndarray:
-    """Integer total -> float64 on the public grid of ``bound`` (exact up to 2^53 units)."""
+    """Integer total -> float64 on the public grid of ``bound``: exact up to 2^53 units, correctly
+    rounded beyond (``float(int)`` rounds to nearest; times a power of two is exact), i.e. within
+    ``2^-53 |value|`` per coordinate, the error :func:`effective_clip` reserves room for."""
     unit = _unit(bound)
     return np.array([float(int(v)) * unit for v in np.asarray(total, dtype=object).tolist()], dtype=np.float64)
 

@@ -132,11 +132,16 @@ def exact_clipped_sum(clipped: np.ndarray, clip_norm: float) -> np.ndarray:
     norm never exceeds the clipped row's), the integers are summed exactly (float64 chunk sums of
     at most :data:`dpsummary.private.kernel.CHUNK_ROWS` integers below 2^29, combined in Python
     integers: :func:`dpsummary.private.kernel.fixed_point_sum`), and the result is scaled back
-    (:func:`dpsummary.private.kernel.finish`). Two neighbouring batches therefore give sums that differ by exactly one rounded
-    row, of norm <= clip_norm, in float64: a float sum's rounding (1 + 5.3e-12 at 200,000
-    aligned rows) cannot inflate the sensitivity. Up to 2^24 rows the float64 result is exact;
-    it is a multiple of the noise grid, so OpenDP's input rounding adds nothing. The rounding
-    costs at most ``2^-28 C`` per coordinate of accuracy. Cost: O(m d), a few vectorised passes.
+    (:func:`dpsummary.private.kernel.finish`). Two neighbouring batches therefore give integer
+    sums that differ by exactly one rounded row, of norm <= clip_norm: a float sum's rounding
+    (1 + 5.3e-12 at 200,000 aligned rows) cannot inflate the sensitivity. Up to 2^24 rows the
+    float64 result is exact; beyond, the conversion rounds by at most ``2^-53`` of each
+    coordinate's value, which the CALLER's clip must leave room for: clip the rows to
+    :func:`dpsummary.private.kernel.effective_clip` ``(clip_norm, d)`` (OpenDP's rounding slack
+    plus :func:`dpsummary.private.noise.float_slack`, sized for up to
+    :data:`dpsummary.private.noise.MAX_RECORDS` rows). The result is a multiple of the noise
+    grid, so OpenDP's input rounding adds nothing. The rounding costs at most ``2^-28 C`` per
+    coordinate of accuracy. Cost: O(m d), a few vectorised passes.
     """
     from . import kernel
 
@@ -253,8 +258,9 @@ class PrivateRecords:
         ``indicators`` has shape (n, k), one row per record (e.g. which data-quality rules the
         record touched); it is coerced to bool, so every record adds at most 1 to each of the k
         column sums: L2 sensitivity sqrt(k) (add/remove one record). The counts are multiplied by
-        :func:`noise.count_vector_scale` ``(k, k)`` (sensitivity <= 1, OpenDP's rounding slack
-        included), noised with standard deviation ``noise_multiplier`` from the OS CSPRNG, and
+        :func:`noise.count_vector_scale` ``(k, k)`` (sensitivity <= 1 with OpenDP's rounding
+        slack and the float64 rounding of ``count * scale`` included, for counts up to
+        :data:`noise.MAX_RECORDS`), noised with standard deviation ``noise_multiplier`` from the OS CSPRNG, and
         divided back: the release is exactly ``GaussianDpEvent(noise_multiplier)`` and the
         returned (k,) floats carry noise of standard deviation ``noise_multiplier * sqrt(k) /
         (1 - slack)`` on the raw count scale. The exact counts never leave this method.
@@ -324,7 +330,8 @@ def release_marginal_counts(randomness: PrivacyRandomness, layout: HistogramLayo
                             num_records: int, *, noise_multiplier: float) -> NoisyMarginals:
     """The release of :meth:`PrivateRecords.noisy_marginals` from EXACT summed counts over
     ``num_records`` records (any engine). ``GaussianDpEvent(noise_multiplier)`` on the counts
-    times ``layout.scale``; returns them on the raw count scale. The exact counts stay here."""
+    times ``layout.scale`` (:func:`noise.count_vector_scale`: the float64 rounding of the
+    product is inside its slack); returns them on the raw count scale. The exact counts stay here."""
     from ..postprocess.marginals import NoisyMarginals
 
     if not (noise_multiplier > 0 and np.isfinite(noise_multiplier)):

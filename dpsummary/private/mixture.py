@@ -48,7 +48,8 @@ into the L2 ball of public radius ``B`` (a per-record map). For ``T`` rounds, gi
 1. every record computes its responsibilities r_n (K,) and the vector
    ``v_n = concat_k r_nk (1, x_n / B, triu(x_n x_n^T) / B^2)``; since ``sum_k r_nk^2 <= 1``
    and ``||x_n|| <= B``, ``||v_n||_2 <= sqrt(3)``; rows are clipped to ``sqrt(3) - slack``
-   anyway (:func:`dpsummary.private.mechanism.clip_rows`, the OpenDP rounding slack kept aside)
+   anyway (:func:`dpsummary.private.mechanism.clip_rows`, the OpenDP rounding and float64 slacks
+   of :func:`dpsummary.private.kernel.effective_clip` kept aside)
    so the invariant does not depend on the algebra;
 2. the rows are summed exactly on the fixed-point grid
    (:func:`dpsummary.private.mechanism.exact_clipped_sum`) and ONE Gaussian mechanism adds noise
@@ -76,7 +77,7 @@ import torch
 
 from ..mixtures.kdtree import MAX_NODES_PER_LEVEL, NoisyTree, TreePlan
 from ..mixtures.vi import MixturePosterior, Statistics, responsibilities
-from . import noise
+from . import kernel, noise
 from .mechanism import (
     MechanismError,
     PrivacyRandomness,
@@ -119,8 +120,8 @@ def noisy_statistics(
     x = records / radius
     per_record = np.concatenate([np.ones((n, 1)), x, x[:, iu] * x[:, ju]], axis=1)  # (n, block)
     rows = (resp[:, :, None] * per_record[:, None, :]).reshape(n, k * block)
-    slack = noise.rounding_slack(STATISTICS_SENSITIVITY, k * block)
-    clipped = clip_rows(torch.from_numpy(rows), STATISTICS_SENSITIVITY - slack).numpy()
+    # OpenDP's rounding slack and the float64 slack of the exact sum (kernel.effective_clip).
+    clipped = clip_rows(torch.from_numpy(rows), kernel.effective_clip(STATISTICS_SENSITIVITY, k * block)).numpy()
     total = exact_clipped_sum(clipped, STATISTICS_SENSITIVITY)
     noisy = randomness.gaussian(total, noise_std=noise_multiplier * STATISTICS_SENSITIVITY,
                                 clip_norm=STATISTICS_SENSITIVITY)
@@ -188,9 +189,10 @@ def exact_node_counts(codes: np.ndarray, plan: TreePlan, depth: int, nodes: np.n
 def release_counts(randomness: PrivacyRandomness, counts: np.ndarray, noise_multiplier: float) -> np.ndarray:
     """ONE Gaussian mechanism on a count vector in which one record changes at most one entry by
     1: scaled by :func:`noise.count_vector_scale` ``(1, m)`` (L2 sensitivity <= 1 including
-    OpenDP's rounding slack; ``m`` = number of released nodes, public), noise of sd
-    ``noise_multiplier`` from the privacy randomness, scaled back. Returns the noisy counts
-    (noise sd ``noise_multiplier / scale`` on the count scale, scale = 1 - 2^-45 sqrt(m))."""
+    OpenDP's rounding slack and the float64 rounding of ``count * scale``; ``m`` = number of
+    released nodes, public), noise of sd ``noise_multiplier`` from the privacy randomness,
+    scaled back. Returns the noisy counts (noise sd ``noise_multiplier / scale`` on the count
+    scale, scale = 1 - 2^-45 sqrt(m) - float_slack(1))."""
     counts = np.asarray(counts, dtype=np.float64)
     scale = noise.count_vector_scale(1, counts.shape[0])
     noisy = randomness.gaussian(counts * scale, noise_std=noise_multiplier, clip_norm=1.0)
@@ -300,8 +302,8 @@ def leaf_moments(records: PrivateRecords, tree: NoisyTree) -> tuple[np.ndarray, 
     u = np.zeros_like(xc)
     u[inside] = np.clip((xc[inside] - centres[leaf_of[inside]]) / half[leaf_of[inside]], -1.0, 1.0)
     rows = np.concatenate([u, u * u], axis=1) / math.sqrt(2 * d)
-    slack = noise.rounding_slack(1.0, 2 * d)
-    rows = clip_rows(torch.from_numpy(rows), 1.0 - slack).numpy()
+    # One record moves one leaf's sum: OpenDP's rounding slack and the float64 slack of that sum.
+    rows = clip_rows(torch.from_numpy(rows), kernel.effective_clip(1.0, 2 * d)).numpy()
     totals = np.zeros((m, 2 * d))
     order = np.argsort(leaf_of[inside], kind="stable")
     grouped = rows[inside][order]

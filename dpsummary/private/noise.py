@@ -72,13 +72,31 @@ def rounding_slack(clip_norm: float, dim: int) -> float:
     return 2.0 ** grid_exponent(clip_norm) * math.sqrt(dim)
 
 
+#: Public bound on the records one released sum or count covers (:func:`float_slack`). The policy
+#: caps n_max at 10^12 and a release refuses a noisy count above n_max, so a larger table would
+#: need count noise of about 10^12 to be released.
+MAX_RECORDS = 2**41
+
+
+def float_slack(bound: float) -> float:
+    """L2 room for float64 rounding between neighbouring released vectors that sum (or count,
+    times a float scale) at most :data:`MAX_RECORDS` + 1 records of L2 norm <= ``bound`` each:
+    ``||V|| <= (MAX_RECORDS + 1) bound``, rounding moves each coordinate by <= ``2^-53 |V_j|``,
+    so two neighbours by <= ``2^-52 (MAX_RECORDS + 1) bound`` (about ``4.9e-4 bound``). Needed
+    beyond 2^53 grid units (a sum over ~1.7 * 10^7 records at full norm) and for scaled counts
+    above ~10^3; callers reserve it together with :func:`rounding_slack`."""
+    return math.ldexp(float(bound) * (MAX_RECORDS + 1), -52)
+
+
 def count_vector_scale(touches: int, dim: int) -> float:
     """Multiplier giving a count vector L2 sensitivity at most 1 under the OpenDP noise.
 
     One record changes at most ``touches`` of the ``dim`` coordinates, each by exactly 1 (L2
     distance sqrt(touches)); dividing by sqrt(touches) makes that 1, and the factor
-    ``1 - rounding_slack(1, dim)`` leaves room for OpenDP's input rounding, so that noise of
-    standard deviation ``noise_multiplier`` is exactly ``GaussianDpEvent(noise_multiplier)``.
+    ``1 - rounding_slack(1, dim) - float_slack(1)`` leaves room for OpenDP's input rounding and
+    for the float64 rounding of ``count * scale`` (one ulp-half per coordinate, counts up to
+    :data:`MAX_RECORDS`: :func:`float_slack`), so that noise of standard deviation
+    ``noise_multiplier`` is exactly ``GaussianDpEvent(noise_multiplier)``.
     ``dim`` need only bound the coordinates that can differ between neighbours (rounding is
     coordinate-wise, untouched coordinates round identically), so ``touches`` is a valid, and
     public, choice; callers must never pass a data-dependent ``dim``. Clipped sums instead use
@@ -86,7 +104,7 @@ def count_vector_scale(touches: int, dim: int) -> float:
     is coarser than the noise grid, so OpenDP's rounding leaves them unchanged (one rule: sums
     are exact and on the grid, the slack is kept only as a margin in the clip).
     """
-    return (1.0 - rounding_slack(1.0, max(dim, 1))) / math.sqrt(max(touches, 1))
+    return (1.0 - rounding_slack(1.0, max(dim, 1)) - float_slack(1.0)) / math.sqrt(max(touches, 1))
 
 
 @lru_cache(maxsize=64)

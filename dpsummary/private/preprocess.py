@@ -26,7 +26,8 @@ Adding or removing one record changes, in each column, exactly one bin of the ty
 number) *or* the value histogram (any other string) by 1. So at most ``K = 2C`` coordinates of
 the raw count vector change, each by exactly 1: the L2 distance is at most ``sqrt(K)``. The
 vector is multiplied by ``(1 - slack) / sqrt(K)`` before the noise, where ``slack`` is OpenDP's
-input-rounding slack (:func:`dpsummary.private.noise.rounding_slack`), so the end-to-end L2
+input-rounding slack (:func:`dpsummary.private.noise.rounding_slack`) plus the float64 rounding of
+``count * scale`` (:func:`dpsummary.private.noise.float_slack`), so the end-to-end L2
 sensitivity is at most 1 and ``noise_std = noise_multiplier`` is exactly the Gaussian mechanism
 that ``dp_accounting.GaussianDpEvent(noise_multiplier)`` describes. :func:`build_count_vector`
 asserts the per-record bound by construction (each record is counted exactly once per
@@ -82,7 +83,7 @@ from ..postprocess.schema import (
     ReleasedColumn,
     schema_from_release,
 )
-from .noise import add_gaussian_noise, count_vector_scale, rounding_slack
+from .noise import add_gaussian_noise, count_vector_scale, float_slack, rounding_slack
 
 __all__ = [
     "CountVector",
@@ -130,14 +131,15 @@ class CountVector:
         and all others (at most ``touches - 2`` per record) ``b = (1 - slack) sqrt((1 - f) /
         (touches - 2))``, so ``2 a^2 + (touches - 2) b^2 = (1 - slack)^2``: the same Gaussian
         event, with the share ``f`` of the squared sensitivity (hence less raw noise) on the
-        target. ``slack`` is OpenDP's rounding slack for ``touches`` coordinates.
+        target. ``slack`` is OpenDP's rounding slack for ``touches`` coordinates plus the float64
+        slack of ``count * scale`` (:func:`~dpsummary.private.noise.float_slack`).
         """
         uniform = np.full(len(self.keys), self.scale)
         if target is None or target_share is None or self.touches <= 2:
             return uniform
         if not 0.0 < target_share < 1.0:
             raise ValueError("target_share must lie in (0, 1)")
-        room = 1.0 - rounding_slack(1.0, self.touches)
+        room = 1.0 - rounding_slack(1.0, self.touches) - float_slack(1.0)  # as count_vector_scale
         a = room * math.sqrt(target_share / 2.0)
         b = room * math.sqrt((1.0 - target_share) / (self.touches - 2))
         is_target = np.array([col == target for col, _, _ in self.keys], dtype=bool)
