@@ -168,11 +168,15 @@ def load_private_key(path: str | Path) -> Ed25519PrivateKey:
 
 
 def load_public_key(path: str | Path) -> Ed25519PublicKey:
-    """Load a PEM SubjectPublicKeyInfo Ed25519 public key (a private key file is also accepted:
-    its public half is returned)."""
+    """Load a PEM SubjectPublicKeyInfo Ed25519 public key.
+
+    A private key file is refused (:class:`KeyFileError`, one line that names the file and the
+    fix, never its content): where a public key is expected, passing the private key means it
+    is being handed to readers (analysts, auditors) who must never hold it."""
     data = _read(path, "public key")
     if b"PRIVATE KEY" in data:
-        return load_private_key(path).public_key()
+        raise KeyFileError(f"{path} is a PRIVATE key; pass the public key (.pub) instead "
+                           "(`dpsummary keygen` writes both; never give the private key to a reader)")
     try:
         key = serialization.load_pem_public_key(data)
     except (ValueError, TypeError) as exc:

@@ -767,9 +767,16 @@ class Ledger:
                                                       accountant=accountant) + hold_epsilon)
             need += other_holds
             if need > policy.total_epsilon:
+                # What is left, for the message: composed from what is already charged (public).
+                spent_now = acc.composed_epsilon(charged, delta=total_delta, extra_deltas=extras[:-1],
+                                                 accountant=accountant) if charged else 0.0
+                left = max(policy.total_epsilon - spent_now - other_holds, 0.0)
                 raise BudgetExceeded(
                     f"privacy budget of source {source_id!r} exhausted: epsilon would reach "
-                    f"{need:.4g} > total {policy.total_epsilon:g} ({accountant}, delta {total_delta:.3g})"
+                    f"{need:.4g} > total {policy.total_epsilon:g} ({accountant}, delta {total_delta:.3g}); "
+                    f"{left:.4g} of {policy.total_epsilon:g} is left under {accountant}: pass a smaller --epsilon "
+                    "(about that much fits; composition is sub-additive) or release nothing more from this "
+                    "source (`dpsummary audit LEDGER --key PUB` shows its spending)"
                 )
             release_events = [
                 *(

@@ -87,6 +87,8 @@ CASES: dict[str, tuple[Any, str]] = {
                                  str(_pub(t, n=None, schema=False))], "nosuch"),
     "model-schema": (lambda t: [str(_data(t, target="count")), "--epsilon", "0.5", "--model", "logistic", "--policy",
                                 str(_pub(t, target_kind="count"))], "binary"),
+    "model-unknown": (lambda t: [str(_data(t)), "--epsilon", "0.5", "--model", "logistc", "--policy", str(_pub(t))],
+                      "unknown --model 'logistc'"),
     "key-missing": (lambda t: [str(_data(t)), "--epsilon", "0.5", "--key", str(t / "no.key"), "--policy",
                                str(_pub(t))], "no.key"),
     "ledger-foreign": (lambda t: [str(_data(t)), "--epsilon", "0.5", "--ledger", str(_write(t / "l.jsonl", "{}\n")),

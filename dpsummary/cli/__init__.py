@@ -6,6 +6,7 @@ from __future__ import annotations
 from . import baseline as _baseline  # noqa: F401  (registers commands)
 from . import export as _export  # noqa: F401
 from . import keys as _keys  # noqa: F401
+from . import policy as _policy  # noqa: F401
 from . import release as _release  # noqa: F401
 from . import report as _report  # noqa: F401
 from . import selftest as _selftest  # noqa: F401

@@ -9,18 +9,20 @@ from typing import Annotated
 import typer
 
 from .application import app
-from .common import UserError, configure_torch, guarded
+from .common import MODELS_HELP, UserError, check_model, configure_torch, guarded
 
 METHODS = ("psvi", "sparsevi", "giga", "giga-realistic", "uniform", "lightweight")
+#: Black-box coreset methods (dpsummary.blackbox.REGISTRY; --model bnn or any model).
+BLACKBOX_METHODS = ("bb-psvi", "bb-sparsevi", "bb-sparsevi-incremental", "bb-sparsevi-pruning")
 
 
 @app.command()
 @guarded
 def baseline(
     data: Annotated[Path, typer.Argument(help="CSV file with a header row.")],
-    method: Annotated[str, typer.Option(help=f"One of: {', '.join(METHODS)}.")] = "psvi",
+    method: Annotated[str, typer.Option(help=f"One of: {', '.join(METHODS)}; black-box (e.g. --model bnn): {', '.join(BLACKBOX_METHODS)}.")] = "psvi",
     size: Annotated[int, typer.Option("--size", "-M", help="Coreset size M.")] = 50,
-    model: Annotated[str | None, typer.Option(help="Model name (default: from the target's type).")] = None,
+    model: Annotated[str | None, typer.Option(help=f"Model: {MODELS_HELP} (default: from the target's type).")] = None,
     target: Annotated[str | None, typer.Option(help="Target column (default: the last column).")] = None,
     no_target: Annotated[bool, typer.Option("--no-target", help="No target: Gaussian mean model.")] = False,
     out: Annotated[Path | None, typer.Option(help="Where to write the summary (JSON).")] = None,
@@ -34,6 +36,7 @@ def baseline(
 
     The baseline reads the data freely (transform fitted from the data): never publish its output.
     """
+    check_model(model)
     configure_torch()
     if model in ("gmm", "dpgmm"):  # mixtures: implementation in dpsummary/mixtures/cli.py
         from ..mixtures.cli import mixture_baseline
@@ -48,7 +51,7 @@ def baseline(
                           test_fraction=test_fraction, json_output=json_output, out=out)
         return
     if method not in METHODS:
-        raise UserError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
+        raise UserError(f"unknown method {method!r}; choose one of {', '.join(METHODS + BLACKBOX_METHODS)}")
     if size < 1:
         raise UserError("--size must be at least 1")
     if not 0.0 <= test_fraction < 1.0:

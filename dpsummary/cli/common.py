@@ -15,8 +15,34 @@ from ..errors import EXIT_BAD_INPUT, EXIT_CHARGED, EXIT_INTERNAL, EXIT_POLICY
 #: Exit codes (dpsummary.errors): 1 = internal error (a bug), 2 = bad input or usage,
 #: 3 = refused by the policy or the budget, 4 = refused on a DP-decided check (charged).
 EXIT_FAILED = EXIT_INTERNAL
-__all__ = ["EXIT_BAD_INPUT", "EXIT_CHARGED", "EXIT_FAILED", "EXIT_POLICY", "UserError", "fail", "guarded",
-           "one_line", "run_guarded", "user_facing_errors"]
+__all__ = ["EXIT_BAD_INPUT", "EXIT_CHARGED", "EXIT_CLOSED_PIPE", "EXIT_FAILED", "EXIT_POLICY", "KEY_DEFAULT",
+           "MODELS_HELP", "UserError", "check_model", "closed_pipe", "fail", "guarded", "one_line", "run_guarded", "user_facing_errors"]
+
+
+#: How every reader command's ``--key`` help states its default (one wording everywhere).
+KEY_DEFAULT = "default: keys/dpsummary.pub in the dpsummary home, $DPSUMMARY_HOME or ~/.config/dpsummary"
+
+
+def _model_names() -> tuple[str, ...]:
+    from ..model_names import MODEL_NAMES
+
+    order = ("logistic", "poisson", "linear", "gaussian_mean", "bnn", "gmm", "dpgmm")
+    return tuple(sorted(MODEL_NAMES, key=lambda m: (order.index(m) if m in order else len(order), m)))
+
+
+#: The known ``--model`` names, for help texts (light: no torch).
+MODELS_HELP = ", ".join(_model_names())
+
+
+def check_model(model: str | None) -> None:
+    """An unknown ``--model`` is a usage error (exit 2) listing the known models: a typo is not
+    a policy refusal."""
+    if model is not None and model not in _model_names():
+        import difflib
+
+        close = difflib.get_close_matches(model, _model_names(), n=1)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        raise UserError(f"unknown --model {model!r}{hint}; choose one of {MODELS_HELP}")
 
 
 class UserError(Exception):
@@ -65,6 +91,35 @@ def user_facing_errors() -> tuple[type[BaseException], ...]:
 _POLICY_ERRORS = (("dpsummary.policy", "PolicyError"), ("dpsummary.ledger", "BudgetExceeded"))
 
 
+#: The fix to name after a refusal whose message (raised below the command line) names none:
+#: ``(message prefix or fragment, text appended)``. The first match wins; a message that already
+#: names its fix matches none. Matching the public message text keeps every refusal's wording
+#: where it is raised and the advice in one place (docs/REFUSALS.md lists both).
+_FIXES: tuple[tuple[str, str], ...] = (
+    ("data file not found: ", "; pass an existing CSV or Parquet file as DATA (check the path)"),
+    ("not a file: ", "; DATA must be a CSV or Parquet file (a directory of Parquet files only with --engine spark)"),
+    ("private key file not found: ", "; pass an existing private key with --key (from `dpsummary keygen`), or omit "
+                                     "--key to use the default key in the dpsummary home's keys/ (created on first use)"),
+    ("public key file not found: ", "; pass the curator's public key file (.pub) with --key"),
+    ("cannot read artifact ", "; pass the path of a release artifact (the .dpsummary.json file `dpsummary release` wrote)"),
+    ("not signed by key ", "; pass the public key (.pub) of the curator who signed it with --key"),
+    ("policy file not found: ", "; pass an existing policy TOML with --policy (`dpsummary policy init DATA` writes one)"),
+    ("schema: columns.", "; fill in each [[schema.columns]] block of the policy (a kind, and bounds or categories, "
+                         "from public knowledge; `dpsummary policy init DATA` writes the skeleton)"),
+    ("named in the policy's schema", " (`dpsummary policy init DATA` writes a schema skeleton from the header)"),
+    ("schema public in the policy", " (`dpsummary policy init DATA` writes a policy skeleton with the schema)"),
+    ("or fix the schema", " (`dpsummary policy init DATA` writes a schema skeleton)"),
+)
+
+
+def _with_fix(message: str) -> str:
+    """``message`` with the fix of :data:`_FIXES` it lacks appended (unchanged when none applies)."""
+    for fragment, fix in _FIXES:
+        if fragment in message and fix.lstrip("; ") not in message:
+            return message + fix
+    return message
+
+
 def describe(exc: BaseException) -> tuple[int, str]:
     """``(exit code, one-line message)`` for an exception that reached the command line."""
     if not isinstance(exc, user_facing_errors()):
@@ -77,8 +132,39 @@ def describe(exc: BaseException) -> tuple[int, str]:
             if isinstance(t, type) and isinstance(exc, t):
                 code = EXIT_POLICY
     if code == EXIT_CHARGED:
-        return code, f"error: {one_line(exc)} (decided on noisy counts; the reserved budget stays charged)"
-    return code, f"error: {one_line(exc)}"
+        return code, f"error: {_with_fix(one_line(exc))} (decided on noisy counts; the reserved budget stays charged)"
+    return code, f"error: {_with_fix(one_line(exc))}"
+
+
+#: Exit status after a closed pipe (``dpsummary inspect X | head -1``): 128 + SIGPIPE, what a
+#: process killed by SIGPIPE reports; no message, since the reader chose to stop reading.
+EXIT_CLOSED_PIPE = 141
+
+
+def closed_pipe() -> int:
+    """Point stdout at ``os.devnull`` so that the interpreter's final flush of the closed pipe
+    raises nothing (the Python documentation's recipe, "Note on SIGPIPE"); returns
+    :data:`EXIT_CLOSED_PIPE`."""
+    import os
+
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):  # no file descriptor (a test runner's stdout)
+        pass
+    return EXIT_CLOSED_PIPE
+
+
+def _flush_stdout() -> int | None:
+    """Flush stdout now, while a closed pipe can still be handled: None, or the closed pipe's
+    exit status."""
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:
+        return closed_pipe()
+    except (OSError, ValueError):
+        return None
+    return None
 
 
 def run_guarded(app: Any) -> None:
@@ -92,8 +178,13 @@ def run_guarded(app: Any) -> None:
     defer_package_inits()
     try:
         app(standalone_mode=True)
-    except SystemExit:
-        raise
+    except SystemExit as done:
+        piped = _flush_stdout()
+        if piped is not None:
+            sys.exit(piped)
+        raise done from None
+    except BrokenPipeError:
+        sys.exit(closed_pipe())
     except KeyboardInterrupt:
         typer.echo("error: interrupted", err=True)
         sys.exit(130)
@@ -123,6 +214,8 @@ def guarded(fn: F) -> F:
         except KeyboardInterrupt:
             typer.echo("error: interrupted", err=True)
             raise typer.Exit(130) from None
+        except BrokenPipeError:  # the reader closed the pipe: a normal end, no message
+            raise typer.Exit(closed_pipe()) from None
         except BaseException as exc:  # noqa: BLE001 - never a traceback for the user
             code, message = describe(exc)
             typer.echo(message, err=True)

@@ -8,7 +8,7 @@ from typing import Annotated, Literal
 import typer
 
 from .application import app
-from .common import UserError, guarded
+from .common import KEY_DEFAULT, UserError, guarded
 
 
 @app.command()
@@ -17,7 +17,7 @@ def export(
     artifact: Annotated[Path, typer.Argument(help="The released artifact (signed JSON).")],
     to: Annotated[Literal["stan", "pymc", "numpyro", "json"], typer.Option("--to", help="Target sampler: stan, pymc, numpyro or json (sampler-neutral + emcee recipe).")],
     out: Annotated[Path, typer.Option("--out", help="Directory to write the adapter into (created if needed).")],
-    key: Annotated[Path | None, typer.Option("--key", help="Curator's public key (default: this machine's dpsummary key).")] = None,
+    key: Annotated[Path | None, typer.Option("--key", help=f"The curator's PUBLIC key (.pub) to verify with ({KEY_DEFAULT}).")] = None,
     allow_unsigned: Annotated[bool, typer.Option("--allow-unsigned", help="Accept an artifact whose signature is missing or cannot be checked.")] = False,
 ) -> None:
     """Write ARTIFACT's weighted posterior for Stan, PyMC, NumPyro/BlackJAX or any sampler (JSON).

@@ -10,7 +10,7 @@ from typing import Annotated, Any, Literal
 import typer
 
 from .application import app
-from .common import configure_torch, guarded
+from .common import MODELS_HELP, check_model, configure_torch, guarded
 
 
 @app.command()
@@ -19,30 +19,33 @@ def release(
     data: Annotated[Path, typer.Argument(help="The private CSV or Parquet file (header row required).")],
     epsilon: Annotated[float, typer.Option(help="Privacy budget of this release (required).")],
     delta: Annotated[float | None, typer.Option(help="Override delta (within the policy's rule).")] = None,
-    model: Annotated[str | None, typer.Option(help="Model (default: from the target's type).")] = None,
+    model: Annotated[str | None, typer.Option(help=f"Model: {MODELS_HELP} (default: from the target's type).")] = None,
     target: Annotated[str | None, typer.Option(help="Target column (default: the last column).")] = None,
     size: Annotated[int, typer.Option("--size", "-M", help="Number of pseudopoints.")] = 50,
-    steps: Annotated[int | None, typer.Option(help="Optimisation steps T (default 500; 100 for --model bnn).")] = None,
-    sample_rate: Annotated[float | None, typer.Option(help="Poisson sampling rate q (default 200 / noisy count).")] = None,
+    steps: Annotated[int | None, typer.Option(help="--mechanism dp-psvi and --model bnn only: optimisation steps T (default 500; 100 for --model bnn).")] = None,
+    sample_rate: Annotated[float | None, typer.Option(help="--mechanism dp-psvi and --model bnn only: Poisson sampling rate q (default 200 / noisy count).")] = None,
     policy: Annotated[Path | None, typer.Option(help="Policy TOML (default: the packaged default policy, whatever the current directory; the release prints which it used).")] = None,
     out: Annotated[Path | None, typer.Option(help="Artifact path (default: DATA.dpsummary.json).")] = None,
     seed: Annotated[int | None, typer.Option(help="Seed for NON-private randomness only; privacy noise always comes from OS entropy.")] = None,
     ledger: Annotated[Path | None, typer.Option(help="Ledger file (default: in the dpsummary home).")] = None,
-    key: Annotated[Path | None, typer.Option(help="Private signing key (default: created in the dpsummary home).")] = None,
+    key: Annotated[Path | None, typer.Option(help="PRIVATE signing key (default: keys/dpsummary.key in the dpsummary home, $DPSUMMARY_HOME or ~/.config/dpsummary; created on first use).")] = None,
     calibrate_to: Annotated[Literal["rdp", "prv", "pld"] | None, typer.Option(help="Accountant to calibrate sigma to; must equal the policy's accountant of record (set `accountant` in the policy to change it).")] = None,
     mechanism: Annotated[Literal["noise-aware-newton", "dp-psvi", "dp-bb-psvi", "dp-kd-tree"] | None, typer.Option(help="Stage-2 mechanism, chosen from --model when omitted: noise-aware-newton (GLMs' default: noisy score statistics, credible intervals that account for the privacy noise), dp-psvi (GLMs: the paper's mechanism, for reproduction; its intervals ignore the noise), dp-bb-psvi (--model bnn only: DP black-box PSVI) or dp-kd-tree (--model gmm|dpgmm only: a noisy kd-tree of the numeric columns as weighted pseudo-points).")] = None,
     bnn_widths: Annotated[str | None, typer.Option(help="--model bnn only: hidden layer widths, comma-separated (public; default 20: one hidden ReLU layer of 20 units).")] = None,
     components: Annotated[int | None, typer.Option(help="--model gmm|dpgmm only: number of mixture components K (gmm) or the truncation T (dpgmm); public, default 10.")] = None,
-    engine: Annotated[Literal["local", "spark"], typer.Option(help="Where the records are read and the mechanisms run: local (one machine, CSV or Parquet) or spark (a Parquet file or directory, through Apache Spark; needs the `spark` extra, Java 17 and the schema in the policy).")] = "local",
-    spark_master: Annotated[str, typer.Option(help="Spark master URL for --engine spark (default local[2]; e.g. spark://host:7077, yarn, k8s://...).")] = "local[2]",
-    spark_conf: Annotated[list[str] | None, typer.Option(help="Extra Spark configuration for --engine spark, key=value (repeatable).")] = None,
+    engine: Annotated[Literal["local", "spark"], typer.Option(help="Where the records are read and the mechanisms run: local (one machine, CSV or Parquet) or spark (a Parquet file or directory, through Apache Spark; needs the `spark` extra and Java 17; zero configuration works as locally).")] = "local",
+    spark_master: Annotated[str, typer.Option(metavar="URL", help="Spark master URL for --engine spark (e.g. spark://host:7077, yarn, k8s://...).")] = "local[2]",
+    spark_conf: Annotated[list[str] | None, typer.Option(metavar="KEY=VALUE", help="Extra Spark configuration for --engine spark (repeatable).")] = None,
     force: Annotated[bool, typer.Option("--force", help="Replace an existing artifact at the output path (without it, an existing file is refused before any budget is spent).")] = False,
     json_output: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
 ) -> None:
-    """Release a differentially private pseudocoreset of DATA (default mechanism: noise-aware
-    noisy score statistics; --mechanism dp-psvi for the paper's DP-PSVI; --model bnn: a Bayesian
-    neural network by DP black-box PSVI; --model gmm|dpgmm: a Gaussian mixture summary by a noisy
-    kd-tree)."""
+    """Release a differentially private summary of DATA, signed and entered in the ledger.
+
+    Default mechanism: noise-aware noisy score statistics; --mechanism dp-psvi for the paper's
+    DP-PSVI; --model bnn: a Bayesian neural network by DP black-box PSVI; --model gmm|dpgmm: a
+    Gaussian mixture summary by a noisy kd-tree. A table the zero-configuration release cannot
+    describe takes a schema in the policy: `dpsummary policy init DATA` writes a skeleton.
+    """
     # Nothing heavy yet: the public checks of stage 0 (options, file, header, target, output path,
     # policy) refuse first; torch and the accountants load once they pass (`stage` below).
     from rich.console import Console
@@ -52,6 +55,7 @@ def release(
     from ..release import ReleaseError, default_out, run_release
 
     err = Console(stderr=True)
+    check_model(model)
     if steps is None and model == "bnn":
         # Imports torch: --model bnn only.
         from ..blackbox.dp_bb_psvi import DEFAULT_STEPS as BNN_STEPS
@@ -142,7 +146,7 @@ def _print_table(r: Any, view: _ReleaseView, written: str) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from .render import SPENDING_COLUMNS, SPENDING_NOTE, mechanism_rows, spending_rows
+    from .render import SPENDING_COLUMNS, SPENDING_NOTE, mechanism_rows, size_label, spending_rows
 
     console = Console()
     t = Table(title="dpsummary release", show_header=False)
@@ -150,7 +154,7 @@ def _print_table(r: Any, view: _ReleaseView, written: str) -> None:
     t.add_column("value")
     for label, text in mechanism_rows(view.claim):
         t.add_row(label, text)
-    t.add_row("pseudopoints M", str(r.size))
+    t.add_row(size_label((view.claim.get("mechanism") or {}).get("name")), str(r.size))
     split = ", ".join(f"{k} {v:.4f}" for k, v in r.budget_split.items())
     t.add_row("budget split (epsilon of each part alone)", split)
     t.add_row("policy", r.policy)

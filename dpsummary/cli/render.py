@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["SPENDING_COLUMNS", "SPENDING_NOTE", "AccountantSpending", "mechanism_rows", "source_spending",
-           "spending_rows"]
+__all__ = ["SPENDING_COLUMNS", "SPENDING_NOTE", "AccountantSpending", "format_delta", "inspect_lines",
+           "mechanism_rows", "prior_text", "public_input_rows", "size_label", "source_spending", "spending_rows"]
 
 Row = tuple[str, str]
 
@@ -142,6 +142,93 @@ def mechanism_rows(claim: dict[str, Any]) -> list[Row]:
         scalars = ", ".join(f"{k} {_num(v)}" for k, v in mech.items() if isinstance(v, int | float | str) and k != "name")
         rows = [("mechanism", f"{name} (not described by this dpsummary version): {scalars}")]
     return [*rows, *_stage1_rows(mech)]
+
+
+def format_delta(delta: Any) -> str:
+    """A delta as people write it (``1e-11``, not ``1.0000000000000001e-11``): 3 significant digits."""
+    return f"{delta:.3g}" if isinstance(delta, int | float) and not isinstance(delta, bool) else str(delta)
+
+
+def size_label(mechanism: str | None) -> str:
+    """The release table's label for the number of pseudopoints: a kd-tree keeps one per leaf
+    whose noisy count survived, so ``--size`` does not set it there."""
+    if mechanism == "dp-kd-tree":
+        return "pseudopoints M (kept kd-tree leaves; --size does not apply)"
+    return "pseudopoints M (--size)"
+
+
+def prior_text(model: dict[str, Any], param_names: list[str] | None) -> str:
+    """The parameter prior the artifact's model declares, as every sampler uses it:
+    ``N(mu, s^2 I)`` with the non-zero entries of ``prior_mean`` named (a Poisson release's
+    prior is centred at its noisy log mean count, for instance)."""
+    scale = model.get("prior_scale")
+    mean = model.get("prior_mean")
+    if not isinstance(mean, list) or not any(isinstance(m, int | float) and m != 0 for m in mean):
+        return f"prior N(0, {_num(scale)}^2 I)"
+    names = param_names if isinstance(param_names, list) and len(param_names) == len(mean) else [
+        f"theta[{i}]" for i in range(len(mean))]
+    shown = ", ".join(f"{n} {_num(m)}" for n, m in zip(names, mean, strict=True) if m != 0)
+    return f"prior N(mu, {_num(scale)}^2 I), mu: {shown}, 0 elsewhere"
+
+
+def public_input_rows(inputs: Any) -> list[Row]:
+    """The claim's ``public_inputs`` in words, one row each (what the release took as public)."""
+    if not isinstance(inputs, dict):
+        return [("public inputs", str(inputs))]
+    rows: list[Row] = []
+    for key, value in inputs.items():
+        if key == "record_count_public":
+            continue  # folded into the record count's row
+        if key == "record_count":
+            rows.append(("record count", "not public (released with noise)" if value is None
+                         else f"public: {value:,}" if isinstance(value, int) else str(value)))
+        elif key == "schema":
+            if value is None:
+                rows.append(("schema", "not public (estimated privately)"))
+            else:
+                cols = value.get("columns", []) if isinstance(value, dict) else []
+                names = [str(c.get("name")) for c in cols if isinstance(c, dict)]
+                rows.append(("schema", f"public, {len(names)} columns: {', '.join(names)}"))
+        elif key == "delta_rule" and isinstance(value, dict) and "max_delta_times_n_max" in value:
+            rows.append(("delta rule", f"delta <= {_num(value['max_delta_times_n_max'])} / n_max"))
+        elif isinstance(value, int) and not isinstance(value, bool):
+            rows.append((key.replace("_", " "), f"{value:,}"))
+        elif isinstance(value, dict):
+            rows.append((key.replace("_", " "), ", ".join(f"{k} {_num(v)}" for k, v in value.items())))
+        else:
+            rows.append((key.replace("_", " "), _num(value)))
+    return rows
+
+
+def inspect_lines(body: dict[str, Any], claim: dict[str, Any]) -> list[str]:
+    """The lines of ``dpsummary inspect`` after its first: model and prior, privacy claim, what
+    each mechanism released, budget split, data source and public inputs. Read from the signed
+    body and claim only, so the display cannot disagree with what was signed."""
+    summary = body.get("summary") or {}
+    model = summary.get("model") or {}
+    weights = summary.get("weights") or []
+    names = body.get("param_names")
+    software = body.get("software") or {}
+    lines = [f"  created {body.get('created')} by dpsummary {software.get('dpsummary')}"]
+    head = f"  {summary.get('method')} summary: {len(weights)} weighted pseudopoints, model {model.get('name')}"
+    if "n_components" in model:  # a mixture: fitted by weighted VI, no Gaussian parameter prior
+        process = {"dirichlet_distribution": "Dirichlet", "dirichlet_process": "Dirichlet process (stick-breaking)"}
+        lines.append(f"{head} with {model.get('n_components')} components over {model.get('num_features')} "
+                     f"numeric columns, prior: {process.get(str(model.get('process')), model.get('process'))} "
+                     f"weights ({model.get('process')}), Normal-Wishart components")
+    else:
+        lines.append(f"{head} with {len(names or [])} parameters, {prior_text(model, names)}")
+    eps = claim.get("epsilon") or {}
+    lines.append("  privacy: epsilon " + ", ".join(f"{k} {v:.4g}" for k, v in eps.items())
+                 + f"; delta {format_delta(claim.get('delta'))}; {claim.get('adjacency')}; "
+                 f"{claim.get('sampling')} sampling")
+    lines.extend(f"  {label}: {text}" for label, text in mechanism_rows(claim))
+    split = claim.get("budget_split") or {}
+    lines.append("  budget split: " + ", ".join(f"{k} {v:.4g}" for k, v in split.items()))
+    lines.append(f"  data source: {claim.get('source_id')}")
+    lines.append("  public inputs:")
+    lines.extend(f"    {label}: {text}" for label, text in public_input_rows(claim.get("public_inputs")))
+    return lines
 
 
 # ---- spending -------------------------------------------------------------------------------

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from .application import app
-from .common import configure_torch, guarded
+from .common import KEY_DEFAULT, configure_torch, guarded
 
 
 @app.command()
@@ -17,8 +17,8 @@ def report(
     artifact: Annotated[Path, typer.Argument(help="A release artifact (.dpsummary.json).")],
     data: Annotated[Path, typer.Argument(help="The PRIVATE CSV the release was built from.")],
     out: Annotated[Path | None, typer.Option(help="HTML file to write (default: ARTIFACT with .report.html).")] = None,
-    key: Annotated[Path | None, typer.Option(help="Public key to verify the artifact with (default: the curator's own).")] = None,
-    allow_unsigned: Annotated[bool, typer.Option(help="Report on an artifact that cannot be verified (marked NOT VERIFIED).")] = False,
+    key: Annotated[Path | None, typer.Option(help=f"The curator's PUBLIC key (.pub) to verify with ({KEY_DEFAULT}).")] = None,
+    allow_unsigned: Annotated[bool, typer.Option("--allow-unsigned", help="Report on an artifact whose signature is missing or cannot be checked (marked NOT VERIFIED).")] = False,
     seed: Annotated[int, typer.Option(help="Seed for the non-private baselines and Monte Carlo scores.")] = 0,
 ) -> None:
     """CURATOR ONLY: compare a release with the full-data posterior and non-private baselines.

@@ -149,21 +149,23 @@ def schema_from_release(
             # The target has its own false-bin budget (TARGET_FALSE_BIN_PROB over its 83 bins): a
             # lower floor, so a healthy minority class is not taken for noise (issue 13).
             z = z_target if is_target else z_grid
-            spec, why = _numeric_spec(name, grid, z * s, integer, full_range=is_target, top_k=top)
+            spec, why = _numeric_spec(name, grid, z * s, integer, full_range=is_target, top_k=top, noise_sd=s)
         else:
             values = column.values
             cap = min(max_categories, target_classes) if is_target and target_classes else max_categories
             spec, why = _categorical_spec(name, values, cap)
         if spec is None:
             if is_target:
-                raise DataError(f"target {name!r}: {why}; give a schema with the target instead")
+                raise DataError(f"target {name!r}: {why}; give the policy a public schema with the target instead "
+                                "(`dpsummary policy init DATA` writes a skeleton to fill in, then pass it with --policy)")
             dropped.append(name)
             notes.append(f"{name}: dropped ({why})")
             continue
         specs.append(spec)
         notes.append(why)
     if not [c for c in specs if c.name != tgt]:
-        raise DataError("no feature column could be estimated privately; give a schema instead")
+        raise DataError("no feature column could be estimated privately; give the policy a public schema instead "
+                        "(`dpsummary policy init DATA` writes a skeleton to fill in, then pass it with --policy)")
     schema = Schema(columns=specs, target=tgt)
     kind = target_kind(schema)
     if tgt is not None:
@@ -203,7 +205,8 @@ _INTEGER_BINS: Final = np.array([_holds_integer(k) for k in range(NUM_GRID_BINS)
 
 
 def _numeric_spec(
-    name: str, grid: np.ndarray, floor: float, integer: bool, *, full_range: bool, top_k: int | None = None
+    name: str, grid: np.ndarray, floor: float, integer: bool, *, full_range: bool, top_k: int | None = None,
+    noise_sd: float = 0.0,
 ) -> tuple[ColumnSpec | None, str]:
     """Bounds from the denoised grid histogram (pure post-processing).
 
@@ -235,6 +238,15 @@ def _numeric_spec(
         hi_bin = order[min(int(np.searchsorted(cum, UPPER_QUANTILE, side="left")), len(order) - 1)]
     lower, _ = _bin_edges(lo_bin)
     _, upper = _bin_edges(hi_bin)
+    # Values in the grid bins outside [lo_bin, hi_bin] are clipped to the bounds: their number,
+    # summed from the released noisy grid counts (post-processing, no new budget), tells the
+    # curator whether to give public bounds instead. Floored at 0: the sum is noisy.
+    # An integer column's values sit only in bins holding an integer (public structure), so only
+    # those are summed: less noise. ``noise_sd`` (the column's per-bin noise sd) gives the sum's.
+    lo_at, hi_at = order.index(lo_bin), order.index(hi_bin)
+    beyond = [k for k in order[:lo_at] + order[hi_at + 1:] if _INTEGER_BINS[k] or not integer]
+    outside = max(float(grid[beyond].sum()), 0.0)
+    outside_sd = noise_sd * math.sqrt(len(beyond))
     if integer:
         # The closed hull of the two bins' integers: round outer edges inwards, ceil / floor.
         lo_i, hi_i = float(math.ceil(lower)), float(math.floor(upper))
@@ -250,7 +262,9 @@ def _numeric_spec(
     kind = "integer" if integer else "real"
     return (
         spec,
-        f"{name}: numeric ({kind}), bounds [{lower:g}, {upper:g}] from {how} on a public grid",
+        f"{name}: numeric ({kind}), bounds [{lower:g}, {upper:g}] from {how} on a public grid; values outside "
+        f"are clipped to them: about {outside:,.0f} (noisy count from the released grid, noise sd {outside_sd:,.0f}; "
+        "public bounds in the policy's schema avoid this)",
     )
 
 
