@@ -377,8 +377,14 @@ def test_refusals_name_their_fix(released: dict[str, Any], tmp_path: Path) -> No
     cases.append((["verify", art, "--key", str(other.public_path)], "pass the public key (.pub) of the curator"))
     for args, fix in cases:
         res = runner.invoke(app, args, env=WIDE)
+        assert res.exit_code != 0 and fix in res.output, (args, res.output)
         lines = [x for x in res.output.strip().splitlines() if x.startswith("error:")]
         assert res.exit_code != 0 and len(lines) == 1 and fix in lines[0], (args, res.output)
+    # No key at all (a machine without the curator's key): inspect and export name --key.
+    empty = {**WIDE, "DPSUMMARY_HOME": str(tmp_path / "empty-home")}
+    for args in (["inspect", art], ["export", art, "--to", "json", "--out", str(tmp_path / "ex")]):
+        res = runner.invoke(app, args, env=empty)
+        assert res.exit_code == 2 and "pass the curator's public key (.pub) with --key" in res.output, res.output
     # The budget: how much is left, under which accountant.
     req = released["req"]
     pol = write_policy(tmp_path / "tight.toml", n=2000, total_epsilon=1.2, cap=1.0)
@@ -495,3 +501,16 @@ def test_zero_config_bounds_note_says_values_are_clipped_and_how_many() -> None:
                                  max_categories=10, target_classes=None)
     (note,) = [n for n in result.notes if n.startswith("x:")]
     assert "bounds [10, 20]" in note and "values outside are clipped to them: about 90 " in note, note
+
+
+def test_release_table_says_what_m_means_for_a_kd_tree(tmp_path: Path) -> None:
+    """Item 6: a dp-kd-tree release keeps one pseudopoint per surviving leaf, whatever --size says."""
+    req = _contract()._request(tmp_path, "dp-kd-tree")
+    res = runner.invoke(app, ["release", str(req.data), "--epsilon", "1", "--policy", str(req.policy), "--model", "gmm",
+                              "--components", "2", "--size", "3", "--out", str(tmp_path / "m.json"),
+                              "--ledger", str(req.ledger)], env=WIDE)
+    assert res.exit_code == 0, res.output
+    assert "pseudopoints M (kept kd-tree leaves; --size does not apply)" in res.output
+    from dpsummary.cli.render import size_label
+
+    assert size_label("noise-aware-newton") == "pseudopoints M (--size)"

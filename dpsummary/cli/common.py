@@ -103,6 +103,8 @@ _FIXES: tuple[tuple[str, str], ...] = (
     ("public key file not found: ", "; pass the curator's public key file (.pub) with --key"),
     ("cannot read artifact ", "; pass the path of a release artifact (the .dpsummary.json file `dpsummary release` wrote)"),
     ("not signed by key ", "; pass the public key (.pub) of the curator who signed it with --key"),
+    ("no public key given to verify it", "; pass the curator's public key (.pub) with --key (or --allow-unsigned to "
+                                         "read it unverified)"),
     ("policy file not found: ", "; pass an existing policy TOML with --policy (`dpsummary policy init DATA` writes one)"),
     ("schema: columns.", "; fill in each [[schema.columns]] block of the policy (a kind, and bounds or categories, "
                          "from public knowledge; `dpsummary policy init DATA` writes the skeleton)"),
