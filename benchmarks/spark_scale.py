@@ -7,6 +7,10 @@
     nice -n 10 python benchmarks/spark_scale.py --rows 1000000 --rows 10000000 --numeric 4 \
         --master 'local[2]' --master 'local[1]' --metrics --zero-config --out benchmarks/results/spark_scale_cost.md
 
+    # issue 35: driver memory of zero-configuration releases with a 10^6-distinct-value ID column
+    nice -n 10 python benchmarks/spark_scale.py --rows 1000000 --driver-memory \
+        --out benchmarks/results/spark_scale_id_column.md
+
 Synthetic tables (generated here into a private temp directory, never committed): 20 columns,
 18 numeric features uniform on their public bounds, one categorical feature with 4 categories
 and a binary target drawn from a logistic model; Parquet, row groups of 2^17 rows, typed columns
@@ -31,6 +35,12 @@ Measured (wall clock, curator-local; these timings are benchmarks, never publish
   driver's peak RSS;
 * with ``--zero-config``: ``dpsummary release --epsilon 0.2 --target y`` with the PACKAGED
   default policy (no ``--policy``), on Spark and on the local engine, in a fresh process each.
+* with ``--driver-memory`` (issue 35): the same zero-configuration release on the same table
+  with and without an extra ``id`` column holding a distinct string per record, in a fresh
+  process each: the Python driver's peak RSS (``getrusage(RUSAGE_SELF)`` in the release's own
+  process, read after it ends) and the JVM driver's (``VmHWM`` of the ``java`` child, read before
+  the process exits), and the wall clock; ``--baseline-src DIR`` repeats the Spark runs with the
+  dpsummary package found in ``DIR`` (e.g. ``git archive`` of an older commit) for comparison.
 """
 
 from __future__ import annotations
@@ -69,8 +79,9 @@ def schema() -> object:
     return Schema.model_validate(tomllib.loads(schema_toml())["schema"])
 
 
-def generate(path: Path, rows: int, seed: int = 0) -> None:
-    """``rows`` x 20 columns into ``path`` (Parquet), in chunks of 10^6 rows."""
+def generate(path: Path, rows: int, seed: int = 0, *, id_column: bool = False) -> None:
+    """``rows`` x 20 columns into ``path`` (Parquet), in chunks of 10^6 rows; with
+    ``id_column`` a first column ``id`` of distinct strings (one per record)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -84,7 +95,8 @@ def generate(path: Path, rows: int, seed: int = 0) -> None:
             c = rng.integers(0, len(CATEGORIES), m)
             eta = (x - 0.5) @ beta[:NUMERIC] + beta[NUMERIC] * (c == 1)
             y = (rng.random(m) < 1 / (1 + np.exp(-eta))).astype(np.int64)
-            cols = {f"x{i}": x[:, i] for i in range(NUMERIC)}
+            cols = {"id": pa.array([f"id-{seed}-{start + i:012d}" for i in range(m)], pa.string())} if id_column else {}
+            cols.update({f"x{i}": x[:, i] for i in range(NUMERIC)})
             cols["c"] = pa.array(np.array(CATEGORIES, dtype=object)[c].tolist(), pa.string())
             cols["y"] = y
             tbl = pa.table(cols)
@@ -235,6 +247,106 @@ def zero_config_release(data: Path, engine: str, master: str, home: Path) -> flo
     return time.perf_counter() - t0
 
 
+#: Run in a fresh interpreter: one CLI release, then its peak memory as one JSON line on stderr.
+_MEASURED_RELEASE = r"""
+import json, os, resource, sys, time
+from pathlib import Path
+
+
+def java_hwm_mb():
+    me, best = os.getpid(), None
+    parents = {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+            parents[int(pid)] = (int(stat.rsplit(")", 1)[1].split()[1]), stat.split("(", 1)[1].rsplit(")", 1)[0])
+        except OSError:
+            continue
+    for pid, (_, comm) in parents.items():
+        p = pid
+        while p in parents and p != me:
+            p = parents[p][0]
+        if p == me and pid != me and comm == "java":
+            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                if line.startswith("VmHWM:"):
+                    best = max(best or 0.0, int(line.split()[1]) / 1024)
+    return best
+
+
+from dpsummary.cli import main
+
+sys.argv = ["dpsummary", *sys.argv[1:]]
+t0 = time.perf_counter()
+code = 0
+try:
+    main()
+except SystemExit as exc:
+    code = exc.code
+wall = time.perf_counter() - t0
+print("MEASURED " + json.dumps({"exit": code, "wall": wall, "java_hwm_mb": java_hwm_mb(),
+      "python_maxrss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}), file=sys.stderr)
+"""
+
+
+def measured_release(data: Path, engine: str, master: str, home: Path, src: Path | None = None) -> dict[str, float]:
+    """A zero-configuration release (packaged default policy) in a fresh interpreter, with its
+    driver's peak memory: Python (``ru_maxrss`` of that process) and JVM (``VmHWM`` of its java
+    child). ``src``: a directory whose ``dpsummary`` package is used instead (a baseline)."""
+    import json
+    import subprocess
+
+    out = home / f"{engine}-{data.stem}{'-baseline' if src is not None else ''}.json"
+    cmd = [sys.executable, "-c", _MEASURED_RELEASE, "release", "--epsilon", "0.2", "--target", "y", "--out", str(out)]
+    if engine == "spark":
+        cmd += ["--engine", "spark", "--spark-master", master]
+    env = dict(os.environ, DPSUMMARY_HOME=str(home / f"{engine}-{data.stem}-{src is not None}"), OMP_NUM_THREADS="1")
+    if src is not None:
+        env["PYTHONPATH"] = str(src)
+    proc = subprocess.run([*cmd, str(data)], env=env, capture_output=True, text=True, check=False)
+    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("MEASURED ")]
+    if not lines:
+        raise SystemExit(f"measured release did not report ({engine}):\n{proc.stdout[-2000:]}{proc.stderr[-3000:]}")
+    res = json.loads(lines[-1][len("MEASURED "):])
+    res["ok"] = float(res.pop("exit") == 0 and out.exists())
+    if not res["ok"]:
+        print(f"release failed ({engine}, {data.name}):\n{proc.stdout[-1500:]}{proc.stderr[-1500:]}", flush=True)
+    columns: list[str] = []
+    if out.exists():  # the released schema's columns (in the signed statement's payload)
+        import base64
+
+        statement = json.loads(base64.b64decode(json.loads(out.read_text())["payload"]))
+        columns = [c["name"] for c in statement["predicate"]["body"]["summary"]["transform"]["schema"]["columns"]]
+    res["schema_columns"] = float(len(columns))
+    res["id_released"] = float("id" in columns)
+    return res
+
+
+def driver_memory(rows: int, master: str, work: Path, baseline: Path | None, engines: list[str]) -> str:
+    """The ``--driver-memory`` table (markdown): per table (with / without the ID column),
+    engine and code version, the zero-configuration release's outcome, wall clock and driver
+    peak memory."""
+    home = Path(tempfile.mkdtemp(dir=work))
+    lines = ["| table | engine | code | exit | released schema columns | wall clock | Python driver peak RSS | "
+             "JVM driver peak RSS |", "|---|---|---|---|---|---|---|---|"]
+    for id_column in (False, True):
+        data = work / f"synthetic_{rows}{'_id' if id_column else ''}.parquet"
+        generate(data, rows, id_column=id_column)
+        label = f"{rows:,} rows x {20 + id_column} columns" + (" (+ `id`, one distinct value per row)" if id_column
+                                                              else "")
+        runs = [(e, None) for e in engines] + ([("spark", baseline)] if baseline is not None else [])
+        for engine, src in runs:
+            res = measured_release(data, engine, master, home, src)
+            print(rows, id_column, engine, src, res, flush=True)
+            java = "n/a (no JVM)" if res["java_hwm_mb"] is None else f"{res['java_hwm_mb']:,.0f} MB"
+            lines.append(f"| {label} | {engine}{f' ({master})' if engine == 'spark' else ''} | "
+                         f"{'baseline' if src is not None else 'this commit'} | "
+                         f"{'0' if res['ok'] else 'failed'} | {res['schema_columns']:.0f}"
+                         f"{' (id among them)' if res['id_released'] else ''} | {res['wall']:.0f} s | "
+                         f"{res['python_maxrss_mb']:,.0f} MB | {java} |")
+        data.unlink()
+    return "\n".join(lines) + "\n"
+
+
 def main() -> None:
     global NUMERIC
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -248,6 +360,12 @@ def main() -> None:
     ap.add_argument("--master", action="append", help="Spark masters (repeatable; default local[2])")
     ap.add_argument("--numeric", type=int, default=18, help="numeric feature columns")
     ap.add_argument("--metrics", action="store_true", help="input/shuffle bytes and driver memory (REST API)")
+    ap.add_argument("--driver-memory", action="store_true",
+                    help="issue 35: driver peak memory of zero-configuration releases with and without an ID column")
+    ap.add_argument("--baseline-src", type=Path, default=None,
+                    help="with --driver-memory: also run Spark with the dpsummary package in this directory")
+    ap.add_argument("--engine", action="append", choices=["spark", "local"],
+                    help="with --driver-memory: engines to run (repeatable; default both)")
     ap.add_argument("--zero-config", action="store_true",
                     help="time zero-configuration releases with the packaged default policy (Spark and local)")
     args = ap.parse_args()
@@ -258,6 +376,22 @@ def main() -> None:
 
     work = Path(tempfile.mkdtemp(prefix="dpsummary-spark-bench-"))
     os.environ.setdefault("DPSUMMARY_HOME", str(work / "home"))
+    if args.driver_memory:
+        try:
+            tables = [driver_memory(rows, masters[0], work, args.baseline_src, args.engine or ["spark", "local"])
+                      for rows in sizes]
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        command = ("nice -n 10 python benchmarks/spark_scale.py " + " ".join(f"--rows {r}" for r in sizes)
+                   + "".join(f" --master '{m}'" for m in args.master or []) + " --driver-memory"
+                   + (" --baseline-src DIR" if args.baseline_src else "")
+                   + "".join(f" --engine {e}" for e in args.engine or []))
+        text = (f"machine: {platform.machine()}, {os.cpu_count()} cores (shared), Python {platform.python_version()}; "
+                f"command: `{command}`\n\n" + "\n".join(tables))
+        print(text)
+        if args.out:
+            args.out.write_text(text)
+        return
     scratch = private_dir()
     results: dict[tuple[int, str], dict[str, float | None]] = {}
     try:

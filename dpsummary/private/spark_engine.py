@@ -5,12 +5,21 @@ functions). The session, the public checks, the executor probe and package shipp
 record and live in :mod:`dpsummary.spark`. It runs the same mechanisms as the local engine,
 through the same kernel, on data that lives in a Spark cluster (or in ``local[2]``):
 
-* **Full passes** (stage 1's record count and DP schema counts; the quality counts; the
-  noise-aware mechanism's rounds): ``mapInArrow`` runs, per partition and per Arrow batch, the
-  shared per-batch code (schema counting, encoder, kernel), which returns exact INTEGER partial
-  sums; the driver adds them as Python
+* **Full passes** (the quality counts; the noise-aware mechanism's rounds): ``mapInArrow``
+  runs, per partition and per Arrow batch, the shared per-batch code (encoder, kernel), which
+  returns exact INTEGER partial sums of a public, fixed size; the driver adds them as Python
   integers (exact, so the total is bit-identical to the local engine's whatever the partitioning)
   and then adds the noise ONCE through the mechanism's own noise path.
+* **Stage 1's DP schema** (zero configuration): the schema counts include one count per distinct
+  text value, so they are summed BY KEY on the executors (:class:`Stage1Pass`, ``groupBy``),
+  each value key is noised and thresholded there (:class:`ValueSelection`, the local engine's
+  :class:`~dpsummary.private.preprocess.SchemaMechanism`: OpenDP noise from the executor's OS
+  entropy, the column's public scale, the same ``tau_c``), and the driver receives the record
+  count, the fixed-size type and grid counts (noised on the driver) and only value keys that
+  passed, at most ``keep`` per column and shuffle partition: driver memory does not grow with
+  the number of distinct values, and no value the threshold does not release reaches it.
+  Proof that this is the local engine's distribution: :mod:`dpsummary.private.preprocess`,
+  "Distributed form".
 * **DP-PSVI**: ONE pass pre-materialises every step's batch. Each row's steps come from keyed
   PRF coins (:mod:`dpsummary.private.prf`: ChaCha20 under a 256-bit key from OS entropy, at the
   row's id = (index of its file in the sorted file list, ``_metadata.row_index``)), so the
@@ -25,7 +34,11 @@ through the same kernel, on data that lives in a Spark cluster (or in ``local[2]
 Privacy caveats (see SECURITY.md, "The Spark engine"):
 
 * Spark's ``rand(seed)`` is never used; coins come only from the keyed PRF (key from
-  :func:`secrets.token_bytes`), noise only from the mechanism's OS-entropy path on the driver.
+  :func:`secrets.token_bytes`), noise only from the mechanisms' OS-entropy path (OpenDP), on
+  the driver, and for stage 1's value keys on the executors (never seeded either).
+* Stage 1's exact value counts are shuffled between executors (``groupBy``) in Spark's shuffle
+  files, inside the private directory's spill dirs on ``local`` and on the executors' local
+  disks on a cluster (enable ``spark.io.encryption.enabled``, as below).
 * The step files are raw-equivalent records (model-space rows): the private directory is mode
   0700, holds Spark's local/spill dirs and the JVM's tmpdir too, and is deleted on every exit
   path (success, refusal, exception) by :class:`SparkEngine`'s context manager. A SIGKILL can
@@ -33,7 +46,9 @@ Privacy caveats (see SECURITY.md, "The Spark engine"):
 * Nothing data-derived is logged: no row counts, batch sizes, step-file sizes or fine timings.
   Spark's log level is WARN, its UI and console progress bar are off.
 * Task retries cannot double-count a record: full-pass partials are taken from one successful
-  attempt per partition (``collect``), step files go through Spark's output committer.
+  attempt per partition (``collect``), step files go through Spark's output committer. A
+  retried :class:`ValueSelection` task draws fresh noise and only one attempt's output reaches
+  the driver (a retry is caused by a failure, never by the output's value; speculation is off).
 * On a cluster, the PRF key travels inside the task closure to the executors: enable Spark's
   RPC/IO encryption (``--spark-conf spark.network.crypto.enabled=true --spark-conf
   spark.io.encryption.enabled=true``) and treat the executors like the curator's machine. The
@@ -165,37 +180,117 @@ class QualityPass:
         yield pa.RecordBatch.from_pydict({"name": [r[0] for r in rows], "ints": [r[1] for r in rows]})
 
 
-STAGE1_SCHEMA = "read long, counts binary"
+#: Stage 1's exact counts on the executors: one row per (column index, section, label). Sections:
+#: the record count (column -1), the 4 type bins and 83 grid bins of each column (label = bin
+#: index; both public, fixed-size), and the value keys (label = the text value).
+STAGE1_SCHEMA = "col int, section int, label string, count long"
+READ, TYPE, GRID, VALUE = 0, 1, 2, 3
+#: What the value selection sends to the driver: the fixed sections' exact counts (``noisy``
+#: null) and, per column, only value keys that passed the threshold, with their noisy count
+#: (``count`` null: a selected key's exact count never leaves the executor).
+SELECTED_SCHEMA = "col int, section int, label string, count long, noisy double"
+
+
+def _stage1_rows(cols: list[int], sections: list[int], labels: Any, counts: Any) -> Any:
+    import pyarrow as pa
+
+    if isinstance(labels, pa.Array):
+        labels = labels if labels.type == pa.string() else labels.cast(pa.string())
+    return pa.RecordBatch.from_arrays(
+        [pa.array(cols, pa.int32()), pa.array(sections, pa.int32()),
+         labels if isinstance(labels, pa.Array) else pa.array(labels, pa.string()),
+         pa.array(counts, pa.int64())], names=["col", "section", "label", "count"])
 
 
 @dataclass(frozen=True)
 class Stage1Pass:
     """Per partition: records read and, with a ``header``, the exact counts of DP schema
-    estimation (a pickled :class:`~dpsummary.private.preprocess.SchemaCounts`, filled as the
-    local engine's stage-1 scan fills it: :func:`dpsummary.data.text_column` per column of
-    each Arrow batch). One output row per partition; the driver adds them exactly."""
+    estimation, counted as the local engine's stage-1 scan counts them
+    (:func:`~dpsummary.private.preprocess.column_counts` on :func:`dpsummary.data.text_column` of
+    each column of each Arrow batch). Value keys are emitted per batch (one row per distinct
+    value of the batch: executor memory is one batch, Spark's partial aggregation combines
+    them); the fixed-size sections once per partition (non-zero bins only). Nothing leaves the
+    executors but into :class:`ValueSelection` (``groupBy`` sums them first)."""
 
     header: tuple[str, ...] | None
 
     def __call__(self, batches: Iterator[Any]) -> Iterator[Any]:
-        import pickle
-
-        import pyarrow as pa
+        import numpy as np
 
         from ..data import batch_columns, text_column
-        from .preprocess import SchemaCounts
+        from ..postprocess.schema import NUM_GRID_BINS
+        from .preprocess import column_counts
 
         read = 0
-        counts = SchemaCounts(list(self.header)) if self.header is not None else None
+        index = {name: i for i, name in enumerate(self.header or ())}
+        types = np.zeros((len(index), 4), dtype=np.int64)
+        grid = np.zeros((len(index), NUM_GRID_BINS), dtype=np.int64)
         for batch in batches:
             data = _data_columns(batch)
             read += data.num_rows
-            if counts is not None:
-                for name, col in batch_columns(data).items():
-                    counts.add(name, text_column(col)[0])
-        blob = pickle.dumps(counts, protocol=pickle.HIGHEST_PROTOCOL) if counts is not None else None
-        yield pa.RecordBatch.from_pydict({"read": [read], "counts": [blob]},
-                                         schema=pa.schema([("read", pa.int64()), ("counts", pa.binary())]))
+            if self.header is None:
+                continue
+            for name, col in batch_columns(data).items():
+                i = index[name]
+                t, g, distinct, value_counts = column_counts(text_column(col)[0])
+                types[i] += t
+                grid[i] += g
+                if distinct is not None and len(distinct):
+                    k = len(distinct)
+                    yield _stage1_rows([i] * k, [VALUE] * k, distinct, value_counts)
+        cols, sections, labels, totals = [-1], [READ], [""], [read]
+        for section, table in ((TYPE, types), (GRID, grid)):
+            rows, bins = np.nonzero(table)
+            cols += rows.tolist()
+            sections += [section] * len(rows)
+            labels += [str(b) for b in bins.tolist()]
+            totals += table[rows, bins].tolist()
+        yield _stage1_rows(cols, sections, labels, totals)
+
+
+@dataclass(frozen=True)
+class ValueSelection:
+    """Per partition of the AGGREGATED stage-1 counts (each key exactly once over all
+    partitions, its total count): the schema mechanism's value part on the executor. Each value
+    key gets its Gaussian noise (:meth:`SchemaMechanism.select_values`: OpenDP's discrete
+    Gaussian from the executor's OS entropy, the column's public scale), keys whose noisy count
+    does not exceed ``tau_c`` are dropped here, and of the rest at most ``keep`` per column (the
+    largest) are sent. Fixed-size sections pass through exactly (the driver noises them).
+    Executor memory: one batch plus ``keep`` keys per column."""
+
+    mechanism: Any  # preprocess.SchemaMechanism
+
+    def __call__(self, batches: Iterator[Any]) -> Iterator[Any]:
+        import numpy as np
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        from .preprocess import top_values
+
+        mech = self.mechanism
+        best: dict[int, list[tuple[str, float]]] = {}
+        names = ["col", "section", "label", "count", "noisy"]
+        for batch in batches:
+            col = batch.column(0).to_numpy(zero_copy_only=False)
+            section = batch.column(1).to_numpy(zero_copy_only=False)
+            fixed = section != VALUE
+            if fixed.any():
+                keep = pa.array(fixed)
+                yield pa.RecordBatch.from_arrays(
+                    [pc.filter(batch.column(j), keep) for j in range(4)]
+                    + [pa.nulls(int(fixed.sum()), pa.float64())], names=names)
+            for c in np.unique(col[~fixed]).tolist():
+                rows = pa.array(~fixed & (col == c))
+                labels = pc.filter(batch.column(2), rows).to_pylist()
+                counts = pc.filter(batch.column(3), rows).to_numpy(zero_copy_only=False)
+                chosen = mech.select_values(mech.header[c], labels, counts)
+                best[c] = top_values(best.get(c, []) + chosen, mech.keep)
+        out = [(c, lab, v) for c, kept in sorted(best.items()) for lab, v in kept]
+        if out:
+            yield pa.RecordBatch.from_arrays(
+                [pa.array([c for c, _, _ in out], pa.int32()), pa.array([VALUE] * len(out), pa.int32()),
+                 pa.array([lab for _, lab, _ in out], pa.string()), pa.nulls(len(out), pa.int64()),
+                 pa.array([v for _, _, v in out], pa.float64())], names=names)
 
 
 @dataclass(frozen=True)
@@ -372,7 +467,7 @@ class SparkSource:
     for free: constructing it reads only metadata (the schema and the file list), never a record.
     ``on_close`` (the release's session scope) runs last in :meth:`close`."""
 
-    __slots__ = ("_coins", "_df", "_file_index", "_header", "_on_close", "_randomness", "_rows", "_schema_counts",
+    __slots__ = ("_coins", "_df", "_file_index", "_header", "_on_close", "_randomness", "_rows",
                  "_scratch", "_spark", "_steps")
 
     def __init__(self, spark: Any, location: str | Path, scratch: Path, *, steps: int,
@@ -397,7 +492,6 @@ class SparkSource:
         #: The data columns by normalised name (the local reader's header rule).
         self._header = [normalise_text(str(c)) for c in self._df.columns if c not in (FILE_COLUMN, ROW_COLUMN)]
         self._rows: int | None = None  # PRIVATE exact count of records read (stage 1's pass)
-        self._schema_counts: Any = None  # PRIVATE exact schema counts (stage 1's pass)
 
     def close(self) -> None:
         on_close, self._on_close = self._on_close, None
@@ -421,62 +515,126 @@ class SparkSource:
         from .mechanism import release_count
 
         if self._rows is None:
-            self._scan_stage1(schema=False)
+            self._count_rows()
         assert self._rows is not None
         return release_count(self._randomness, self._rows, noise_multiplier=noise_multiplier)
 
-    def _scan_stage1(self, *, schema: bool) -> None:
-        """Stage 1's one full pass (:class:`Stage1Pass`): the exact record count and, with
-        ``schema``, the schema counts, merged exactly on the driver (PRIVATE, kept here)."""
-        import pickle
-
-        from .preprocess import SchemaCounts
-
-        if self._rows is not None and (not schema or self._schema_counts is not None):
+    def _count_rows(self) -> None:
+        """Stage 1's record count, unless :meth:`estimate_schema`'s pass gave it: Spark's Parquet
+        count (row-group footers; the same number of records the local reader reads from
+        Parquet, which has no ragged rows)."""
+        if self._rows is not None:
             return
-        if not schema:
-            # The count alone: Spark's Parquet count (row-group footers; the same number of
-            # records the local reader reads from Parquet, which has no ragged rows).
-            try:
-                self._rows = int(self._df.count())
-            except Exception as exc:  # noqa: BLE001
-                raise _job_failed(exc) from None
-            return
-        fn = Stage1Pass(tuple(self._header) if schema else None)
         try:
-            parts = self._df.mapInArrow(fn, STAGE1_SCHEMA).collect()
-        except Exception as exc:  # noqa: BLE001 - a Spark failure: one line, no worker traceback
+            self._rows = int(self._df.count())
+        except Exception as exc:  # noqa: BLE001
             raise _job_failed(exc) from None
-        rows = 0
-        merged = SchemaCounts(self._header) if schema else None
-        for part in parts:
-            rows += int(part["read"])
-            if merged is not None and part["counts"] is not None:
-                merged.merge(pickle.loads(part["counts"]))  # noqa: S301 - our executors' own output
-        self._rows = rows
-        if merged is not None:
-            self._schema_counts = merged
+
+    def _stage1_totals(self) -> Any:
+        """The exact stage-1 counts aggregated ON THE EXECUTORS (a lazy DataFrame, one row per
+        key with its total): :class:`Stage1Pass` per partition, then ``groupBy`` + ``sum`` (a
+        shuffle by key). PRIVATE: only :class:`ValueSelection` reads it in a release."""
+        from pyspark.sql import functions as F
+
+        return (self._df.mapInArrow(Stage1Pass(tuple(self._header)), STAGE1_SCHEMA)
+                .groupBy("col", "section", "label").agg(F.sum("count").alias("count")))
 
     def schema_counts(self) -> Any:
-        """PRIVATE exact schema counts of stage 1's pass: for the mechanism below and for
-        cross-engine replay tests only."""
-        self._scan_stage1(schema=True)
-        return self._schema_counts
+        """PRIVATE exact schema counts (a :class:`~dpsummary.private.preprocess.SchemaCounts`),
+        collected from :meth:`_stage1_totals` (the frame the mechanism reads): for cross-engine
+        replay tests only. A release never calls it (it would bring every distinct value to
+        the driver); :meth:`estimate_schema` brings only the selected ones."""
+        import numpy as np
+
+        from ..postprocess.schema import NUM_GRID_BINS
+        from .preprocess import SchemaCounts
+
+        rows = _collect_rows(self._stage1_totals())
+        counts = SchemaCounts(self._header)
+        fixed = {name: (np.zeros(4, dtype=np.int64), np.zeros(NUM_GRID_BINS, dtype=np.int64)) for name in self._header}
+        for r in rows:
+            if r["section"] == READ:
+                self._rows = int(r["count"])
+            elif r["section"] in (TYPE, GRID):
+                fixed[self._header[r["col"]]][r["section"] - TYPE][int(r["label"])] += int(r["count"])
+            else:
+                counts.add_totals(self._header[r["col"]], np.zeros(4), np.zeros(NUM_GRID_BINS), [r["label"]],
+                                  [int(r["count"])])
+        for name, (types, grid) in fixed.items():
+            counts.add_totals(name, types, grid, [], [])
+        return counts
 
     def estimate_schema(self, *, noise_multiplier: float, target: str | None, delta: float,
                         target_classes: int | None = None) -> Any:
-        """DP schema estimation on Spark: one full pass of exact counts (:class:`Stage1Pass`,
-        also stage 1's record count), then the local engine's mechanism on the driver
-        (:func:`~dpsummary.private.source.release_schema`: one Gaussian mechanism plus
-        partition selection at ``delta``), on exactly the counts the local engine sums."""
-        from .source import release_schema
+        """DP schema estimation on Spark: the local engine's mechanism (the same
+        :class:`~dpsummary.private.preprocess.SchemaMechanism`, with the release's target rule of
+        :func:`~dpsummary.private.source.release_schema`) with its value part distributed.
 
-        return release_schema(self.schema_counts(), noise_multiplier=noise_multiplier, target=target, delta=delta,
-                              target_classes=target_classes)
+        One job: :meth:`_stage1_totals` (exact counts, aggregated by key on the executors), then
+        :class:`ValueSelection` per aggregated partition (each value key noised and thresholded on
+        its executor; at most ``keep`` survivors per column and partition). The driver receives
+        the record count and the fixed-size type and grid counts (``C x 87`` numbers), adds their
+        noise here in one call, and receives only value keys that passed ``tau_c``: at most
+        ``keep x C x P`` of them (``P``: the shuffle's partition count, a public setting),
+        whatever the number of distinct values. Same distribution as the local engine: every
+        coordinate gets an independent discrete Gaussian of the same public scale whether it is
+        noised in one call or in pieces (:class:`~dpsummary.private.preprocess.SchemaMechanism`);
+        the threshold and the top-``keep`` cut are the same functions, and top-``keep`` of the
+        union of per-partition top-``keep`` lists is the top-``keep`` of all survivors
+        (:func:`~dpsummary.private.preprocess.top_values`). Stage 1's exact record count comes
+        from the same pass."""
+        from .preprocess import DEFAULT_TARGET_SHARE, SchemaMechanism
+
+        # release_schema's target rule: an even noise share when the class count is public.
+        mech = SchemaMechanism.plan(self._header, noise_multiplier=noise_multiplier, target=target, delta=delta,
+                                    target_classes=target_classes,
+                                    target_share=None if target_classes is not None else DEFAULT_TARGET_SHARE)
+        rows = _collect_rows(self._stage1_totals().mapInArrow(ValueSelection(mech), SELECTED_SCHEMA))
+        self._rows, result = release_selected(mech, rows)
+        return result
 
     def encode(self, transform: Any, *, missing_numeric: str, unseen_category: str) -> SparkEncoded:
         encoder = BatchEncoder(transform, missing_numeric, unseen_category)
         return SparkEncoded(self, encoder)
+
+
+def release_selected(mech: Any, rows: list[Any]) -> tuple[int, Any]:
+    """The driver's part of stage 1 on Spark, from what :class:`ValueSelection` sent (rows of
+    :data:`SELECTED_SCHEMA`, any order and partitioning): ``(exact record count, the schema
+    release)``. The fixed-size type and grid counts (``C x 87``, zero where absent) get their
+    Gaussian noise here, in one call at each column's public scale; the value keys already
+    carry theirs and passed ``tau_c`` on the executors; the per-partition top-``keep`` lists
+    merge exactly (:func:`~dpsummary.private.preprocess.top_values`, in
+    :meth:`~dpsummary.private.preprocess.SchemaMechanism.release`, post-processing)."""
+    import numpy as np
+
+    from ..postprocess.schema import NUM_GRID_BINS
+
+    header = mech.header
+    exact = np.zeros((len(header), 4 + NUM_GRID_BINS), dtype=np.int64)
+    values: dict[str, list[tuple[str, float]]] = {name: [] for name in header}
+    read = 0
+    for r in rows:
+        if r["section"] == READ:
+            read += int(r["count"])
+        elif r["section"] == TYPE:
+            exact[r["col"], int(r["label"])] += int(r["count"])
+        elif r["section"] == GRID:
+            exact[r["col"], 4 + int(r["label"])] += int(r["count"])
+        else:
+            values[header[r["col"]]].append((r["label"], float(r["noisy"])))
+    scales = np.repeat([mech.scale(name) for name in header], 4 + NUM_GRID_BINS)
+    noisy = mech.noise(exact.reshape(-1).astype(np.float64), scales).reshape(exact.shape)
+    return read, mech.release({name: noisy[i, :4] for i, name in enumerate(header)},
+                              {name: noisy[i, 4:] for i, name in enumerate(header)}, values)
+
+
+def _collect_rows(df: Any) -> list[Any]:
+    """``df.collect()`` with a Spark failure as one line (no worker traceback)."""
+    try:
+        return list(df.collect())
+    except Exception as exc:  # noqa: BLE001
+        raise _job_failed(exc) from None
 
 
 def _job_failed(exc: BaseException) -> Exception:

@@ -179,8 +179,9 @@ def worker_python(options: SparkOptions) -> str | None:
 
 # ---- the executors' dpsummary: shipped, then checked by a probe that touches no record ------
 #: Modules an executor imports to run the engine's passes (the probe imports them all).
-EXECUTOR_MODULES = ("numpy", "pyarrow", "torch", "dpsummary.data.encode", "dpsummary.private.kernel",
-                    "dpsummary.private.spark_engine", "dpsummary.private.prf")
+EXECUTOR_MODULES = ("numpy", "pyarrow", "torch", "opendp.measurements", "dpsummary.data.encode",
+                    "dpsummary.private.kernel", "dpsummary.private.preprocess", "dpsummary.private.spark_engine",
+                    "dpsummary.private.prf")
 
 
 def package_zip(scratch: Path) -> Path:

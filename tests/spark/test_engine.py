@@ -229,8 +229,10 @@ def _mixed_table(n: int, seed: int) -> pa.Table:
 def test_stage1_sums_identical_to_local(spark: Any, tmp_path: Path, partitions: int | None,
                                         max_bytes: int | None) -> None:
     """Stage 1 on Spark releases the local engine's mechanisms on the same noise-free totals:
-    the exact record count, every DP schema count (same keys, same order) and the data-quality
-    rule counts, whatever the partitioning and the file split."""
+    the exact record count, every DP schema count (same keys, same order; the totals summed by
+    key on the executors, which the Spark schema mechanism noises and thresholds there, see
+    test_schema_selection.py) and the data-quality rule counts, whatever the partitioning and
+    the file split."""
     from dpsummary.private.source import PrivateSource
     from dpsummary.private.spark_engine import QualityPass, _collect
 
