@@ -854,6 +854,28 @@ def calibrate_gaussian(
     )
 
 
+#: The accountant that sizes a release's budget parts (:func:`calibrate_part`).
+PART_ACCOUNTANT: Accountant = "pld"
+
+
+def calibrate_part(*, target_epsilon: float, delta: float, prior_events: Sequence[dpa.DpEvent] = ()) -> float:
+    """Noise multiplier of one budget part's plain Gaussian mechanism (record count, schema,
+    quality counts, DP initialisation): the smallest whose composition with ``prior_events`` stays
+    within the part's cumulative ``target_epsilon``, by the PLD accountant (:data:`PART_ACCOUNTANT`),
+    whatever the accountant of record.
+
+    Why PLD (issue 37): a part is a small share of a small epsilon at a tiny delta (the NAPSU-MQ
+    problem at epsilon 0.1, delta 5e-10: a count share of epsilon 0.0059), below what RDP over a
+    finite order list can certify at any noise (its epsilon never falls under log(1/delta) /
+    (max order - 1)), so the release used to refuse. PLD is exact for Gaussian compositions and
+    has no such floor. This only chooses how the budget is divided: the accountant of record
+    composes every event of the release, and the mechanism that comes last is calibrated under it
+    to the whole target with all parts as prior events (:func:`calibrate_gaussian`), so the claim
+    and the ledger are unchanged in kind."""
+    return calibrate_gaussian(target_epsilon=target_epsilon, delta=delta, prior_events=prior_events,
+                              accountant=PART_ACCOUNTANT)
+
+
 def accountant_versions() -> dict[str, str]:
     """Versions of the accounting libraries (recorded in artifacts and ledger entries)."""
     from importlib.metadata import PackageNotFoundError, version

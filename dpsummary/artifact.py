@@ -117,7 +117,27 @@ def pae(payload_type: str, payload: bytes) -> bytes:
 # --------------------------------------------------------------------------- writing
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
+def published_timestamp(iso_time: Any) -> float | None:
+    """POSIX seconds of a published ISO-8601 time (the release's recorded start, whole seconds),
+    or ``None`` when ``iso_time`` is not one. Files a release writes carry this time as their
+    access and modification times (issue 35): the file system's own times would mark the end of
+    the run at nanosecond precision, i.e. publish the run time, a function of the data."""
+    import datetime as _dt
+
+    if not isinstance(iso_time, str):
+        return None
+    try:
+        t = _dt.datetime.fromisoformat(iso_time)
+    except ValueError:
+        return None
+    if t.tzinfo is None:
+        return None
+    return float(int(t.timestamp()))
+
+
+def _atomic_write(path: Path, data: bytes, *, file_time: float | None = None) -> None:
+    """Write ``data`` to ``path`` atomically (temporary file, fsync, rename); ``file_time``: the
+    access and modification times the file gets before it appears (see :func:`published_timestamp`)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{secrets.token_hex(8)}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
@@ -126,6 +146,8 @@ def _atomic_write(path: Path, data: bytes) -> None:
             fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
+        if file_time is not None:
+            os.utime(tmp, (file_time, file_time))
         os.replace(tmp, path)
     finally:
         with contextlib.suppress(FileNotFoundError):
@@ -181,7 +203,8 @@ def write_artifact(
     writes an unsigned artifact, which readers refuse unless ``allow_unsigned=True``.
     """
     data = canonical_json(build_envelope(body, claim, private_key, keyid)) + b"\n"
-    _atomic_write(Path(path), data)
+    # The file's times are the body's published start (``created``), never the end of the run.
+    _atomic_write(Path(path), data, file_time=published_timestamp(body.get("created")))
     return "sha256:" + sha256_hex(data)
 
 

@@ -101,7 +101,7 @@ from filelock import FileLock, Timeout
 
 from . import accounting as acc
 from . import keys as _keys
-from .artifact import canonical_json
+from .artifact import canonical_json, published_timestamp
 
 if TYPE_CHECKING:
     from .policy import Policy
@@ -567,6 +567,12 @@ class Ledger:
             os.fsync(fd)
         finally:
             os.close(fd)
+        # The ledger's file times are the time this entry publishes (a release's recorded start,
+        # whole seconds), never the moment of the write, which would time the run (issue 35).
+        stamp = published_timestamp(entry.get("time"))
+        if stamp is not None:
+            with contextlib.suppress(OSError):
+                os.utime(self.path, (stamp, stamp))
         if created:
             with contextlib.suppress(OSError):
                 dfd = os.open(self.path.parent, os.O_RDONLY)

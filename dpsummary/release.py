@@ -350,21 +350,24 @@ def plan_public(req: ReleaseRequest, say: NoticeFn) -> PublicPlan:
     count_sigma = schema_sigma = None
     try:
         if not count_public:
-            count_sigma = acc.calibrate_gaussian(target_epsilon=split["count"] * req.epsilon, delta=delta,
-                                                 accountant=accountant)
+            count_sigma = acc.calibrate_part(target_epsilon=split["count"] * req.epsilon, delta=delta)
             events.append(dpe.GaussianDpEvent(count_sigma))
         if not schema_public:
-            schema_sigma = acc.calibrate_gaussian(
+            schema_sigma = acc.calibrate_part(
                 target_epsilon=(split["count"] + split["preprocessing"]) * req.epsilon,
-                delta=delta, prior_events=events, accountant=accountant,
+                delta=delta, prior_events=events,
             )
             events.append(dpe.GaussianDpEvent(schema_sigma))
+        # The parts are sized by PLD (accounting.calibrate_part), which certifies any epsilon; the
+        # accountant of record must still certify the whole release. A plain Gaussian at the whole
+        # epsilon after the parts is the least any mechanism adds: if the accountant of record
+        # cannot calibrate even that, no mechanism can run, so refuse now, before any charge.
+        acc.calibrate_gaussian(target_epsilon=req.epsilon, delta=delta, prior_events=events, accountant=accountant)
     except ValueError as exc:
         # Public facts only (epsilon, the policy's split and delta): refused before any charge.
         raise PolicyRefusal(
-            f"--epsilon {req.epsilon:g} is too small for the policy at delta {delta:.3g}: its record-count and "
-            f"schema shares cannot be calibrated ({exc}); raise --epsilon, or declare the record count and "
-            "schema public in the policy"
+            f"--epsilon {req.epsilon:g} is too small for the policy at delta {delta:.3g}: the {accountant} "
+            f"accountant cannot certify it ({exc}); raise --epsilon, or raise the policy's delta (a smaller n_max)"
         ) from exc
     release_id = secrets.token_hex(8)
     # No hash of the input file anywhere (issue 24): the ledger binds the release to its

@@ -312,3 +312,25 @@ def test_every_mechanism_registers_its_scenarios():
         assert len(chosen) == 1 and chosen[0].slot == "audits", scenario
     slots = [s.slot for s in registered if s.enabled(everything) and s.slot != "audits"]
     assert sorted(slots) == sorted(["one_run", "replay", "bnn", "mixture", "bootstrap"])
+
+
+def test_strict_utf8_decoding_of_parquet_is_detected():
+    # Issue 35's bug restored (a Parquet string column's invalid UTF-8 raises): the canary side
+    # always refuses (score +inf), D never, so the Parquet quality audit separates the sides
+    # perfectly (FP = FN = 0): bound ln((1 - delta) / pFP), about 5.6 > claim 2, deterministically.
+    r = st.run_selftest(_cfg(inject="strict-utf8", runs=1000, scenarios=("quality",)))
+    by_name = {a.scenario: a for a in r.audits}
+    assert set(by_name) == {"quality", "quality-parquet"}
+    assert by_name["quality-parquet"].false_negatives == 0 and by_name["quality-parquet"].violation
+    assert by_name["quality-parquet"].epsilon_lower_bound > CLAIM and r.violation
+    assert not by_name["quality"].violation or by_name["quality"].epsilon_lower_bound <= CLAIM * 2
+    from dpsummary.data import stream
+
+    assert stream._decode_utf8.__name__ == "_decode_utf8"  # the product's decoder is back
+
+
+def test_parquet_quality_handling_without_the_bug_passes():
+    # Clean: the Parquet canary adds 1 to each of the four counts, like the CSV one; the audit
+    # reports a violation with probability at most alpha = 1e-4 (its construction).
+    r = st.run_selftest(_cfg(runs=2000, scenarios=("quality",), alpha=1e-4))
+    assert [a.scenario for a in r.audits] == ["quality", "quality-parquet"] and not r.violation

@@ -93,32 +93,64 @@ def text_column(col: Any) -> tuple[Any, np.ndarray]:
     import pyarrow.compute as pc
 
     if isinstance(col, pa.ChunkedArray):
-        col = col.combine_chunks()
+        col = col.combine_chunks() if col.num_chunks else pa.array([], type=col.type)
     n = len(col)
     bad = np.zeros(n, dtype=bool)
     if pa.types.is_dictionary(col.type):
         col = col.dictionary_decode()
+    if pa.types.is_string(col.type) or pa.types.is_large_string(col.type):
+        # Arrow does not validate a string column's bytes when it reads one: Parquet writers
+        # (Spark, pyarrow from buffers) can store invalid UTF-8 under a string type, and every
+        # string kernel (utf8_normalize, utf8_trim_whitespace) then raises. Read the bytes as
+        # binary instead, so a string column goes through the same decode-with-replacement rule
+        # as a CSV field (issue 35: one record's bytes must never stop a release).
+        col = col.view(pa.large_binary() if pa.types.is_large_string(col.type) else pa.binary())
     if pa.types.is_binary(col.type) or pa.types.is_large_binary(col.type):
+        text, bad = _decode_utf8(col)
+    else:
         try:
             text = pc.cast(col, pa.string())
-        except (pa.ArrowInvalid, pa.ArrowTypeError):
-            values = []
-            for i, b in enumerate(col.to_pylist()):
-                b = b or b""
-                try:
-                    values.append(b.decode("utf-8"))
-                except UnicodeDecodeError:
-                    bad[i] = True
-                    values.append(b.decode("utf-8", errors="replace"))
-            text = pa.array(values, type=pa.string())
-    elif pa.types.is_string(col.type) or pa.types.is_large_string(col.type):
-        text = col
-    else:
-        text = pc.cast(col, pa.string())
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+            # A column whose Arrow type has no text form (nested lists, structs, maps): the type
+            # is in the file's schema (public), so this rule is public and per column, never
+            # per record: every value of the column reads as missing.
+            text = pa.nulls(n, pa.string())
     text = pc.fill_null(text, arrow_empty_string())
     if not pc.all(pc.string_is_ascii(text)).as_py() if n else False:
         text = pc.utf8_normalize(text, "NFKC")
     return pc.utf8_trim_whitespace(text), bad
+
+
+def _decode_utf8(col: Any) -> tuple[Any, np.ndarray]:
+    """A binary Arrow array decoded as UTF-8 (``pa.string()``), and which rows held bytes that
+    are not UTF-8: those rows' undecodable bytes become U+FFFD (total: any bytes decode). The
+    vectorised cast decides every batch that is valid UTF-8; only a batch holding an invalid
+    value is decoded value by value. PRIVATE (the flags go only into the quality-count mechanism)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    n = len(col)
+    bad = np.zeros(n, dtype=bool)
+    try:
+        return pc.cast(col, pa.string()), bad
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowCapacityError):
+        pass  # invalid UTF-8 somewhere, or more than 2 GiB of text: value by value
+    values = []
+    for i, b in enumerate(col.to_pylist()):
+        b = b or b""
+        try:
+            values.append(b.decode("utf-8"))
+        except UnicodeDecodeError:
+            bad[i] = True
+            values.append(b.decode("utf-8", errors="replace"))
+    # A batch's text can exceed 2 GiB only if its bytes do (U+FFFD is 3 bytes for each bad
+    # byte, so at most 3x): large_string holds any of it; normalised back to string below
+    # only when it fits.
+    text = pa.array(values, type=pa.large_string())
+    try:
+        return text.cast(pa.string()), bad
+    except (pa.ArrowInvalid, pa.ArrowCapacityError):
+        return text, bad
 
 
 def text_numbers(text: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -272,7 +304,7 @@ def _arrow_block(block: bytes, header: list[str]) -> tuple[list[Any], int]:
             pa.py_buffer(block),
             read_options=pcsv.ReadOptions(column_names=names, block_size=_ARROW_PARSE_BYTES, use_threads=True),
             parse_options=pcsv.ParseOptions(newlines_in_values=False),
-            convert_options=pcsv.ConvertOptions(column_types={c: pa.binary() for c in names}, null_values=[],
+            convert_options=pcsv.ConvertOptions(column_types={c: pa.large_binary() for c in names}, null_values=[],
                                                 strings_can_be_null=False, quoted_strings_can_be_null=False),
         )
     except (pa.ArrowInvalid, pa.ArrowCapacityError):  # a ragged row (its message is dropped unread)
@@ -329,7 +361,8 @@ def parse_csv_lines(block: bytes, header: list[str]) -> tuple[list[Any], int]:
         csv.field_size_limit(old_limit)
     if not cols or not cols[0]:
         return [], ragged
-    return [pa.RecordBatch.from_arrays([pa.array(c, pa.binary()) for c in cols], names=header)], ragged
+    # 64-bit offsets: one line of 2 GiB or more must not overflow a 32-bit binary array (issue 35).
+    return [pa.RecordBatch.from_arrays([pa.array(c, pa.large_binary()) for c in cols], names=header)], ragged
 
 
 def stream_pass(path: str | Path, consumer_factory: Any, *, header: list[str] | None = None) -> tuple[Any, int]:

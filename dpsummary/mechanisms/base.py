@@ -195,9 +195,9 @@ def quality_noise(public: PublicPlan, split: dict[str, float]) -> tuple[float | 
     before = list(public.stage1.events)
     if split["quality"] <= 0:
         return None, before
-    sigma = acc.calibrate_gaussian(
+    sigma = acc.calibrate_part(
         target_epsilon=(split["count"] + split["preprocessing"] + split["quality"]) * public.req.epsilon,
-        delta=public.delta, prior_events=before, accountant=public.accountant)
+        delta=public.delta, prior_events=before)
     return sigma, [*before, gaussian_event(sigma)]
 
 

@@ -149,7 +149,7 @@ class DpPsvi(GlmMechanism):
             raise ChargedRefusal(f"the parametric bootstrap of DP-PSVI failed ({type(exc).__name__}); "
                                  "report this bug") from None
         cal = result.calibration
-        say(f"bootstrap done in {result.seconds:.0f} s: calibrated posterior (bias and spread per coordinate), "
+        say(f"bootstrap done: calibrated posterior (bias and spread per coordinate), "
             f"leave-one-out bootstrap coverage {cal.loo_coverage:.0%} (Monte Carlo se {cal.loo_coverage_se:.1%}); "
             f"pseudocoreset matched to it (symmetric KL {cal.match_symmetric_kl:.3g} nats"
             + (", a poor match: the artifact also carries the calibrated Gaussian)"

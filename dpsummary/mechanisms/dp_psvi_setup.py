@@ -52,7 +52,9 @@ def plan_initialisation(
     bins).
 
     ``target_epsilon`` is cumulative: the composition of ``prior_events`` and the histograms is
-    calibrated to it (as the count and schema stages are). Returns the events to compose before
+    calibrated to it (as the count and schema stages are), by :func:`~dpsummary.accounting.calibrate_part`
+    (PLD) whatever ``accountant`` is; ``accountant`` (the accountant of record) composes the
+    release's events and calibrates the optimisation that follows. Returns the events to compose before
     the optimisation. Used by the release and the benchmarks, so both measure the same thing."""
     from .. import accounting as acc
     from ..postprocess.marginals import layout_for, marginals_event
@@ -62,8 +64,7 @@ def plan_initialisation(
     layout = layout_for(transform, count_target=True)
     if not layout.columns:
         return None, None, list(prior_events)
-    sigma = acc.calibrate_gaussian(target_epsilon=target_epsilon, delta=delta, prior_events=prior_events,
-                                   accountant=accountant)
+    sigma = acc.calibrate_part(target_epsilon=target_epsilon, delta=delta, prior_events=prior_events)
     return sigma, layout, [*prior_events, marginals_event(sigma)]
 
 

@@ -37,12 +37,13 @@ from .config import (
     SelftestScenario,
 )
 from .mixture import MixtureCheckResult
-from .records import csv_lines_audit, quality_audit
+from .records import csv_lines_audit, quality_audit, quality_parquet_audit
 
 #: The pipeline's own audits: what every release does to records before its mechanism runs.
 PIPELINE_SCENARIOS: tuple[SelftestScenario, ...] = (
     SelftestScenario("quality", "pipeline", "audits", lambda cfg: "quality" in cfg.scenarios,
-                     lambda cfg, ctx, progress: [quality_audit(cfg, ctx.alpha, progress)]),
+                     lambda cfg, ctx, progress: [quality_audit(cfg, ctx.alpha, progress),
+                                                  quality_parquet_audit(cfg, ctx.alpha, progress)]),
     SelftestScenario("csv-lines", "pipeline", "audits", lambda cfg: "csv-lines" in cfg.scenarios,
                      lambda cfg, ctx, progress: [csv_lines_audit(cfg, ctx.alpha, progress)]),
 )
@@ -118,7 +119,9 @@ def run_selftest(config: SelfTestConfig | None = None, progress: Progress | None
     check = check_canary_design(cfg.design)
     if not check.ok:
         raise RuntimeError(f"canary design check failed: {check}")
-    n_audits = len(cfg.scenarios) + (1 if cfg.one_run_canaries > 0 else 0)
+    # One alpha share per audit: the "quality" scenario runs two (CSV and Parquet, issue 35).
+    n_audits = (len(cfg.scenarios) + (1 if "quality" in cfg.scenarios else 0)
+                + (1 if cfg.one_run_canaries > 0 else 0))
     a_each = cfg.alpha / max(n_audits, 1)
     claimed_one = epsilon([event], cfg.one_run_delta, cfg.accountant) if cfg.one_run_canaries > 0 else math.nan
     ctx = AuditContext(sigma=sigma, sample_rate=q, claimed=claimed, claimed_one_run=claimed_one, alpha=a_each)
@@ -128,7 +131,8 @@ def run_selftest(config: SelfTestConfig | None = None, progress: Progress | None
     with torch_threads(cfg.torch_threads):
         wb_start = time.perf_counter()
         audits: list[AuditResult] = [a for s in chosen if s.slot == "audits" for a in s.run(cfg, ctx, progress)]
-        audits.sort(key=lambda a: SCENARIOS.index(a.scenario))
+        # Scenario order; an audit a scenario adds ("quality-parquet") follows its scenario.
+        audits.sort(key=lambda a: SCENARIOS.index(a.scenario.removesuffix("-parquet")))
         wb_time = time.perf_counter() - wb_start
         for slot in ("one_run", "replay", "bnn", "mixture", "bootstrap"):
             for s in chosen:

@@ -21,9 +21,9 @@ from ..private.mechanism import PrivacyRandomness, PrivateRecords, SystemRandomn
 from ..private.sampling import poisson_indices
 
 Injection = Literal["none", "no-clip", "half-noise", "fixed-size", "fixed-seed", "no-scale", "refuse-invalid",
-                    "multiline-csv"]
+                    "multiline-csv", "strict-utf8"]
 INJECTIONS: tuple[Injection, ...] = ("none", "no-clip", "half-noise", "fixed-size", "fixed-seed", "no-scale",
-                                     "refuse-invalid", "multiline-csv")
+                                     "refuse-invalid", "multiline-csv", "strict-utf8")
 NoisePath = Literal["opendp", "numpy"]
 NOISE_PATHS: tuple[NoisePath, ...] = ("opendp", "numpy")
 

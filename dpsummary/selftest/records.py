@@ -90,6 +90,94 @@ def quality_audit(cfg: SelfTestConfig, alpha: float, progress: Progress | None =
                                sigma=sigma, claimed=claimed, progress=progress)
 
 
+#: The Parquet quality canary (issue 35): one record whose string values hold bytes that are not
+#: UTF-8, in a schema column (the numeric x1: undecodable, so also imputed) and in a column outside
+#: the schema (``note``), with an unseen category and a missing target. Parquet writers do not
+#: validate UTF-8, so such a record reaches the reader as a typed string column.
+PARQUET_CANARY: dict[str, bytes] = {"x1": b"\xff\xfe", "x2": b"zzz", "y": b"", "note": b"caf\xe9"}
+
+
+def quality_parquet_design(background: int, directory: Path) -> tuple[Path, Path]:
+    """The "quality" design as Parquet files with string-typed columns (as a Spark job or a
+    pyarrow writer from buffers leaves them): D = the clean records of :func:`quality_design`
+    plus a ``note`` column outside the schema; D' = D plus :data:`PARQUET_CANARY`, which adds
+    exactly 1 to each of the four released quality counts. Returns (path of D, path of D')."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    clean, _ = quality_design(background)
+    rows = [line.split(b",") + [b"note"] for line in clean.split(b"\n")[1:] if line]
+    names = ["x1", "x2", "y", "note"]
+
+    def write(name: str, records: list[list[bytes]]) -> Path:
+        cols = {}
+        for j, col in enumerate(names):
+            values = [r[j] for r in records]
+            offsets = np.concatenate([[0], np.cumsum([len(v) for v in values])]).astype(np.int32)
+            # From buffers: Arrow does not validate UTF-8 here, exactly as a Parquet writer does not.
+            cols[col] = pa.StringArray.from_buffers(len(values), pa.py_buffer(offsets.tobytes()),
+                                                    pa.py_buffer(b"".join(values)))
+        path = directory / name
+        pq.write_table(pa.table(cols), path)
+        return path
+
+    return write("d.parquet", rows), write("d1.parquet", [*rows, [PARQUET_CANARY[c] for c in names]])
+
+
+@contextmanager
+def _utf8_decoding(inject: Injection) -> Iterator[None]:
+    """The product's UTF-8 decoding (undecodable bytes replaced and flagged), or with
+    ``inject="strict-utf8"`` a strict decoder in its place (the behaviour issue 35 removed for
+    Parquet string columns: one record's invalid bytes raise and stop the release)."""
+    from ..data import stream
+
+    if inject != "strict-utf8":
+        yield
+        return
+
+    def strict(col: Any) -> tuple[Any, np.ndarray]:
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        return pc.cast(col, pa.string()), np.zeros(len(col), dtype=bool)
+
+    original = stream._decode_utf8
+    stream._decode_utf8 = strict
+    try:
+        yield
+    finally:
+        stream._decode_utf8 = original
+
+
+def quality_parquet_audit(cfg: SelfTestConfig, alpha: float, progress: Progress | None = None) -> AuditResult:
+    """:func:`quality_audit` on Parquet (issue 35): the same mechanism, calibration and score on
+    :func:`quality_parquet_design`. The product reads the canary's invalid bytes as U+FFFD and
+    flags its record; ``inject="strict-utf8"`` restores the crash (a refusal, score +inf),
+    which the audit separates from D with certainty."""
+    import tempfile
+
+    import pyarrow as pa
+
+    sigma = calibrate_gaussian(target_epsilon=cfg.epsilon, delta=cfg.delta, accountant=cfg.accountant)
+    claimed = epsilon([gaussian_event(sigma)], cfg.delta, cfg.accountant)
+    with tempfile.TemporaryDirectory(prefix="dpsummary-selftest-") as tmp, _utf8_decoding(cfg.inject):
+        outcomes = []
+        for path in quality_parquet_design(cfg.design.background, Path(tmp)):
+            try:
+                outcomes.append(quality_outcome(path, inject=cfg.inject))
+            except (pa.ArrowInvalid, UnicodeDecodeError):  # only the injected strict decoder raises
+                outcomes.append(None)
+
+    def draw(canary: bool) -> float:
+        encoded = outcomes[int(canary)]
+        if encoded is None:
+            return math.inf
+        return float(np.sum(list(encoded.noisy_quality_counts(noise_multiplier=sigma).noisy.values())))
+
+    return gaussian_audit(cfg, alpha, draw, scenario="quality-parquet", mechanism="noisy_quality_counts",
+                          sigma=sigma, claimed=claimed, progress=progress)
+
+
 #: The "csv-lines" scenario (issue 24): one line inserted into a clean CSV, each a line that a
 #: reader letting a quoted field run across lines, or ending a record at a bare CR, reads as
 #: many records. ``where``: right after the header, before the middle line, or as the last line
