@@ -613,13 +613,27 @@ def artifact_reference(artifact: Path, data: Path, epsilon: float, *, posterior:
 def judge_artifact(artifact: Path, data: Path, epsilon: float) -> dict[str, Any]:
     """Judge one signed artifact in its own model space (:func:`artifact_reference`): the
     posterior an analyst loads by default, the Laplace posterior of its weighted pseudocoreset."""
+    from dpsummary.gaussian import GaussianPosterior
     from dpsummary.inference import coreset_posterior
 
     rel, ref = artifact_reference(artifact, data, epsilon)
     post = coreset_posterior(ref.model, rel.summary.points, rel.summary.weights)
     out = judge(post, ref)
     out.update(delta=float(rel.claim["delta_accounting"]), n_rows=int(ref.points.shape[0]),
-               posterior=rel.summary.info.get("posterior", ""))
+               posterior=rel.summary.info.get("posterior", ""),
+               match_kl=rel.summary.info.get("match_symmetric_kl"))
+    # Diagnostic: the Gaussian the pseudocoreset was matched to, when the artifact carries it
+    # (noise-aware-newton): separates an error of the posterior from one of the matching.
+    gaussians = (rel.body.get("posterior") or {}).get("gaussians") or {}
+    default = (rel.body.get("posterior") or {}).get("default")
+    g = gaussians.get(default) if isinstance(default, str) else None
+    if g is not None:
+        cov = torch.tensor(g["cov"], dtype=torch.float64)
+        gauss = GaussianPosterior(mean=torch.tensor(g["mean"], dtype=torch.float64),
+                                  scale_tril=torch.linalg.cholesky(0.5 * (cov + cov.T)))
+        gj = judge(gauss, ref)
+        out.update(gaussian_coverage=gj["coverage"], gaussian_width_ratio=gj["width_ratio"],
+                   gaussian_wrong_sign=gj["effects_wrong_sign"])
     return out
 
 
@@ -644,8 +658,9 @@ def release(spec: TableSpec, data: Path, mode: str, epsilon: float, mechanism: s
 FIELDS = ["table", "kind", "model", "mode", "epsilon", "mechanism", "run", "outcome", "message", "param_dim",
           "n_rows", "delta", "coverage", "effects_wrong_sign", "width_ratio", "effects_full", "effects_found",
           "floor_coverage", "floor_width_ratio", "width_vs_floor", "floor_effects_found", "effects_vs_floor",
-          "mean_error_sd_median", "mean_error_sd_max", "kl_full_summary", "posterior", "release_seconds",
-          "judge_seconds", "code", "started"]
+          "mean_error_sd_median", "mean_error_sd_max", "kl_full_summary", "posterior", "match_kl",
+          "gaussian_coverage", "gaussian_width_ratio", "gaussian_wrong_sign", "release_seconds", "judge_seconds",
+          "code", "started"]
 
 
 def code_version() -> str:
@@ -668,6 +683,8 @@ def run_cells(out: Path, tables: list[str], modes: list[str], epsilons: list[flo
     """Run every cell ``runs`` times, appending one row per run to ``out``. Returns the rows written."""
     out.parent.mkdir(parents=True, exist_ok=True)
     new = not out.exists() or out.stat().st_size == 0
+    if not new:
+        _upgrade_header(out)
     code = code_version()
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     written = 0
@@ -720,6 +737,28 @@ def run_cells(out: Path, tables: list[str], modes: list[str], epsilons: list[flo
     return written
 
 
+def _upgrade_header(out: Path) -> None:
+    """Make an existing results file's header :data:`FIELDS` before appending: a file written by
+    an earlier version of the harness (a subset of the columns) is rewritten atomically with the
+    new columns left blank; a file with columns the harness does not know is refused."""
+    with out.open(newline="") as fh:
+        reader = csv.DictReader(fh)
+        header = list(reader.fieldnames or [])
+        if header == FIELDS:
+            return
+        unknown = [c for c in header if c not in FIELDS]
+        if unknown:
+            raise SystemExit(f"error: {out} has column {unknown[0]!r}, which this harness does not write; "
+                             "append to a new file with --out")
+        rows = list(reader)
+    tmp = out.with_suffix(out.suffix + ".tmp")
+    with tmp.open("w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=FIELDS, restval="")
+        w.writeheader()
+        w.writerows(rows)
+    tmp.replace(out)
+
+
 def _short(v: Any) -> str:
     return f"{v:.3g}" if isinstance(v, float) else str(v)
 
@@ -759,6 +798,7 @@ class Cell:
     param_dim: str
     verdict: str
     message: str
+    gaussian_coverage: float | None = None
 
 
 def verdict(coverage: float | None, floor_coverage: float | None, wrong_sign: int, refused: int, errors: int
@@ -796,7 +836,8 @@ def cells(rows: list[dict[str, str]]) -> dict[CellKey, Cell]:
         out[key] = Cell(key, len(rs), len(ok), refused, errors, cov, min(covs) if covs else None, fcov, thr, fj, wrong,
                         _median(ok, "width_ratio"), _median(ok, "floor_width_ratio"), _median(ok, "width_vs_floor"),
                         _median(ok, "effects_full"), _median(ok, "effects_found"), _median(ok, "floor_effects_found"),
-                        ok[0]["param_dim"] if ok else "-", v, msgs[0] if msgs else "")
+                        ok[0]["param_dim"] if ok else "-", v, msgs[0] if msgs else "",
+                        _median(ok, "gaussian_coverage"))
     return out
 
 
@@ -835,7 +876,9 @@ def report(results: Path, target: Path, plot: Path | None = None, note: str = ""
         "tables, rules, modes). Coverage: share of coordinates whose central 95% interval contains the full-data "
         "posterior mean (median over runs; min in brackets). Wrong: wrong-sign effects summed over runs. Width: "
         "median sd / full-data sd (median over runs); floor: the idealised floor's. Effects: found / the floor's "
-        "expected / full-data. Verdict: HONEST when median coverage >= 0.9 (or >= floor coverage - 0.05 where "
+        "expected / full-data. Gaussian cov.: the same coverage for the Gaussian the pseudocoreset was matched to "
+        "(noise-aware-newton artifacts carry it; a diagnostic: it separates the posterior's error from the "
+        "matching's; blank for runs made before it was recorded). Verdict: HONEST when median coverage >= 0.9 (or >= floor coverage - 0.05 where "
         "the floor covers less than 0.9: `floor` in the threshold column) and no wrong-sign effect; REFUSED when "
         "a run was refused.", "",
     ]
@@ -877,8 +920,9 @@ def report(results: Path, target: Path, plot: Path | None = None, note: str = ""
             lines.append(f"- {t} {mode} eps {eps:g} {mech}: {c.verdict}: {why}")
     lines += ["", "## Cells", "",
               "| table | model | mode | eps | mechanism | d | runs (refused) | coverage (min) | floor cov. | threshold | "
-              "wrong | width / full | floor width | width / floor | effects found / floor / full | verdict |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+              "wrong | width / full | floor width | width / floor | effects found / floor / full | verdict | "
+              "Gaussian cov. |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for key in sorted(cs, key=_order):
         c = cs[key]
         t, model, mode, eps, mech = key
@@ -888,7 +932,7 @@ def report(results: Path, target: Path, plot: Path | None = None, note: str = ""
             + f" | {_f(c.coverage)} ({_f(c.coverage_min)}) | {_f(c.floor_coverage)} | "
             f"{_f(c.threshold)}{' floor' if c.floor_judged else ''} | {c.wrong_sign} | {_x(c.width)} | "
             f"{_x(c.floor_width)} | {_f(c.width_vs_floor)} | {_f(c.effects_found, 1)} / {_f(c.floor_effects, 1)} / "
-            f"{_f(c.effects_full, 0)} | {c.verdict} |")
+            f"{_f(c.effects_full, 0)} | {c.verdict} | {_f(c.gaussian_coverage)} |")
     lines += ["", "Re-run one cell (appends to the CSV; then `report`): `python benchmarks/calibration.py run "
               "--tables TABLE --modes MODE --epsilons EPS --mechanisms MECH --runs N --out CSV`.", ""]
     notes = ""

@@ -157,7 +157,7 @@ def test_calibration_harness_runs_one_cell_and_reports(tmp_path: Path) -> None:
     row = rows[0]
     assert row["outcome"] == "released", row["message"]
     assert (row["table"], row["mode"], row["param_dim"], row["n_rows"]) == ("sim_tiny", "public", "4", "2000")
-    for col in ("coverage", "floor_coverage"):
+    for col in ("coverage", "floor_coverage", "gaussian_coverage"):  # the default mechanism's Gaussian rides along
         assert 0.0 <= float(row[col]) <= 1.0
     assert float(row["width_ratio"]) > 0 and float(row["floor_width_ratio"]) >= 1.0 - 1e-9
     md, png = tmp_path / "cal.md", tmp_path / "cal.png"
@@ -172,3 +172,20 @@ def test_calibration_harness_runs_one_cell_and_reports(tmp_path: Path) -> None:
     bad = subprocess.run([sys.executable, script, "run", "--tables", "no_such_table", "--out", str(tmp_path / "x.csv")],
                          capture_output=True, text=True, timeout=120, env=env, cwd=ROOT)
     assert bad.returncode != 0 and bad.stderr.startswith("error: unknown table") and "Traceback" not in bad.stderr
+
+
+def test_calibration_results_file_from_an_earlier_harness_is_upgraded(tmp_path: Path) -> None:
+    cal = _calibration()
+    fields = list(cal.FIELDS)  # type: ignore[attr-defined]
+    old = tmp_path / "old.csv"
+    old.write_text("table,run,coverage\nadult,0,0.93\n")
+    cal._upgrade_header(old)  # type: ignore[attr-defined]
+    with old.open(newline="") as fh:
+        reader = csv.DictReader(fh)
+        assert reader.fieldnames == fields
+        rows = list(reader)
+    assert [(r["table"], r["run"], r["coverage"], r["match_kl"]) for r in rows] == [("adult", "0", "0.93", "")]
+    alien = tmp_path / "alien.csv"
+    alien.write_text("table,colour\nadult,red\n")
+    with pytest.raises(SystemExit, match="error: .* has column 'colour'"):
+        cal._upgrade_header(alien)  # type: ignore[attr-defined]
