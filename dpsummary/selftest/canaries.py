@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from ..models import DTYPE, GaussianMean
-from ..private import noise
+from ..private.kernel import effective_clip
 from ..private.marginals import ColumnBins, HistogramLayout
 from ..private.mechanism import clip_rows
 from .config import Design, Scenario
@@ -66,8 +66,8 @@ class CanaryCheck:
 
 def check_canary_design(design: Design, k: int = 4) -> CanaryCheck:
     """Compute every record's clipped centred vector exactly as the mechanism does
-    (``model.log_likelihood``, centring over the draws, :func:`clip_rows` at C minus the rounding
-    slack) and check the design: the canary has norm C (within the slack) along (1, -1)/sqrt 2 in
+    (``model.log_likelihood``, centring over the draws, :func:`clip_rows` at the kernel's
+    :func:`~dpsummary.private.kernel.effective_clip`: C minus the rounding and float slacks) and check the design: the canary has norm C (within the slack) along (1, -1)/sqrt 2 in
     its own run's coordinates, dirac background vectors vanish, swap background vectors are -C
     along the same direction, and nothing leaks into other runs' coordinates (< 1e-12 C)."""
     c = design.clip_norm
@@ -76,10 +76,11 @@ def check_canary_design(design: Design, k: int = 4) -> CanaryCheck:
     points, bounds = block_data(runs, design)
     model = GaussianMean(k)
     theta = canary_draws(k)
-    slack = noise.rounding_slack(c, 2 * k)
+    clip_at = effective_clip(c, 2 * k)
+    slack = c - clip_at  # OpenDP's rounding slack plus the float slack (issue 35)
     with torch.no_grad():
         ll = model.log_likelihood(points, theta)
-        clipped = clip_rows(ll - ll.mean(1, keepdim=True), c - slack).numpy()
+        clipped = clip_rows(ll - ll.mean(1, keepdim=True), clip_at).numpy()
     direction = np.zeros(2 * k)
     leak = 0.0
     norms_canary, cos_canary, bg_dirac, bg_swap = [], [], 0.0, []
