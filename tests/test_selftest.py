@@ -85,7 +85,12 @@ def test_dirac_score_is_the_likelihood_ratio():
 def test_canary_design_is_dirac_through_product_code():
     check = st.check_canary_design(st.Design(), k=16)
     assert check.ok
-    assert check.canary_clipped_norm == pytest.approx(1.0, abs=1e-9) and check.canary_clipped_norm <= 1.0
+    # The mechanism clips at the kernel's effective clip: C minus OpenDP's rounding slack and the
+    # float slack for sums over up to 2^41 records (issue 35), about 4.9e-4 C below C.
+    from dpsummary.private.kernel import effective_clip
+
+    assert check.canary_clipped_norm == pytest.approx(effective_clip(1.0, 32), abs=1e-9)
+    assert 1.0 - 1e-3 <= check.canary_clipped_norm <= 1.0
     assert check.dirac_background_max_norm == 0.0 and check.cross_run_leak_max <= 1e-12
 
 
@@ -98,9 +103,10 @@ def test_histogram_canary_is_the_worst_case_through_product_code():
         shift = layout.counts(with_canary) - layout.counts(without)
         assert sorted(set(shift.tolist())) == [0.0, 1.0] and shift.sum() == columns
         moved = float(np.linalg.norm(shift * layout.scale))
-        assert 1.0 - 1e-9 <= moved <= 1.0
+        # Below 1 by the float slack the count scale reserves (issue 35: 2^-52 (2^41 + 1), ~4.9e-4).
+        assert 1.0 - 1e-3 <= moved <= 1.0
         bug = st.NoScaleLayout(layout.columns, layout.num_features)
-        assert float(np.linalg.norm(shift * bug.scale)) == pytest.approx(math.sqrt(columns), rel=1e-9)
+        assert float(np.linalg.norm(shift * bug.scale)) == pytest.approx(math.sqrt(columns), rel=1e-3)
     with pytest.raises(ValueError, match="scenarios"):
         st.SelfTestConfig(scenarios=()).validated()
 
