@@ -23,6 +23,7 @@ privacy and never touch the private data. The guarantee is the ``claim`` the cur
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -208,6 +209,18 @@ class Release:
             "mean": self.model.prior_mean.tolist(),
             "scale": self.model.prior_scale,
         }
+
+    @property
+    def interval_calibration(self) -> dict[str, Any] | None:
+        """What the release's mechanism records about its intervals (:mod:`dpsummary.caveats`):
+        ``None`` when it records no caveat, else a dict with ``status``
+        (``"not-validated-on-real-tables"`` for DP-PSVI; ``"unknown"`` for a dp-psvi artifact
+        written before the record existed), ``reason``, ``validated_on`` and ``evidence``. When
+        not None, treat the intervals as possibly overconfident on a real table;
+        :func:`load` warns once (:class:`~dpsummary.caveats.IntervalCalibrationWarning`)."""
+        from .caveats import interval_calibration
+
+        return interval_calibration(self.claim)
 
     @property
     def verified(self) -> bool:
@@ -558,9 +571,15 @@ def load(
     signature is missing or cannot be checked (``release.verified`` is then False); a signature
     by the given key that does not verify still fails, and so does any change to the content.
 
+    A release whose mechanism records that its intervals are not validated on real tables
+    (DP-PSVI, including dp-psvi artifacts written before that record existed) loads, and emits
+    one :class:`~dpsummary.caveats.IntervalCalibrationWarning` (a ``UserWarning``) naming the
+    artifact and the caveat; the record is ``release.interval_calibration``.
+
     Loading costs no privacy. The weights are likelihood exponents (see :class:`Release`).
     """
     from .artifact import read_artifact
+    from .caveats import IntervalCalibrationWarning, warning_text
     from .keys import Ed25519PublicKey, load_public_key
 
     public_key: Ed25519PublicKey | None
@@ -574,4 +593,22 @@ def load(
         raise TypeError("key must be a path to a PEM public key or an Ed25519PublicKey")
     p = Path(path)
     body, claim, info = read_artifact(p, public_key, allow_unsigned=allow_unsigned)
-    return Release.from_body(body, claim, info, p, posterior=posterior)
+    release = Release.from_body(body, claim, info, p, posterior=posterior)
+    caveat = warning_text(claim)
+    if caveat is not None:
+        # The artifact's name is in the message, so Python's once-per-message filter still
+        # shows one warning per artifact loaded.
+        warnings.warn(f"{p.name}: {caveat}", IntervalCalibrationWarning, stacklevel=_outside_package_level())
+    return release
+
+
+def _outside_package_level() -> int:
+    """The ``stacklevel`` (for a ``warnings.warn`` in the caller) of the first frame outside the
+    dpsummary package, so the warning names the analyst's line, not ``dpsummary.load``'s wrapper."""
+    import sys
+
+    package = str(Path(__file__).resolve().parent)
+    level, frame = 1, sys._getframe(1)
+    while frame.f_back is not None and str(Path(frame.f_code.co_filename).resolve()).startswith(package):
+        level, frame = level + 1, frame.f_back
+    return level

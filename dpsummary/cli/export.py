@@ -26,17 +26,26 @@ def export(
     """
     if out.exists() and not out.is_dir():
         raise UserError(f"--out must be a directory: {out}")
+    import warnings
+
     from ..analyst import load
+    from ..caveats import IntervalCalibrationWarning
     from ..export import UnsupportedExport
     from ..export import export as do_export
 
-    release = load(artifact, key, allow_unsigned=allow_unsigned)
+    with warnings.catch_warnings():  # said below as one `warning:` line, not as a Python warning
+        warnings.simplefilter("ignore", IntervalCalibrationWarning)
+        release = load(artifact, key, allow_unsigned=allow_unsigned)
     try:
         files = do_export(release, to, out)
     except UnsupportedExport as exc:
         raise UserError(str(exc)) from None
     if not release.verified:
         typer.echo("warning: the artifact's signature was NOT verified (--allow-unsigned)", err=True)
+    if release.interval_calibration is not None:
+        from ..caveats import warning_text
+
+        typer.echo(f"warning: {warning_text(release.claim)} (written into every exported file)", err=True)
     typer.echo(f"{to} adapter for {release.model.name} ({release.summary.size} points, "
                f"epsilon {', '.join(f'{k}={v:.4g}' for k, v in release.epsilon.items()) or 'n/a'}):")
     for f in files:

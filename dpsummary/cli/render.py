@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = ["SPENDING_COLUMNS", "SPENDING_NOTE", "AccountantSpending", "format_delta", "inspect_lines",
-           "mechanism_rows", "prior_text", "public_input_rows", "size_label", "source_spending", "spending_rows"]
+           "interval_calibration_warning", "mechanism_rows", "prior_text", "public_input_rows", "size_label",
+           "source_spending", "spending_rows"]
 
 Row = tuple[str, str]
 
@@ -141,7 +142,28 @@ def mechanism_rows(claim: dict[str, Any]) -> list[Row]:
     else:
         scalars = ", ".join(f"{k} {_num(v)}" for k, v in mech.items() if isinstance(v, int | float | str) and k != "name")
         rows = [("mechanism", f"{name} (not described by this dpsummary version): {scalars}")]
-    return [*rows, *_stage1_rows(mech)]
+    return [*rows, *_stage1_rows(mech), *_interval_calibration_rows(claim)]
+
+
+def _interval_calibration_rows(claim: dict[str, Any]) -> list[Row]:
+    """The mechanism's record of what its intervals are validated on (dpsummary.caveats): one
+    row when it has a caveat (also for a dp-psvi artifact that predates the record)."""
+    from ..caveats import interval_calibration
+
+    caveat = interval_calibration(claim)
+    if caveat is None:
+        return []
+    return [("interval calibration", f"{caveat.get('status')}: {caveat.get('reason')}; validated on: "
+                                     f"{caveat.get('validated_on', 'not recorded')}; evidence: {caveat.get('evidence')}")]
+
+
+def interval_calibration_warning(claim: dict[str, Any]) -> str | None:
+    """``warning: <mechanism>'s intervals are NOT validated on real tables ...`` (one line), or
+    None when the release's mechanism records no caveat (dpsummary.caveats)."""
+    from ..caveats import warning_text
+
+    text = warning_text(claim)
+    return None if text is None else f"warning: {text}"
 
 
 def format_delta(delta: Any) -> str:
@@ -201,15 +223,21 @@ def public_input_rows(inputs: Any) -> list[Row]:
 
 
 def inspect_lines(body: dict[str, Any], claim: dict[str, Any]) -> list[str]:
-    """The lines of ``dpsummary inspect`` after its first: model and prior, privacy claim, what
-    each mechanism released, budget split, data source and public inputs. Read from the signed
+    """The lines of ``dpsummary inspect`` after its first: the interval-calibration warning (only
+    when the mechanism records a caveat, :func:`interval_calibration_warning`), model and prior,
+    privacy claim, what each mechanism released, budget split, data source and public inputs. Read from the signed
     body and claim only, so the display cannot disagree with what was signed."""
     summary = body.get("summary") or {}
     model = summary.get("model") or {}
     weights = summary.get("weights") or []
     names = body.get("param_names")
     software = body.get("software") or {}
-    lines = [f"  created {body.get('created')} by dpsummary {software.get('dpsummary')}"]
+    # The caveat first, where nobody scrolls past it; the full record is in the mechanism rows.
+    from ..caveats import warning_text
+
+    caveat = warning_text(claim)
+    lines = [f"  WARNING: {caveat}"] if caveat else []
+    lines.append(f"  created {body.get('created')} by dpsummary {software.get('dpsummary')}")
     head = f"  {summary.get('method')} summary: {len(weights)} weighted pseudopoints, model {model.get('name')}"
     if "n_components" in model:  # a mixture: fitted by weighted VI, no Gaussian parameter prior
         process = {"dirichlet_distribution": "Dirichlet", "dirichlet_process": "Dirichlet process (stick-breaking)"}

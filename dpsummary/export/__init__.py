@@ -14,7 +14,11 @@ only (the network is written out in both templates); ``stan`` and ``pymc`` refus
 :class:`UnsupportedExport`.
 
 Every directory also holds ``release.json``, whose ``checks`` block the adapter reproduces.
-Files are written atomically. Exporting costs no privacy.
+A release whose mechanism records that its intervals are not validated on real tables (DP-PSVI,
+:mod:`dpsummary.caveats`) carries the caveat into every export: ``release.json``'s
+``interval_calibration`` field, a ``WARNING`` comment atop each program written, and a
+``warning:`` line each program prints when run. Files are written atomically. Exporting costs
+no privacy.
 """
 
 from __future__ import annotations

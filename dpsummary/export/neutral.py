@@ -21,6 +21,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
+from ..caveats import interval_calibration, warning_text
 from ..constructors.base import write_atomic
 from ..models import DTYPE, GLM, GaussianMean, LinearRegression
 from ..models.bnn import BNN
@@ -129,10 +130,14 @@ def to_neutral(release: Release, *, num_random_checks: int = 2, seed: int = 0) -
         checks.append({"label": label, "theta": th.tolist(), "log_density": value})
     tr = release.transform
     env = release.envelope
+    caveat = interval_calibration(release.claim)
     return {
         "format": NEUTRAL_FORMAT,
         "release_id": release.body.get("release_id"),
         "created": release.body.get("created"),
+        # The mechanism's caveat on its intervals (dpsummary.caveats), with the one-line warning
+        # every adapter prints; null when the mechanism records none.
+        "interval_calibration": None if caveat is None else {**caveat, "warning": warning_text(release.claim)},
         "model": {
             "family": model.name,
             "link": LINKS[model.name],
@@ -171,6 +176,20 @@ def to_neutral(release: Release, *, num_random_checks: int = 2, seed: int = 0) -
     }
 
 
+def caveat_header(doc: dict[str, Any], comment: str) -> bytes:
+    """Comment lines (``comment`` is ``#`` or ``//``) stating the document's interval caveat, to
+    put above an exported program; empty bytes when the release carries none, so a release
+    without a caveat exports its template byte for byte."""
+    import textwrap
+
+    caveat = doc.get("interval_calibration")
+    if not caveat:
+        return b""
+    text = (f"WARNING: {caveat.get('warning')}. The full record is release.json's "
+            '"interval_calibration" (dpsummary docs/FORMAT.md).')
+    return "".join(f"{comment} {line}\n" for line in [*textwrap.wrap(text, 96), ""]).replace(" \n", "\n").encode()
+
+
 def dump(doc: dict[str, Any]) -> bytes:
     """Serialise a neutral document (floats round-trip exactly)."""
     return (json.dumps(doc, indent=1, allow_nan=False) + "\n").encode()
@@ -191,5 +210,5 @@ def write(release: Release, out: str | Path, *, neutral: dict[str, Any] | None =
     doc = neutral if neutral is not None else to_neutral(release)
     out = Path(out)
     write_atomic(out / "release.json", dump(doc))
-    write_atomic(out / "reference.py", Path(reference.__file__).read_bytes())
+    write_atomic(out / "reference.py", caveat_header(doc, "#") + Path(reference.__file__).read_bytes())
     return [out / "release.json", out / "reference.py"]

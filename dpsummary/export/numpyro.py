@@ -21,12 +21,12 @@ TEMPLATE = Path(__file__).with_name("templates") / "numpyro_model.py"
 
 def write(release: Any, out: str | Path, *, neutral: dict[str, Any] | None = None) -> list[Path]:
     """Write ``numpyro_model.py`` and ``release.json`` into ``out``."""
-    from .neutral import dump, to_neutral
+    from .neutral import caveat_header, dump, to_neutral
 
     doc = neutral if neutral is not None else to_neutral(release)
     out = Path(out)
     write_atomic(out / "release.json", dump(doc))
-    write_atomic(out / "numpyro_model.py", TEMPLATE.read_bytes())
+    write_atomic(out / "numpyro_model.py", caveat_header(doc, "#") + TEMPLATE.read_bytes())
     return [out / "numpyro_model.py", out / "release.json"]
 
 

@@ -113,7 +113,10 @@ import stan
 
 here = Path(__file__).parent
 data = json.loads((here / "release.data.json").read_text())
-checks = json.loads((here / "release.json").read_text())["checks"]
+doc = json.loads((here / "release.json").read_text())
+if (doc.get("interval_calibration") or {}).get("warning"):
+    print(f"warning: {doc['interval_calibration']['warning']}")
+checks = doc["checks"]
 posterior = stan.build((here / "release.stan").read_text(), data=data, random_seed=0)
 for c in checks["values"]:
     got = posterior.log_prob(list(c["theta"]), adjust_transform=False)
@@ -121,7 +124,7 @@ for c in checks["values"]:
 print("checks reproduced")
 fit = posterior.sample(num_chains=4, num_samples=1000, num_warmup=1000)
 theta = np.asarray(fit["theta"])  # (D, draws * chains)
-names = json.loads((here / "release.json").read_text())["parameters"]["names"]
+names = doc["parameters"]["names"]
 for name, mean, sd in zip(names, theta.mean(1), theta.std(1)):
     print(f"{name:>30s}  {mean: .4f}  ({sd:.4f})")
 '''
@@ -129,15 +132,15 @@ for name, mean, sd in zip(names, theta.mean(1), theta.std(1)):
 
 def write(release: Any, out: str | Path, *, neutral: dict[str, Any] | None = None) -> list[Path]:
     """Write ``release.stan``, ``release.data.json``, ``release.json`` and ``run_pystan.py``."""
-    from .neutral import dump, to_neutral
+    from .neutral import caveat_header, dump, to_neutral
 
     doc = neutral if neutral is not None else to_neutral(release)
     out = Path(out)
     files = {
-        "release.stan": STAN_PROGRAM.encode(),
+        "release.stan": caveat_header(doc, "//") + STAN_PROGRAM.encode(),
         "release.data.json": json.dumps(stan_data(doc), indent=1).encode(),
         "release.json": dump(doc),
-        "run_pystan.py": RUN_PYSTAN.encode(),
+        "run_pystan.py": caveat_header(doc, "#") + RUN_PYSTAN.encode(),
     }
     written = []
     for name, payload in files.items():

@@ -11,12 +11,17 @@ The optimiser (:mod:`dpsummary.constructors.dppsvi`) is post-processing; so is t
 bootstrap (:mod:`dpsummary.bootstrap`) that calibrates the released intervals after the record
 store is closed (:meth:`DpPsvi.postprocess`). The release's DP-PSVI settings are in
 :mod:`dpsummary.mechanisms.dp_psvi_setup`.
+
+That calibration is validated on simulated tables only (on real tables the intervals were
+measured overconfident, issue 37): every claim records ``interval_calibration``
+(:data:`dpsummary.caveats.DP_PSVI_INTERVAL_CALIBRATION`) and the release ends with a warning note.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from ..caveats import DP_PSVI_INTERVAL_CALIBRATION, warning_text
 from ..errors import ChargedRefusal
 from .base import (
     CheckpointFn,
@@ -161,7 +166,11 @@ class DpPsvi(GlmMechanism):
         # (``dpsummary.load(..., posterior="raw")``).
         body = {"raw_summary": output.summary.to_dict(),
                 "posterior": {"default": "calibrated", "gaussians": {"calibrated": record["gaussian"]}}}
-        return dataclasses.replace(output, summary=result.summary, extra=extra, body=body)
+        # Last note of the mechanism, printed at the end of the release as "note: warning: ...":
+        # the same mechanism-level caveat the claim records (public text, nothing data-derived).
+        caveat = warning_text({"mechanism": {"name": self.name, "interval_calibration": DP_PSVI_INTERVAL_CALIBRATION}})
+        notes = [*output.notes, f"warning: {caveat}"]
+        return dataclasses.replace(output, summary=result.summary, extra=extra, body=body, notes=notes)
 
     def claim(self, public: PublicPlan, plan: MechanismPlan, output: MechanismOutput) -> dict[str, Any]:
         from ..private.marginals import NUM_INTERIOR_BINS
@@ -172,6 +181,9 @@ class DpPsvi(GlmMechanism):
             "name": self.name,
             # The default summary's calibration by parametric bootstrap (dpsummary.bootstrap).
             "calibration": output.extra.get("calibration"),
+            # What that calibration is validated on (issue 37): simulated tables only; inspect,
+            # dpsummary.load and the exporters warn from this record (dpsummary.caveats).
+            "interval_calibration": dict(DP_PSVI_INTERVAL_CALIBRATION),
             "noise_multiplier": plan.noise_multiplier,
             "sample_rate": plan.sample_rate,
             "steps": req.steps,
