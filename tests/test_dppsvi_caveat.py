@@ -185,8 +185,10 @@ def test_noise_aware_newton_artifact_shows_no_interval_warning(made: dict[str, A
     from dpsummary.export import numpyro, pymc
     from dpsummary.export.templates import reference
 
+    # (The default may print its own `note: warning:` on unconverged Newton rounds: a different,
+    # per-release diagnostic, so look for this caveat's words.)
     assert "not validated" not in made["newton_output"].lower()
-    assert "note: warning" not in _flat(made["newton_output"])
+    assert "interval calibration" not in _flat(made["newton_output"])
     with warnings.catch_warnings():
         warnings.simplefilter("error", caveats.IntervalCalibrationWarning)
         rel = dpsummary.load(made["newton"], key=made["pub"])
