@@ -854,26 +854,56 @@ def calibrate_gaussian(
     )
 
 
-#: The accountant that sizes a release's budget parts (:func:`calibrate_part`).
-PART_ACCOUNTANT: Accountant = "pld"
+def gaussian_delta(sigma: float, epsilon: float) -> float:
+    """Exact delta of the Gaussian mechanism of noise multiplier ``sigma`` (sensitivity 1) at
+    ``epsilon``: ``Phi(-eps sigma + 1/(2 sigma)) - e^eps Phi(-eps sigma - 1/(2 sigma))`` (Balle
+    and Wang 2018, Theorem 8; its privacy profile, which PLD computes up to discretisation)."""
+    a, b = 1.0 / (2.0 * sigma), epsilon * sigma
+
+    def phi(x: float) -> float:
+        return 0.5 * math.erfc(-x / math.sqrt(2.0))
+
+    return max(phi(a - b) - math.exp(epsilon) * phi(-a - b), 0.0)
 
 
 def calibrate_part(*, target_epsilon: float, delta: float, prior_events: Sequence[dpa.DpEvent] = ()) -> float:
     """Noise multiplier of one budget part's plain Gaussian mechanism (record count, schema,
-    quality counts, DP initialisation): the smallest whose composition with ``prior_events`` stays
-    within the part's cumulative ``target_epsilon``, by the PLD accountant (:data:`PART_ACCOUNTANT`),
-    whatever the accountant of record.
+    quality counts, DP initialisation): the smallest whose composition with ``prior_events``
+    (plain Gaussian mechanisms) is (``target_epsilon``, ``delta``)-DP by the Gaussian
+    mechanism's exact privacy profile (:func:`gaussian_delta`: Gaussians of multipliers
+    ``sigma_i`` compose to one of ``(sum sigma_i^-2)^-1/2``), whatever the accountant of record.
 
-    Why PLD (issue 37): a part is a small share of a small epsilon at a tiny delta (the NAPSU-MQ
-    problem at epsilon 0.1, delta 5e-10: a count share of epsilon 0.0059), below what RDP over a
-    finite order list can certify at any noise (its epsilon never falls under log(1/delta) /
-    (max order - 1)), so the release used to refuse. PLD is exact for Gaussian compositions and
-    has no such floor. This only chooses how the budget is divided: the accountant of record
-    composes every event of the release, and the mechanism that comes last is calibrated under it
-    to the whole target with all parts as prior events (:func:`calibrate_gaussian`), so the claim
-    and the ledger are unchanged in kind."""
-    return calibrate_gaussian(target_epsilon=target_epsilon, delta=delta, prior_events=prior_events,
-                              accountant=PART_ACCOUNTANT)
+    Why not the accountant of record (issue 37): a part is a small share of a small epsilon at a
+    tiny delta (the NAPSU-MQ problem at epsilon 0.1, delta 5e-10: a count share of epsilon 0.0059),
+    below what RDP over a finite order list can certify at any noise (its epsilon never falls
+    under about log(1/delta) / max order), so the release used to refuse. The exact profile has
+    no such floor, and needs neither PLD's nor scipy's imports on the release path (issue 29).
+    This only divides the budget: the accountant of record composes every event of the release,
+    and the mechanism that comes last is calibrated under it to the whole target with every
+    part as a prior event (:func:`calibrate_gaussian`), so the claim is unchanged in kind.
+    Raises ``ValueError`` when the prior events alone exceed the target."""
+    if not (target_epsilon > 0 and math.isfinite(target_epsilon)) or not 0.0 < delta < 1.0:
+        raise ValueError("target_epsilon must be positive and finite and delta in (0, 1)")
+    precision = 0.0
+    for ev in prior_events:
+        if not isinstance(ev, dpa.GaussianDpEvent):
+            raise TypeError(f"calibrate_part composes plain Gaussian events only, not {type(ev).__name__}")
+        precision += 1.0 / ev.noise_multiplier**2
+    lo, hi = 1e-3, 1e7  # the combined multiplier: delta(sigma) decreases in sigma
+    if gaussian_delta(hi, target_epsilon) > delta:
+        raise ValueError(f"epsilon {target_epsilon:.3g} at delta {delta:.3g} needs noise multiplier > {hi:.0e}")
+    for _ in range(200):
+        mid = math.sqrt(lo * hi)
+        if gaussian_delta(mid, target_epsilon) > delta:
+            lo = mid
+        else:
+            hi = mid
+        if hi / lo < 1.0 + 1e-10:
+            break
+    rest = 1.0 / hi**2 - precision
+    if rest <= 0:
+        raise ValueError(f"the earlier parts already spend epsilon {target_epsilon:.3g} at delta {delta:.3g}")
+    return 1.0 / math.sqrt(rest)
 
 
 def accountant_versions() -> dict[str, str]:

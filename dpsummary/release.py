@@ -358,7 +358,8 @@ def plan_public(req: ReleaseRequest, say: NoticeFn) -> PublicPlan:
                 delta=delta, prior_events=events,
             )
             events.append(dpe.GaussianDpEvent(schema_sigma))
-        # The parts are sized by PLD (accounting.calibrate_part), which certifies any epsilon; the
+        # The parts are sized by the Gaussian's exact privacy profile (accounting.calibrate_part),
+        # which certifies any epsilon; the
         # accountant of record must still certify the whole release. A plain Gaussian at the whole
         # epsilon after the parts is the least any mechanism adds: if the accountant of record
         # cannot calibrate even that, no mechanism can run, so refuse now, before any charge.

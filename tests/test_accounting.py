@@ -347,3 +347,42 @@ def test_epsilon_uses_a_started_worker_with_identical_results(monkeypatch: pytes
     finally:
         worker.close()
     assert asked == ["prv", "pld"]
+
+
+# ---- budget parts: the Gaussian's exact privacy profile (issue 37) ----------------------------
+def test_part_calibration_is_the_exact_gaussian_profile_and_agrees_with_pld():
+    from dp_accounting import dp_event as dpe
+
+    from dpsummary import accounting as acc
+
+    # The NAPSU-MQ problem's record-count share at epsilon 0.1 (delta 5e-10): RDP cannot certify
+    # it at any noise; the exact profile gives the multiplier PLD gives, up to PLD's discretisation.
+    with pytest.raises(ValueError):
+        acc.calibrate_gaussian(target_epsilon=0.00588, delta=5e-10, accountant="rdp")
+    sigma = acc.calibrate_part(target_epsilon=0.00588, delta=5e-10)
+    assert sigma == pytest.approx(acc.calibrate_gaussian(target_epsilon=0.00588, delta=5e-10, accountant="pld"),
+                                  rel=2e-3)
+    # Smallest such multiplier: delta met at sigma, not at a slightly smaller one.
+    assert acc.gaussian_delta(sigma, 0.00588) <= 5e-10 < acc.gaussian_delta(sigma * (1 - 1e-6), 0.00588)
+    # Cumulative shares with prior parts: the composition meets the cumulative target (PLD,
+    # pessimistic, within its discretisation) and the prior's multiplier is kept.
+    first = acc.calibrate_part(target_epsilon=0.02, delta=1e-11)
+    second = acc.calibrate_part(target_epsilon=0.05, delta=1e-11, prior_events=[dpe.GaussianDpEvent(first)])
+    composed = acc.epsilon([dpe.GaussianDpEvent(first), dpe.GaussianDpEvent(second)], 1e-11, "pld")
+    assert composed == pytest.approx(0.05, rel=1e-3)
+    combined = (first**-2 + second**-2) ** -0.5
+    assert acc.gaussian_delta(combined, 0.05) <= 1e-11
+
+
+def test_part_calibration_refuses_what_it_cannot_compose():
+    from dp_accounting import dp_event as dpe
+
+    from dpsummary import accounting as acc
+
+    with pytest.raises(TypeError):
+        acc.calibrate_part(target_epsilon=0.1, delta=1e-9,
+                           prior_events=[dpe.PoissonSampledDpEvent(0.1, dpe.GaussianDpEvent(1.0))])
+    with pytest.raises(ValueError, match="already spend"):
+        acc.calibrate_part(target_epsilon=0.1, delta=1e-9, prior_events=[dpe.GaussianDpEvent(1.0)])
+    with pytest.raises(ValueError):
+        acc.calibrate_part(target_epsilon=0.0, delta=1e-9)

@@ -53,7 +53,7 @@ def plan_initialisation(
 
     ``target_epsilon`` is cumulative: the composition of ``prior_events`` and the histograms is
     calibrated to it (as the count and schema stages are), by :func:`~dpsummary.accounting.calibrate_part`
-    (PLD) whatever ``accountant`` is; ``accountant`` (the accountant of record) composes the
+    (the Gaussian's exact privacy profile) whatever ``accountant`` is; ``accountant`` (the accountant of record) composes the
     release's events and calibrates the optimisation that follows. Returns the events to compose before
     the optimisation. Used by the release and the benchmarks, so both measure the same thing."""
     from .. import accounting as acc
