@@ -1,0 +1,203 @@
+"""Issue 37 diagnosis: where does the default (noise-aware-newton) lose width and coverage on a
+real table, and which change to its post-processing would help?
+
+Each run replays the default mechanism in process on one table of the calibration suite
+(:mod:`calibration`: the same table registry, public schema, full-data posterior, idealised floor
+and judge), at the calibration a public-schema release with a private record count gets (the
+count's Gaussian sized by :func:`dpsummary.accounting.calibrate_part` at the packaged default's
+count share, then the schedule calibrated under RDP to the whole epsilon with the count as prior
+event), with real OS-entropy noise. It keeps every round's DP outputs, so post-processing
+variants are judged on the SAME noisy releases:
+
+* ``plug-in`` - today's posterior (:func:`dpsummary.noise_aware.noise_aware_posterior`: the
+  noisy curvature plugged in, its noise's effect on the score through ``E u``);
+* ``imputed`` - the curvature integrated out by multiple imputation: 200 draws of the true
+  curvature from its flat-prior posterior given the release (the noisy matrix plus fresh noise of
+  the mechanism's structure, PSD part), the noise-aware posterior given each draw, and their
+  moment-matched mixture (Bernstein and Sheldon 2018 treat the statistic as latent; this is
+  the cheap Monte Carlo version);
+* ``lowered`` - the curvature lowered by the 95% quantile of the noise's largest eigenvalue (a
+  Loewner lower confidence bound on the true curvature), so no direction is credited with
+  information the noise could have made up.
+
+Diagnostics per run: the last anchor's distance from the full-data mean, the score noise
+variance against the curvature-noise term ``tau^2 |u|^2`` it shares the statistic with, and the
+noisy curvature's spectrum against the data's.
+
+Usage::
+
+    python benchmarks/noise_aware_variants.py --table napsu_adult --epsilons 0.1,0.3,0.5,1 --runs 12 \\
+        --out benchmarks/results/noise_aware_variants.csv
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import dataclasses
+import math
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import calibration as cal  # noqa: E402
+
+from dpsummary import accounting as acc  # noqa: E402
+from dpsummary import noise_aware as na  # noqa: E402
+from dpsummary.gaussian import DTYPE, GaussianPosterior  # noqa: E402
+
+#: The packaged default's record-count share of a public-schema release (normalised without the
+#: schema and initialisation shares: count 0.10 of count + quality + optimisation).
+COUNT_SHARE = 0.10 / (0.10 + 0.05 + 0.75)
+IMPUTATIONS = 200
+
+
+def _table(name: str) -> tuple[Any, torch.Tensor, float, float]:
+    from dpsummary.data import Schema, Transform, read_csv
+    from dpsummary.models import get_model_class
+
+    spec = cal.TABLES[name]
+    path = cal.table_csv(spec)
+    schema = Schema.model_validate(cal.public_schema(spec, path))
+    tf = Transform.from_schema(schema)
+    pts = tf.to_points(read_csv(path)).to(DTYPE)
+    model = get_model_class(spec.model)(tf.num_features)
+    fn, tb = na.schema_bounds(tf)
+    return model, pts, fn, tb
+
+
+def _fit(model: Any, pts: torch.Tensor, fn: float, tb: float, epsilon: float, delta: float) -> na.NoiseAwareFit:
+    from dpsummary.private.mechanism import SystemRandomness
+    from dpsummary.private.score_stats import noisy_score_statistics
+
+    sched = na.Schedule.default(model)
+    count = acc.gaussian_event(acc.calibrate_part(target_epsilon=COUNT_SHARE * epsilon, delta=delta))
+    sigma, _ = na.calibrate(sched, target_epsilon=epsilon, delta=delta, prior_events=[count])
+    rnd = SystemRandomness()
+
+    def release(theta: torch.Tensor, sb: float, cb: float, sm: float, cm: float) -> tuple[torch.Tensor, torch.Tensor]:
+        st = noisy_score_statistics(pts, rnd, model, theta, score_bound=sb, curvature_bound=cb,
+                                    score_noise_multiplier=sm, curvature_noise_multiplier=cm)
+        return st.score, st.curvature
+
+    bounds = na.public_bounds(model, feature_norm=fn, target_bound=tb)
+    return na.fit(model, release, bounds, schedule=sched, sigma=sigma, feature_norm=fn, target_bound=tb)
+
+
+def _symmetric_noise(dim: int, tau: float, g: torch.Generator) -> torch.Tensor:
+    """Noise of the mechanism's structure: i.i.d. N(0, tau^2) on the upper triangle, mirrored."""
+    upper = torch.triu(torch.randn(dim, dim, generator=g, dtype=DTYPE) * tau)
+    return upper + torch.triu(upper, 1).T
+
+
+def imputed(model: Any, rel: na.RoundRelease, g: torch.Generator) -> GaussianPosterior:
+    dim = rel.curvature.shape[0]
+    means, covs = [], []
+    for _ in range(IMPUTATIONS):
+        h = na.psd_part(rel.curvature + _symmetric_noise(dim, rel.curvature_noise_std, g))
+        try:
+            post, _ = na.noise_aware_posterior(model, dataclasses.replace(rel, curvature=h, curvature_noise_std=0.0))
+        except na.NonFiniteFit:
+            continue
+        means.append(post.mean)
+        covs.append(post.cov)
+    m = torch.stack(means)
+    cov = torch.stack(covs).mean(0) + torch.cov(m.T)
+    return GaussianPosterior(m.mean(0), torch.linalg.cholesky(0.5 * (cov + cov.T)))
+
+
+_EDGE: dict[int, float] = {}
+
+
+def lowered(model: Any, rel: na.RoundRelease, g: torch.Generator) -> GaussianPosterior:
+    dim = rel.curvature.shape[0]
+    if dim not in _EDGE:
+        tops = [float(torch.linalg.eigvalsh(_symmetric_noise(dim, 1.0, g)).max()) for _ in range(2000)]
+        _EDGE[dim] = sorted(tops)[int(0.95 * len(tops))]
+    h = rel.curvature - _EDGE[dim] * rel.curvature_noise_std * torch.eye(dim, dtype=DTYPE)
+    return na.noise_aware_posterior(model, dataclasses.replace(rel, curvature=h))[0]
+
+
+VARIANTS = {"plug-in": lambda m, r, g: na.noise_aware_posterior(m, r)[0], "imputed": imputed, "lowered": lowered}
+FIELDS = ["table", "epsilon", "run", "variant", "coverage", "width_ratio", "floor_width_ratio", "floor_coverage",
+          "effects_found", "floor_effects_found", "effects_wrong_sign", "mean_error_sd_max", "anchor_distance",
+          "score_var", "curvature_term", "min_true_eig", "noise_edge", "converged"]
+
+
+def run(table: str, epsilons: list[float], runs: int, out: Path) -> None:
+    from dpsummary.metrics import data_hessian
+
+    model, pts, fn, tb = _table(table)
+    spec = cal.TABLES[table]
+    delta = 0.1 / spec.n_max if spec.n_max else 1e-11
+    rows = []
+    for eps in epsilons:
+        ref = cal.reference(model, pts, epsilon=eps, delta=delta, key=f"variants:{table}")
+        true_eigs = torch.linalg.eigvalsh(data_hessian(model, pts, ref.full.mean))
+        for r in range(runs):
+            fit = _fit(model, pts, fn, tb, eps, delta)
+            last = fit.rounds[-1]
+            m = fit.model or model
+            u = fit.posterior.mean - last.anchor
+            g = torch.Generator().manual_seed(1000 + r)
+            for name, variant in VARIANTS.items():
+                j = cal.judge(variant(m, last, g), ref)
+                rows.append({
+                    "table": table, "epsilon": eps, "run": r, "variant": name, **{k: j[k] for k in (
+                        "coverage", "width_ratio", "floor_width_ratio", "floor_coverage", "effects_found",
+                        "floor_effects_found", "effects_wrong_sign", "mean_error_sd_max")},
+                    "anchor_distance": float((last.anchor - ref.full.mean).norm()),
+                    "score_var": last.score_noise_std**2, "curvature_term": last.curvature_noise_std**2 * float(u @ u),
+                    "min_true_eig": float(true_eigs[0]),
+                    "noise_edge": 2 * math.sqrt(pts.shape[1] - 1) * last.curvature_noise_std,
+                    "converged": fit.converged,
+                })
+            print(f"{table} eps {eps} run {r}: " + ", ".join(
+                f"{x['variant']} cov {x['coverage']:.2f} w {x['width_ratio']:.2f}" for x in rows[-3:]), flush=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with out.open("w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=FIELDS)
+        w.writeheader()
+        w.writerows(rows)
+    summary(out)
+
+
+def summary(path: Path) -> None:
+    with path.open(newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    cells: dict[tuple[str, float, str], list[dict[str, str]]] = {}
+    for row in rows:
+        cells.setdefault((row["table"], float(row["epsilon"]), row["variant"]), []).append(row)
+    print("| table | epsilon | variant | runs | median coverage | min coverage | median width / full (floor) "
+          "| effects (floor) | wrong signs | median anchor distance | median tau^2 u^2 / sigma_s^2 |")
+    print("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for (table, eps, variant), rs in sorted(cells.items()):
+        def med(k: str, rs: list[dict[str, str]] = rs) -> float:
+            return statistics.median(float(x[k]) for x in rs)
+        print(f"| {table} | {eps:g} | {variant} | {len(rs)} | {med('coverage'):.2f} | "
+              f"{min(float(x['coverage']) for x in rs):.2f} | {med('width_ratio'):.2f} ({med('floor_width_ratio'):.2f}) | "
+              f"{med('effects_found'):.1f} ({med('floor_effects_found'):.1f}) | "
+              f"{sum(int(x['effects_wrong_sign']) for x in rs)} | {med('anchor_distance'):.2f} | "
+              f"{statistics.median(float(x['curvature_term']) / float(x['score_var']) for x in rs):.2f} |")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--table", default="napsu_adult")
+    p.add_argument("--epsilons", default="0.1,0.3,0.5,1")
+    p.add_argument("--runs", type=int, default=12)
+    p.add_argument("--out", type=Path, default=cal.RESULTS / "noise_aware_variants.csv")
+    p.add_argument("--summary", action="store_true", help="only print the table of an existing --out")
+    a = p.parse_args()
+    if a.summary:
+        summary(a.out)
+    else:
+        run(a.table, [float(e) for e in a.epsilons.split(",")], a.runs, a.out)
+
+
+if __name__ == "__main__":
+    main()
