@@ -22,7 +22,7 @@ def selftest(
     runs: Annotated[int, typer.Option(help="Main runs per side (without / with the canary) per canary scenario.")] = 10_000,
     pilot_runs: Annotated[int | None, typer.Option(help="Pilot runs per side for the threshold (default runs/4).")] = None,
     alpha: Annotated[float, typer.Option(help="1 - confidence; split equally over the audits (Bonferroni).")] = 0.05,
-    inject: Annotated[Literal["none", "no-clip", "half-noise", "fixed-size", "fixed-seed", "no-scale", "refuse-invalid", "multiline-csv"], typer.Option(help="Inject a known bug to see the self-test catch it.")] = "none",
+    inject: Annotated[Literal["none", "no-clip", "half-noise", "fixed-size", "fixed-seed", "no-scale", "refuse-invalid", "multiline-csv", "strict-utf8"], typer.Option(help="Inject a known bug to see the self-test catch it.")] = "none",
     noise: Annotated[Literal["opendp", "numpy"], typer.Option(help="opendp: the product's noise (audited path); numpy: fast vectorised Gaussian, product coins and clipping.")] = "opendp",
     sample_rate: Annotated[float, typer.Option(help="Poisson sampling rate q of the audited mechanism.")] = 0.1,
     steps: Annotated[int, typer.Option(help="Mechanism steps T per run.")] = 10,
