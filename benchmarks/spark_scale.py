@@ -37,10 +37,12 @@ Measured (wall clock, curator-local; these timings are benchmarks, never publish
   default policy (no ``--policy``), on Spark and on the local engine, in a fresh process each.
 * with ``--driver-memory`` (issue 35): the same zero-configuration release on the same table
   with and without an extra ``id`` column holding a distinct string per record, in a fresh
-  process each: the Python driver's peak RSS (``getrusage(RUSAGE_SELF)`` in the release's own
-  process, read after it ends) and the JVM driver's (``VmHWM`` of the ``java`` child, read before
-  the process exits), and the wall clock; ``--baseline-src DIR`` repeats the Spark runs with the
-  dpsummary package found in ``DIR`` (e.g. ``git archive`` of an older commit) for comparison.
+  process each: the Python driver's peak RSS (``VmHWM`` of the release's own process, read
+  after the release returns; not ``getrusage``, which Linux carries across fork and exec from the
+  benchmark process) and the JVM driver's (``VmHWM`` of the ``java`` child, read before the
+  process exits; in ``local[N]`` that JVM runs the executors' tasks and shuffle too), and the
+  wall clock; ``--baseline-src DIR`` repeats the Spark runs with the dpsummary package found in
+  ``DIR`` (e.g. ``git archive`` of an older commit) for comparison.
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -249,7 +252,7 @@ def zero_config_release(data: Path, engine: str, master: str, home: Path) -> flo
 
 #: Run in a fresh interpreter: one CLI release, then its peak memory as one JSON line on stderr.
 _MEASURED_RELEASE = r"""
-import json, os, resource, sys, time
+import json, os, sys, time
 from pathlib import Path
 
 
@@ -283,8 +286,12 @@ try:
 except SystemExit as exc:
     code = exc.code
 wall = time.perf_counter() - t0
+# VmHWM of this process, not getrusage: Linux carries ru_maxrss across fork and exec, so it
+# would report the parent's (the benchmark's) peak when that is higher.
+hwm = [int(ln.split()[1]) / 1024 for ln in Path("/proc/self/status").read_text().splitlines() if ln.startswith("VmHWM:")]
+import dpsummary.private.spark_engine as engine_module
 print("MEASURED " + json.dumps({"exit": code, "wall": wall, "java_hwm_mb": java_hwm_mb(),
-      "python_maxrss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}), file=sys.stderr)
+      "python_maxrss_mb": hwm[0], "code": engine_module.__file__}), file=sys.stderr)
 """
 
 
@@ -302,11 +309,14 @@ def measured_release(data: Path, engine: str, master: str, home: Path, src: Path
     env = dict(os.environ, DPSUMMARY_HOME=str(home / f"{engine}-{data.stem}-{src is not None}"), OMP_NUM_THREADS="1")
     if src is not None:
         env["PYTHONPATH"] = str(src)
-    proc = subprocess.run([*cmd, str(data)], env=env, capture_output=True, text=True, check=False)
+    # cwd: not the repository (``python -c`` puts the working directory first on sys.path)
+    proc = subprocess.run([*cmd, str(data)], env=env, capture_output=True, text=True, check=False, cwd=home)
     lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("MEASURED ")]
     if not lines:
         raise SystemExit(f"measured release did not report ({engine}):\n{proc.stdout[-2000:]}{proc.stderr[-3000:]}")
     res = json.loads(lines[-1][len("MEASURED "):])
+    if (src is not None) != (not res.pop("code").startswith(str(Path(__file__).resolve().parents[1]))):
+        raise SystemExit("the measured release did not import the intended dpsummary")
     res["ok"] = float(res.pop("exit") == 0 and out.exists())
     if not res["ok"]:
         print(f"release failed ({engine}, {data.name}):\n{proc.stdout[-1500:]}{proc.stderr[-1500:]}", flush=True)
@@ -321,11 +331,84 @@ def measured_release(data: Path, engine: str, master: str, home: Path, src: Path
     return res
 
 
-def driver_memory(rows: int, master: str, work: Path, baseline: Path | None, engines: list[str]) -> str:
+#: Stage 1's DP schema alone on Spark, in a fresh interpreter: what the Python driver allocates
+#: (tracemalloc peak) and receives (value keys and their bytes) during ``estimate_schema``.
+_STAGE1_PROBE = r"""
+import json, sys, time, tracemalloc
+from pathlib import Path
+
+from dpsummary.private import spark_engine
+from dpsummary.private.spark_engine import SparkSource
+from dpsummary.spark.session import SparkOptions, build_session, private_dir
+
+data, master = Path(sys.argv[1]), sys.argv[2]
+scratch = private_dir()
+spark = build_session(SparkOptions(master=master), scratch)
+src = SparkSource(spark, data, scratch, steps=1)
+received = {"rows": 0, "value_keys": 0, "value_bytes": 0}
+if hasattr(spark_engine, "_collect_rows"):  # this commit: count what the driver collects
+    real = spark_engine._collect_rows
+
+    def spy(df):
+        rows = real(df)
+        values = [r for r in rows if r["section"] == spark_engine.VALUE]
+        received["rows"] += len(rows)
+        received["value_keys"] += len(values)
+        received["value_bytes"] += sum(len(r["label"].encode()) for r in values)
+        return rows
+
+    spark_engine._collect_rows = spy
+
+
+def rss(field):
+    return [int(ln.split()[1]) / 1024 for ln in Path("/proc/self/status").read_text().splitlines()
+            if ln.startswith(field + ":")][0]
+
+
+before = rss("VmRSS")
+tracemalloc.start()
+t0 = time.perf_counter()
+result = src.estimate_schema(noise_multiplier=2.0, target="y", delta=1e-10)
+wall = time.perf_counter() - t0
+peak = tracemalloc.get_traced_memory()[1] / 2**20
+held = getattr(src, "_schema_counts", None)  # the baseline keeps every distinct value here
+if held is not None:
+    received["value_keys"] = sum(len(v) for v in held._values.values())
+    received["value_bytes"] = sum(len(k.encode()) for v in held._values.values() for k in v)
+print("MEASURED " + json.dumps({"wall": wall, "tracemalloc_peak_mb": peak, "rss_growth_mb": rss("VmHWM") - before,
+                                "dropped": result.dropped, "code": spark_engine.__file__, **received}), file=sys.stderr)
+spark.stop()
+"""
+
+
+def stage1_probe(data: Path, master: str, src: Path | None) -> dict[str, Any]:
+    """:data:`_STAGE1_PROBE` on ``data`` in a fresh interpreter (``src``: a baseline package)."""
+    import json
+    import subprocess
+
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    if src is not None:
+        env["PYTHONPATH"] = str(src)
+    proc = subprocess.run([sys.executable, "-c", _STAGE1_PROBE, str(data), master], env=env, capture_output=True,
+                          text=True, check=False, cwd=data.parent)
+    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("MEASURED ")]
+    if not lines:
+        raise SystemExit(f"stage-1 probe did not report:\n{proc.stderr[-3000:]}")
+    res = json.loads(lines[-1][len("MEASURED "):])
+    if (src is not None) != (not res.pop("code").startswith(str(Path(__file__).resolve().parents[1]))):
+        raise SystemExit("the stage-1 probe did not import the intended dpsummary")
+    return res
+
+
+def driver_memory(rows: int, master: str, work: Path, baseline: Path | None, engines: list[str],
+                  whole: bool = True) -> str:
     """The ``--driver-memory`` table (markdown): per table (with / without the ID column),
     engine and code version, the zero-configuration release's outcome, wall clock and driver
     peak memory."""
     home = Path(tempfile.mkdtemp(dir=work))
+    stage1 = ["| table | code | value keys the driver received (their bytes) | driver rows collected | "
+              "Python allocations during stage 1 (tracemalloc peak) | driver RSS growth | stage 1 wall clock |",
+              "|---|---|---|---|---|---|---|"]
     lines = ["| table | engine | code | exit | released schema columns | wall clock | Python driver peak RSS | "
              "JVM driver peak RSS |", "|---|---|---|---|---|---|---|---|"]
     for id_column in (False, True):
@@ -333,7 +416,15 @@ def driver_memory(rows: int, master: str, work: Path, baseline: Path | None, eng
         generate(data, rows, id_column=id_column)
         label = f"{rows:,} rows x {20 + id_column} columns" + (" (+ `id`, one distinct value per row)" if id_column
                                                               else "")
+        for src in [None] + ([baseline] if baseline is not None else []):
+            res1 = stage1_probe(data, master, src)
+            print(rows, id_column, "stage 1", src, res1, flush=True)
+            stage1.append(f"| {'+ `id`' if id_column else 'no `id`'} | {'baseline' if src is not None else 'this commit'} | "
+                          f"{res1['value_keys']:,} ({res1['value_bytes'] / 2**20:,.1f} MiB) | "
+                          f"{res1['rows'] if src is None else 'n/a'} | {res1['tracemalloc_peak_mb']:,.1f} MiB | "
+                          f"{res1['rss_growth_mb']:,.0f} MB | {res1['wall']:.0f} s |")
         runs = [(e, None) for e in engines] + ([("spark", baseline)] if baseline is not None else [])
+        runs = runs if whole else []
         for engine, src in runs:
             res = measured_release(data, engine, master, home, src)
             print(rows, id_column, engine, src, res, flush=True)
@@ -344,7 +435,12 @@ def driver_memory(rows: int, master: str, work: Path, baseline: Path | None, eng
                          f"{' (id among them)' if res['id_released'] else ''} | {res['wall']:.0f} s | "
                          f"{res['python_maxrss_mb']:,.0f} MB | {java} |")
         data.unlink()
-    return "\n".join(lines) + "\n"
+    text = ("Stage 1's DP schema alone (`SparkSource.estimate_schema`, noise multiplier 2, delta 1e-10), "
+            f"{rows:,} rows, {master}, fresh process each:\n\n" + "\n".join(stage1) + "\n")
+    if whole:
+        text += ("\nWhole zero-configuration releases (`dpsummary release --epsilon 0.2 --target y`, packaged "
+                 "default policy), fresh process each:\n\n" + "\n".join(lines) + "\n")
+    return text
 
 
 def main() -> None:
@@ -364,6 +460,7 @@ def main() -> None:
                     help="issue 35: driver peak memory of zero-configuration releases with and without an ID column")
     ap.add_argument("--baseline-src", type=Path, default=None,
                     help="with --driver-memory: also run Spark with the dpsummary package in this directory")
+    ap.add_argument("--stage1-only", action="store_true", help="with --driver-memory: skip the whole releases")
     ap.add_argument("--engine", action="append", choices=["spark", "local"],
                     help="with --driver-memory: engines to run (repeatable; default both)")
     ap.add_argument("--zero-config", action="store_true",
@@ -378,13 +475,13 @@ def main() -> None:
     os.environ.setdefault("DPSUMMARY_HOME", str(work / "home"))
     if args.driver_memory:
         try:
-            tables = [driver_memory(rows, masters[0], work, args.baseline_src, args.engine or ["spark", "local"])
-                      for rows in sizes]
+            tables = [driver_memory(rows, masters[0], work, args.baseline_src, args.engine or ["spark", "local"],
+                                    whole=not args.stage1_only) for rows in sizes]
         finally:
             shutil.rmtree(work, ignore_errors=True)
         command = ("nice -n 10 python benchmarks/spark_scale.py " + " ".join(f"--rows {r}" for r in sizes)
                    + "".join(f" --master '{m}'" for m in args.master or []) + " --driver-memory"
-                   + (" --baseline-src DIR" if args.baseline_src else "")
+                   + (" --baseline-src DIR" if args.baseline_src else "") + (" --stage1-only" if args.stage1_only else "")
                    + "".join(f" --engine {e}" for e in args.engine or []))
         text = (f"machine: {platform.machine()}, {os.cpu_count()} cores (shared), Python {platform.python_version()}; "
                 f"command: `{command}`\n\n" + "\n".join(tables))
