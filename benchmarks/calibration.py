@@ -903,6 +903,11 @@ def report(results: Path, target: Path, plot: Path | None = None, note: str = ""
                          f"wrong-sign effects {sum(c.wrong_sign for c in sel)}; median width / floor "
                          f"{_f(statistics.median(widths) if widths else None)}; effects found {found:.1f} of the "
                          f"floor's {floor_found:.1f} (sums of cell medians).")
+    floor_judged = sorted((c for c in cs.values() if c.floor_judged), key=lambda c: _order(c.key))
+    if floor_judged:
+        lines += ["", "Cells judged against the idealised floor's own coverage - 0.05 (the floor covers less than "
+                  "0.9 there): " + ", ".join(f"{c.key[0]} {c.key[2]} eps {c.key[3]:g} {c.key[4]} (floor "
+                                             f"{_f(c.floor_coverage)})" for c in floor_judged) + "."]
     narrow = sorted((c for c in cs.values() if c.width_vs_floor is not None and c.width_vs_floor < NARROW),
                     key=lambda c: _order(c.key))
     if narrow:
@@ -957,39 +962,43 @@ def _rel(p: Path | None) -> str:
 
 
 def _plot(cs: dict[CellKey, Cell], path: Path) -> None:
-    """Coverage (with its threshold) and width / floor per cell, cells in table order."""
+    """One grid per mechanism: a row per table and mode, a column per epsilon; each cell coloured
+    by its verdict and labelled with its median coverage (over the threshold) and width / floor."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
 
-    keys = sorted(cs, key=_order)
-    fig, axes = plt.subplots(2, 1, figsize=(max(8.0, 0.28 * len(keys) + 2), 8), sharex=True)
-    xs = np.arange(len(keys))
-    colours = {"HONEST": "tab:green", "DISHONEST": "tab:red", "REFUSED": "tab:gray", "ERROR": "black", "-": "white"}
-    cov = [cs[k].coverage if cs[k].coverage is not None else np.nan for k in keys]
-    axes[0].bar(xs, cov, color=[colours[cs[k].verdict] for k in keys])
-    axes[0].scatter(xs, [cs[k].threshold for k in keys], marker="_", s=120, color="black", label="threshold")
-    for x, k in zip(xs, keys, strict=True):
-        if cs[k].verdict in ("REFUSED", "ERROR"):
-            axes[0].text(x, 0.03, cs[k].verdict.lower(), rotation=90, ha="center", va="bottom", fontsize=7)
-    axes[0].set_ylim(0, 1.05)
-    axes[0].set_ylabel("median coverage of the full-data mean")
-    axes[0].legend(loc="lower right")
-    wf = [cs[k].width_vs_floor if cs[k].width_vs_floor is not None else np.nan for k in keys]
-    axes[1].bar(xs, wf, color=[colours[cs[k].verdict] for k in keys])
-    axes[1].axhline(1.0, color="black", lw=0.8)
-    axes[1].set_yscale("log")
-    axes[1].set_ylabel("median width / idealised floor's")
-    axes[1].set_xticks(xs)
-    axes[1].set_xticklabels([f"{k[0]} {'zc' if k[2] == 'zero-config' else 'pub'} {k[3]:g}"
-                             + ("" if k[4] == "noise-aware-newton" else " psvi") for k in keys], rotation=90, fontsize=7)
-    for ax in axes:
-        ax.grid(True, axis="y", alpha=0.3)
-    fig.suptitle("Calibration suite: green honest, red dishonest, grey refused")
-    fig.tight_layout()
+    colours = {"HONEST": "#8fd18f", "DISHONEST": "#f08080", "REFUSED": "#c8c8c8", "ERROR": "#606060", "-": "white"}
+    mechs = sorted({k[4] for k in cs})
+    rows = sorted({(k[0], k[1], k[2]) for k in cs}, key=lambda r: _order((r[0], r[1], r[2], 0.0, "")))
+    eps = sorted({k[3] for k in cs})
+    fig, axes = plt.subplots(1, len(mechs), figsize=(1.3 * len(eps) * len(mechs) + 3.5, 0.22 * len(rows) + 1.6),
+                             squeeze=False)
+    for ax, mech in zip(axes[0], mechs, strict=True):
+        for i, (table, model, mode) in enumerate(rows):
+            for j, e in enumerate(eps):
+                c = cs.get((table, model, mode, e, mech))
+                verdict = c.verdict if c is not None else "-"
+                ax.add_patch(plt.Rectangle((j, i), 1, 1, facecolor=colours[verdict], edgecolor="white"))
+                if c is not None:
+                    text = "refused" if c.coverage is None else (
+                        f"{_f(c.coverage)}/{_f(c.threshold)} {_f(c.width_vs_floor, 1)}x"
+                        + (f" w{c.wrong_sign}" if c.wrong_sign else ""))
+                    ax.text(j + 0.5, i + 0.5, text, ha="center", va="center", fontsize=6)
+        ax.set_xlim(0, len(eps))
+        ax.set_ylim(len(rows), 0)
+        ax.set_xticks([j + 0.5 for j in range(len(eps))])
+        ax.set_xticklabels([f"eps {e:g}" for e in eps], fontsize=8)
+        ax.set_yticks([i + 0.5 for i in range(len(rows))])
+        ax.set_yticklabels([f"{t} ({'zero-config' if m == 'zero-config' else 'public'})" for t, _, m in rows], fontsize=7)
+        ax.set_title(f"{mech}: coverage/threshold, width / floor, w = wrong signs", fontsize=9)
+    fig.legend(handles=[Patch(color=colours[v], label=v.lower()) for v in ("HONEST", "DISHONEST", "REFUSED")],
+               loc="lower center", ncol=3, fontsize=8)
+    fig.tight_layout(rect=(0, 0.03, 1, 1))
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
+    fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
