@@ -627,10 +627,13 @@ def judge_artifact(artifact: Path, data: Path, epsilon: float) -> dict[str, Any]
     gaussians = (rel.body.get("posterior") or {}).get("gaussians") or {}
     default = (rel.body.get("posterior") or {}).get("default")
     g = gaussians.get(default) if isinstance(default, str) else None
-    if g is not None:
-        cov = torch.tensor(g["cov"], dtype=torch.float64)
-        gauss = GaussianPosterior(mean=torch.tensor(g["mean"], dtype=torch.float64),
-                                  scale_tril=torch.linalg.cholesky(0.5 * (cov + cov.T)))
+    if isinstance(g, dict) and "mean" in g and ("cov" in g or "sd" in g):
+        if "cov" in g:  # noise-aware-newton: the full covariance
+            cov = torch.tensor(g["cov"], dtype=torch.float64)
+            tril = torch.linalg.cholesky(0.5 * (cov + cov.T))
+        else:  # calibrated dp-psvi: per-coordinate sds
+            tril = torch.diag(torch.tensor(g["sd"], dtype=torch.float64))
+        gauss = GaussianPosterior(mean=torch.tensor(g["mean"], dtype=torch.float64), scale_tril=tril)
         gj = judge(gauss, ref)
         out.update(gaussian_coverage=gj["coverage"], gaussian_width_ratio=gj["width_ratio"],
                    gaussian_wrong_sign=gj["effects_wrong_sign"])
@@ -718,9 +721,14 @@ def run_cells(out: Path, tables: list[str], modes: list[str], epsilons: list[flo
                                 else:
                                     row["release_seconds"] = round(time.perf_counter() - t0, 2)
                                     t1 = time.perf_counter()
-                                    row.update(judge_artifact(art, data, eps))
+                                    try:
+                                        row.update(judge_artifact(art, data, eps))
+                                    except Exception as exc:  # noqa: BLE001 - a harness fault is an error row
+                                        row["outcome"] = "error"
+                                        row["message"] = f"judging: {type(exc).__name__}: {exc}".replace("\n", " ")[:300]
+                                    else:
+                                        row["outcome"] = "released"
                                     row["judge_seconds"] = round(time.perf_counter() - t1, 2)
-                                    row["outcome"] = "released"
                                     art.unlink(missing_ok=True)
                                 w.writerow(row)
                                 fh.flush()
