@@ -219,14 +219,16 @@ def test_selftest_mixture_checks_pass_and_catch_injected_bugs(monkeypatch: pytes
     from dpsummary.private import mixture as pm
 
     good = st.mixture_checks()
-    assert good.ok and good.replay_max_move == pytest.approx(1.0) and good.replay_same_output
+    # One record moves the counts by the sensitivity less the float slack (issue 35: ~4.9e-4).
+    assert good.ok and good.replay_max_move == pytest.approx(1.0, rel=1e-3) and good.replay_max_move <= 1.0
+    assert good.replay_same_output
     assert good.accountant_epsilon == pytest.approx(good.opacus_epsilon, rel=1e-6)
     half = st.mixture_checks(inject="half-noise", noise_path="numpy")
     assert not half.ok and half.failed == ["noise scale"]
     real = pm.exact_node_counts
     monkeypatch.setattr(pm, "exact_node_counts", lambda *a, **k: 2.0 * real(*a, **k))
     bug = st.mixture_checks(noise_path="numpy")
-    assert not bug.ok and "coupled replay" in bug.failed and bug.replay_max_move == pytest.approx(2.0)
+    assert not bug.ok and "coupled replay" in bug.failed and bug.replay_max_move == pytest.approx(2.0, rel=1e-3)
 
 
 def test_samplers_and_the_report_refuse_a_mixture_in_one_line(released: dict[str, Any]) -> None:

@@ -81,4 +81,7 @@ def test_stage2_refusal_after_stage1_settles_the_hold(tmp_path: Path) -> None:
         run_release(req)
     spent = _ledger(req).spent("test-source")
     assert spent.active_holds == 0
-    assert spent.composed["rdp"] < 0.11  # only the count and schema were charged (0.2 of 0.5, plus slack)
+    # Only the count and schema were charged: 0.2 of 0.5 by their exact Gaussian profile (issue 37:
+    # accounting.calibrate_part), which RDP composes to about 0.110 (it is looser than the exact
+    # profile), plus the partition-selection slack; the whole release's 0.5 was not.
+    assert spent.composed["rdp"] < 0.12
