@@ -41,12 +41,6 @@ from dpsummary.data.stream import BatchStream
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")
 
-@pytest.fixture()
-def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    h = tmp_path / "home"
-    monkeypatch.setenv("DPSUMMARY_HOME", str(h))
-    return h
-
 
 @pytest.mark.parametrize("mode,config,column,row,raw",
                          [c for c in cases() if not c[0].endswith("spark")],

@@ -21,12 +21,6 @@ from dpsummary.cli import app
 runner = CliRunner()
 
 
-@pytest.fixture()
-def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    h = tmp_path / "home"
-    monkeypatch.setenv("DPSUMMARY_HOME", str(h))
-    return h
-
 
 def _created(path: Path) -> float:
     body = json.loads(base64.b64decode(json.loads(path.read_text())["payload"]))["predicate"]["body"]

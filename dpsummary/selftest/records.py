@@ -80,14 +80,22 @@ def quality_audit(cfg: SelfTestConfig, alpha: float, progress: Progress | None =
             p.write_bytes(content)
             outcomes.append(quality_outcome(p, inject=cfg.inject))
 
-        def draw(canary: bool) -> float:
-            encoded = outcomes[int(canary)]
-            if encoded is None:
-                return math.inf
-            return float(np.sum(list(encoded.noisy_quality_counts(noise_multiplier=sigma).noisy.values())))
+        return gaussian_audit(cfg, alpha, _quality_score(outcomes, sigma), scenario="quality",
+                              mechanism="noisy_quality_counts", sigma=sigma, claimed=claimed, progress=progress)
 
-        return gaussian_audit(cfg, alpha, draw, scenario="quality", mechanism="noisy_quality_counts",
-                               sigma=sigma, claimed=claimed, progress=progress)
+
+def _quality_score(outcomes: list[Any], sigma: float) -> Any:
+    """One run's score of a quality audit: the sum of the four noisy quality counts of the side's
+    encoded source (D's counts are all zero; Neyman-Pearson optimal for the mean shift), +inf
+    where the side's release would refuse (``None``)."""
+
+    def draw(canary: bool) -> float:
+        encoded = outcomes[int(canary)]
+        if encoded is None:
+            return math.inf
+        return float(np.sum(list(encoded.noisy_quality_counts(noise_multiplier=sigma).noisy.values())))
+
+    return draw
 
 
 #: The Parquet quality canary (issue 35): one record whose string values hold bytes that are not
@@ -168,14 +176,8 @@ def quality_parquet_audit(cfg: SelfTestConfig, alpha: float, progress: Progress 
             except (pa.ArrowInvalid, UnicodeDecodeError):  # only the injected strict decoder raises
                 outcomes.append(None)
 
-    def draw(canary: bool) -> float:
-        encoded = outcomes[int(canary)]
-        if encoded is None:
-            return math.inf
-        return float(np.sum(list(encoded.noisy_quality_counts(noise_multiplier=sigma).noisy.values())))
-
-    return gaussian_audit(cfg, alpha, draw, scenario="quality-parquet", mechanism="noisy_quality_counts",
-                          sigma=sigma, claimed=claimed, progress=progress)
+    return gaussian_audit(cfg, alpha, _quality_score(outcomes, sigma), scenario="quality-parquet",
+                          mechanism="noisy_quality_counts", sigma=sigma, claimed=claimed, progress=progress)
 
 
 #: The "csv-lines" scenario (issue 24): one line inserted into a clean CSV, each a line that a

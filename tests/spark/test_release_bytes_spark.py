@@ -13,12 +13,6 @@ from bytes_support import cases, clean_values, corrupted, release
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")
 
 
-@pytest.fixture()
-def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    h = tmp_path / "home"
-    monkeypatch.setenv("DPSUMMARY_HOME", str(h))
-    return h
-
 
 @pytest.mark.parametrize("mode,config,column,row,raw",
                          [c for c in cases() if c[0].endswith("spark")],
