@@ -307,6 +307,7 @@ th { background: #f0f0f0; } td.l, th.l { text-align: left; }
 tr.release td { background: #fff3f3; font-weight: bold; }
 img { max-width: 100%; border: 1px solid #ddd; margin: 0.5em 0; }
 .meta td { text-align: left; } .small { color: #555; font-size: 0.85em; }
+.wide { overflow-x: auto; }  /* the metrics table has more columns than the page is wide */
 """
 
 
@@ -408,9 +409,9 @@ p(y | theta), which rewards a wide posterior when the model does not fit the dat
 counts under Poisson regression), so compare fit by E log-lik. RMSE is that of the posterior
 predictive mean. Baselines are built NON-privately at the release's size M on the same records:
 they show what the privacy costs, and are not publishable either.</p>{misfit}
-<table><tr><th class=l>summary</th>{head}<th>seconds</th><th class=l>note</th></tr>
+<div class="wide"><table><tr><th class=l>summary</th>{head}<th>seconds</th><th class=l>note</th></tr>
 {''.join(body_rows)}
-</table>
+</table></div>
 {floor_html}
 <h2>KL divergence</h2>
 <img alt="KL bar chart" src="data:image/png;base64,{kl_png}">

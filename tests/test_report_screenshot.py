@@ -21,7 +21,7 @@ CHROMIUM = next((p for p in ("/usr/bin/chromium", shutil.which("chromium") or ""
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="headless Chromium not installed (apt-get install chromium)")
 
 
-def screenshot(html: Path, png: Path, profile: Path, size: tuple[int, int] = (1200, 2000)) -> None:
+def screenshot(html: Path, png: Path, profile: Path, size: tuple[int, int] = (1200, 3200)) -> None:
     assert CHROMIUM is not None
     cmd = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
            "--disable-background-networking", "--disable-component-update", "--disable-sync",
