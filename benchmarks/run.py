@@ -314,7 +314,7 @@ def report(results: Path, target: Path) -> None:
         lines += [f"(plots not generated: {type(exc).__name__}: {exc})", ""]
     if pngs:
         lines += ["## Plots", ""] + [f"![{p.stem}]({os.path.relpath(p, target.parent)})" for p in pngs] + [""]
-    for extra in ("calibration.md", "noise_aware_variants.md", "trust.md", "trust_schedule.md", "schema_refusal_rate.md", "speed.md", "scale.md",
+    for extra in ("calibration.md", "calibration_dppsvi.md", "noise_aware_variants.md", "trust.md", "trust_schedule.md", "schema_refusal_rate.md", "speed.md", "scale.md",
                   "spark_scale.md", "spark_scale_id_column.md", "mixtures.md", "mixtures_small_m.md", "mixtures_1e6.md",
                   "mixtures_private.md", "mixtures_private_moments.md", "mixtures_private_residual.md", "bnn.md",
                   "ledger_stress.md", "selftest.md", "power.md", "poisson.md", "poisson_tune.md",
