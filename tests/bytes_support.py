@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import base64
 import json
-import math
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-from release_support import ledger_lines, write_policy
+from release_support import finite, ledger_lines, write_policy
 from typer.testing import CliRunner
 
 import dpsummary
@@ -93,15 +92,6 @@ def cases() -> list[tuple[str, str, str | None, int, bytes]]:
                 cases.append((mode, config, COLUMNS[int(rng.integers(len(COLUMNS)))], int(rng.integers(N)), raw))
     return cases
 
-
-def finite(obj: Any) -> bool:
-    if isinstance(obj, float):
-        return math.isfinite(obj)
-    if isinstance(obj, dict):
-        return all(finite(v) for v in obj.values())
-    if isinstance(obj, list):
-        return all(finite(v) for v in obj)
-    return True
 
 
 def release(tmp_path: Path, home: Path, mode: str, config: str, values: dict[str, list[bytes]], tag: str) -> None:

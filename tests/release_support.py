@@ -4,6 +4,7 @@ the ledger's lines."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -67,6 +68,17 @@ name = "y"
 """
     path.write_text(text + tail)
     return path
+
+
+def finite(value: object) -> bool:
+    """Whether every float in a JSON-like value (dicts, lists, scalars) is finite."""
+    if isinstance(value, float):
+        return math.isfinite(value)
+    if isinstance(value, dict):
+        return all(finite(v) for v in value.values())
+    if isinstance(value, list):
+        return all(finite(v) for v in value)
+    return True
 
 
 def ledger_lines(home: Path) -> list[dict]:

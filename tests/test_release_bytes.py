@@ -9,9 +9,10 @@ where the noisy schema and quality checks pass; a failure there would show as th
 failing, which is asserted first), with every reservation committed and no ``abort`` in the ledger.
 
 The corruptions are drawn by a seeded generator (the same cases every run); the privacy noise
-is OS entropy, and at epsilon 4 on this table the noisy checks pass with probability above
-1 - 1e-9 per release (their thresholds sit more than 6 noise sds from the clean counts), so the
-stated failure rate of this file is below 1e-7.
+is OS entropy; at epsilon 4 on this table every noisy check sits more than 50 noise sds from
+its threshold (zero configuration: categories of about 1,000 records against a selection
+threshold of about 100 with raw noise sd about 17; a record count of 3,000 against min_records
+50 with noise sd 22), so the stated failure rate of this file is below 1e-12.
 
 The table the issue reported (a Parquet string column holding ``b'\\xff\\xfeZ'`` in a schema
 column, ``b'caf\\xe9'`` in a column outside the schema) is always among the cases, and the

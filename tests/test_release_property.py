@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from release_support import finite
 from typer.testing import CliRunner
 
 import dpsummary
@@ -115,15 +116,6 @@ def _cases() -> list[tuple[str, int, bool, float]]:
     return out
 
 
-def _finite(value: Any) -> bool:
-    if isinstance(value, float):
-        return math.isfinite(value)
-    if isinstance(value, dict):
-        return all(_finite(v) for v in value.values())
-    if isinstance(value, list):
-        return all(_finite(v) for v in value)
-    return True
-
 
 @pytest.mark.parametrize(("model", "seed", "public", "epsilon"), _cases())
 def test_release_is_a_finite_artifact_or_a_one_line_refusal(
@@ -146,7 +138,7 @@ def test_release_is_a_finite_artifact_or_a_one_line_refusal(
         rel = dpsummary.load(out, key=home / "keys" / "dpsummary.pub")
         assert rel.verified
         envelope = json.loads(out.read_text())
-        assert _finite(envelope), "a non-finite number in the artifact"
+        assert finite(envelope), "a non-finite number in the artifact"
         assert np.all(np.isfinite(rel.summary.points.numpy())) and np.all(np.isfinite(rel.summary.weights.numpy()))
     else:
         errors = [x for x in res.output.splitlines() if x.startswith("error:")]
