@@ -70,11 +70,23 @@ def _table(name: str) -> tuple[Any, torch.Tensor, float, float]:
     return model, pts, fn, tb
 
 
-def _fit(model: Any, pts: torch.Tensor, fn: float, tb: float, epsilon: float, delta: float) -> na.NoiseAwareFit:
+#: The logistic schedule candidates of the rule in results/noise_aware_variants.md (written before
+#: they were run); ``default`` is whatever :meth:`Schedule.default` gives today.
+SCHEDULES: dict[str, Any] = {
+    "default": na.Schedule.default,
+    "A": lambda m: na.Schedule(na.THREE_ROUNDS),
+    "B": lambda m: na.Schedule(na.THREE_ROUNDS, anchor="log-odds"),
+    "C": lambda m: na.Schedule(((0.03, 0.04), (0.04, 0.08), (0.05, 0.1), (0.46, 0.2)), anchor="log-odds"),
+    "D": lambda m: na.Schedule(((0.02, 0.04), (0.03, 0.05), (0.04, 0.07), (0.05, 0.1), (0.45, 0.15))),
+}
+
+
+def _fit(model: Any, pts: torch.Tensor, fn: float, tb: float, epsilon: float, delta: float,
+         schedule: str = "default") -> na.NoiseAwareFit:
     from dpsummary.private.mechanism import SystemRandomness
     from dpsummary.private.score_stats import noisy_score_statistics
 
-    sched = na.Schedule.default(model)
+    sched = SCHEDULES[schedule](model)
     count = acc.gaussian_event(acc.calibrate_part(target_epsilon=COUNT_SHARE * epsilon, delta=delta))
     sigma, _ = na.calibrate(sched, target_epsilon=epsilon, delta=delta, prior_events=[count])
     rnd = SystemRandomness()
@@ -123,12 +135,13 @@ def lowered(model: Any, rel: na.RoundRelease, g: torch.Generator) -> GaussianPos
 
 
 VARIANTS = {"plug-in": lambda m, r, g: na.noise_aware_posterior(m, r)[0], "imputed": imputed, "lowered": lowered}
-FIELDS = ["table", "epsilon", "run", "variant", "coverage", "width_ratio", "floor_width_ratio", "floor_coverage",
+FIELDS = ["table", "epsilon", "run", "schedule", "variant", "coverage", "width_ratio", "floor_width_ratio", "floor_coverage",
           "effects_found", "floor_effects_found", "effects_wrong_sign", "mean_error_sd_max", "anchor_distance",
           "score_var", "curvature_term", "min_true_eig", "noise_edge", "converged"]
 
 
-def run(table: str, epsilons: list[float], runs: int, out: Path) -> None:
+def run(table: str, epsilons: list[float], runs: int, out: Path, *, schedules: list[str] | None = None,
+        variants: list[str] | None = None) -> None:
     from dpsummary.metrics import data_hessian
 
     model, pts, fn, tb = _table(table)
@@ -138,16 +151,17 @@ def run(table: str, epsilons: list[float], runs: int, out: Path) -> None:
     for eps in epsilons:
         ref = cal.reference(model, pts, epsilon=eps, delta=delta, key=f"variants:{table}")
         true_eigs = torch.linalg.eigvalsh(data_hessian(model, pts, ref.full.mean))
-        for r in range(runs):
-            fit = _fit(model, pts, fn, tb, eps, delta)
+        for r, sched in ((r, sched) for r in range(runs) for sched in (schedules or ["default"])):
+            fit = _fit(model, pts, fn, tb, eps, delta, sched)
             last = fit.rounds[-1]
             m = fit.model or model
             u = fit.posterior.mean - last.anchor
             g = torch.Generator().manual_seed(1000 + r)
-            for name, variant in VARIANTS.items():
+            chosen = {k: v for k, v in VARIANTS.items() if variants is None or k in variants}
+            for name, variant in chosen.items():
                 j = cal.judge(variant(m, last, g), ref)
                 rows.append({
-                    "table": table, "epsilon": eps, "run": r, "variant": name, **{k: j[k] for k in (
+                    "table": table, "epsilon": eps, "run": r, "schedule": sched, "variant": name, **{k: j[k] for k in (
                         "coverage", "width_ratio", "floor_width_ratio", "floor_coverage", "effects_found",
                         "floor_effects_found", "effects_wrong_sign", "mean_error_sd_max")},
                     "anchor_distance": float((last.anchor - ref.full.mean).norm()),
@@ -156,8 +170,9 @@ def run(table: str, epsilons: list[float], runs: int, out: Path) -> None:
                     "noise_edge": 2 * math.sqrt(pts.shape[1] - 1) * last.curvature_noise_std,
                     "converged": fit.converged,
                 })
-            print(f"{table} eps {eps} run {r}: " + ", ".join(
-                f"{x['variant']} cov {x['coverage']:.2f} w {x['width_ratio']:.2f}" for x in rows[-3:]), flush=True)
+            print(f"{table} eps {eps} run {r} schedule {sched}: " + ", ".join(
+                f"{x['variant']} cov {x['coverage']:.2f} w {x['width_ratio']:.2f}" for x in rows[-len(chosen):]),
+                flush=True)
     out.parent.mkdir(parents=True, exist_ok=True)
     with out.open("w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=FIELDS)
@@ -171,7 +186,8 @@ def summary(path: Path) -> None:
         rows = list(csv.DictReader(fh))
     cells: dict[tuple[str, float, str], list[dict[str, str]]] = {}
     for row in rows:
-        cells.setdefault((row["table"], float(row["epsilon"]), row["variant"]), []).append(row)
+        name = row["variant"] if row.get("schedule", "default") == "default" else f"{row['schedule']}/{row['variant']}"
+        cells.setdefault((row["table"], float(row["epsilon"]), name), []).append(row)
     print("| table | epsilon | variant | runs | median coverage | min coverage | median width / full (floor) "
           "| effects (floor) | wrong signs | median anchor distance | median tau^2 u^2 / sigma_s^2 |")
     print("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|")
@@ -191,12 +207,15 @@ def main() -> None:
     p.add_argument("--epsilons", default="0.1,0.3,0.5,1")
     p.add_argument("--runs", type=int, default=12)
     p.add_argument("--out", type=Path, default=cal.RESULTS / "noise_aware_variants.csv")
+    p.add_argument("--schedules", default="default", help=f"comma-separated, of {', '.join(SCHEDULES)}")
+    p.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated, of {', '.join(VARIANTS)}")
     p.add_argument("--summary", action="store_true", help="only print the table of an existing --out")
     a = p.parse_args()
     if a.summary:
         summary(a.out)
     else:
-        run(a.table, [float(e) for e in a.epsilons.split(",")], a.runs, a.out)
+        run(a.table, [float(e) for e in a.epsilons.split(",")], a.runs, a.out,
+            schedules=a.schedules.split(","), variants=a.variants.split(","))
 
 
 if __name__ == "__main__":

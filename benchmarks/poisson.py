@@ -306,7 +306,7 @@ def diagnose(datasets: list[str], epsilons: tuple[float, ...], seeds: tuple[int,
 #: ``rules``: (label, schedule factory or None for the default, datasets, epsilons, draws).
 RULE_CELLS = (
     ("default", None, ("sim_poisson_1e4", "sim_poisson_1e5", "bike_rentals"), (0.2, 1.0), 20),
-    ("unconverged (3 rounds from the prior mean)", lambda: na.Schedule(na.DEFAULT_ROUNDS),
+    ("unconverged (3 rounds from the prior mean)", lambda: na.Schedule(na.THREE_ROUNDS),
      ("sim_poisson_1e4", "bike_rentals"), (0.2, 1.0, 2.0), 10),
 )
 
