@@ -578,3 +578,17 @@ def test_readers_agree_and_lines_are_independent_on_random_lines(tmp_path: Path,
             alone_ragged += ragged
             assert len(rows) + ragged <= 1
         assert arrow == (alone_rows, alone_ragged), (trial, body)
+
+
+def test_other_class_is_a_one_vs_rest_target_only() -> None:
+    from dpsummary.data import ColumnSpec, Schema, target_kind
+
+    x = ColumnSpec(name="x", kind="numeric", lower=0.0, upper=1.0)
+    y = ColumnSpec(name="y", kind="categorical", categories=["no"], other_class=True)
+    assert target_kind(Schema(columns=[x, y], target="y")) == "binary"
+    with pytest.raises(ValueError, match="no target"):
+        Schema(columns=[y, x], target="x")
+    with pytest.raises(ValueError, match="exactly one category"):
+        ColumnSpec(name="y", kind="categorical", categories=["no", "yes"], other_class=True)
+    with pytest.raises(ValueError, match="other_class"):
+        ColumnSpec(name="y", kind="numeric", lower=0.0, upper=1.0, other_class=True)

@@ -330,3 +330,42 @@ def test_top_k_skips_bins_without_integers() -> None:
     grid[[zero_bin, near_zero, one_bin]] = [100.0, 90.0, 80.0]
     spec, _ = schema_post._numeric_spec("y", grid, 1e9, True, full_range=True, top_k=2)
     assert spec is not None and (spec.lower, spec.upper) == (0.0, 1.0)
+
+
+def _rare_class_table(n: int, rare: int) -> RawTable:
+    rng = np.random.default_rng(3)
+    return table({"x": [f"{v:.3f}" for v in rng.normal(size=n)], "y": ["yes"] * rare + ["no"] * (n - rare)})
+
+
+def test_rare_second_class_becomes_one_vs_rest(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A categorical target whose rare class misses the noisy threshold (3% positives at a small
+    schema share) is released as 'no' against every other value, not refused; decided on the
+    released counts only (here exact: the noise is replaced by the identity)."""
+    identity_noise(monkeypatch)
+    mech = preprocess.SchemaMechanism.plan(["x", "y"], noise_multiplier=20.0, target="y", delta=1e-9,
+                                           target_classes=2, target_share=None)
+    s, tau = mech.raw_std("y"), mech.threshold("y")
+    rare = int(math.ceil(schema_post.ONE_VS_REST_SDS * math.sqrt(2.0) * s)) + 5
+    assert rare < tau  # the rare class cannot pass the threshold, yet is well above the noise
+    res = estimate_schema(_rare_class_table(4000, rare), noise_multiplier=20.0, target="y", delta=1e-9,
+                          target_share=None, target_classes=2)
+    spec = res.schema.column("y")
+    assert spec.categories == ["no"] and spec.other_class and target_kind(res.schema) == "binary"
+    assert any("one-vs-rest" in note for note in res.notes)
+    tf = Transform.from_schema(res.schema)
+    assert tf.positive_class == "any value other than 'no'"
+    y, valid = tf._target(np.array(["no", "yes", "maybe"], dtype=object), True)
+    assert y.tolist() == [0.0, 1.0, 1.0] and valid.all()
+    with pytest.raises(DataError, match="missing value"):  # only a missing field is invalid
+        tf._target(np.array(["no", ""], dtype=object), True)
+
+
+def test_one_vs_rest_needs_a_rest_above_the_noise(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rest within three sds of the noise on the difference stays a single class (refused)."""
+    identity_noise(monkeypatch)
+    mech = preprocess.SchemaMechanism.plan(["x", "y"], noise_multiplier=20.0, target="y", delta=1e-9,
+                                           target_classes=2, target_share=None)
+    rare = int(schema_post.ONE_VS_REST_SDS * math.sqrt(2.0) * mech.raw_std("y")) - 2
+    with pytest.raises(DataError, match="single class"):
+        estimate_schema(_rare_class_table(4000, rare), noise_multiplier=20.0, target="y", delta=1e-9,
+                        target_share=None, target_classes=2)

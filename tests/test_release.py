@@ -374,3 +374,21 @@ def test_missing_key_file_and_foreign_ledger(tmp_path: Path, home: Path) -> None
     assert res.exit_code != 0
     res = runner.invoke(app, ["verify", str(out), "--key", str(tmp_path / "other" / "dpsummary.pub")])
     assert res.exit_code != 0 and "Traceback" not in res.output
+
+
+def test_one_vs_rest_target_releases_end_to_end(tmp_path: Path, home: Path) -> None:
+    """A categorical target declared (or estimated, tests/test_preprocess.py) as one class against
+    every other value (``other_class``) releases a logistic summary whose transform names the
+    positive class as the rest; values outside the listed class, 'maybe' included, are 1."""
+    import dpsummary
+
+    data = _write_csv(tmp_path / "d.csv", 800, extra_rows=["4.000,a,maybe"])
+    pol = _policy(tmp_path / "p.toml", n=801)
+    pol.write_text(pol.read_text().replace('categories = ["no", "yes"]', 'categories = ["no"]\nother_class = true'))
+    out = tmp_path / "r.json"
+    res = _release(str(data), "--epsilon", "1", "--policy", str(pol), "--out", str(out), "--size", "5")
+    assert res.exit_code == 0, res.output
+    rel = dpsummary.load(out, key=home / "keys" / "dpsummary.pub")
+    assert rel.transform.positive_class == "any value other than 'no'"
+    assert rel.claim["mechanism"]["name"] == "noise-aware-newton"
+    assert np.all(np.isfinite(np.array(rel.body["posterior"]["gaussians"]["noise_aware"]["mean"])))

@@ -32,6 +32,10 @@ class ColumnSpec(BaseModel):
     integer: bool = False
     #: For a binary categorical target: the class encoded as 1 (default: second in sorted order).
     positive: str | None = None
+    #: For a categorical target with ONE listed category: every other non-missing value is the
+    #: second class, encoded as 1 (one-vs-rest). A zero-configuration release sets it when only
+    #: the most frequent class passes the noisy threshold (:mod:`dpsummary.postprocess.schema`).
+    other_class: bool = False
 
     @model_validator(mode="after")
     def _check(self) -> ColumnSpec:
@@ -42,6 +46,8 @@ class ColumnSpec(BaseModel):
                 raise ValueError(f"numeric column {self.name!r} cannot list categories")
             if self.positive is not None:
                 raise ValueError(f"numeric column {self.name!r} cannot name a positive class")
+            if self.other_class:
+                raise ValueError(f"numeric column {self.name!r} cannot have an other_class")
             if (self.lower is None) != (self.upper is None):
                 raise ValueError(f"column {self.name!r}: give both lower and upper, or neither")
             if self.lower is not None and self.upper is not None:
@@ -65,6 +71,9 @@ class ColumnSpec(BaseModel):
                 )
             if self.positive is not None and self.positive not in self.categories:
                 raise ValueError(f"column {self.name!r}: positive class is not a category")
+            if self.other_class and (len(self.categories) != 1 or self.positive is not None):
+                raise ValueError(f"column {self.name!r}: other_class needs exactly one category and no positive "
+                                 "class (the other values are the positive class)")
         return self
 
     @property
@@ -105,6 +114,9 @@ class Schema(BaseModel):
             for c in self.columns:
                 if c.positive is not None:
                     raise ValueError(f"column {c.name!r} names a positive class but is no target")
+        for c in self.columns:
+            if c.other_class and c.name != self.target:
+                raise ValueError(f"column {c.name!r} has an other_class but is no target")
         return self
 
     @property
@@ -137,7 +149,7 @@ def target_kind(schema: Schema) -> TargetKind:
         return "none"
     if col.kind == "categorical":
         cats = col.categories or []
-        if len(cats) == 1:
+        if len(cats) == 1 and not col.other_class:
             raise DataError(f"target {col.name!r} has a single class; nothing to predict")
         if len(cats) > 2:
             raise DataError(

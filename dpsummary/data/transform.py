@@ -350,7 +350,14 @@ class Transform:
         assert col is not None
         kind = self.target_kind
         missing = arr == ""
-        if col.kind == "categorical":
+        if col.kind == "categorical" and col.other_class:
+            # One-vs-rest (ColumnSpec.other_class): every non-missing value outside the one
+            # listed class is the positive class; only a missing field is invalid.
+            idx = _category_index(arr, col.categories or [])
+            valid = ~missing
+            y = ((idx < 0) & valid).astype(np.float64)
+            problem = "a missing value"
+        elif col.kind == "categorical":
             idx = _category_index(arr, col.categories or [])
             valid = idx >= 0
             y = (arr == self.positive_class).astype(np.float64)
@@ -432,6 +439,9 @@ def _positive_class(schema: Schema, kind: TargetKind) -> str | None:
         return "1"
     if col.positive is not None:
         return col.positive
+    if col.other_class:
+        # A label, never compared with values (Transform._target encodes one-vs-rest itself).
+        return f"any value other than {(col.categories or [''])[0]!r}"
     return sorted(col.categories or [])[1]
 
 

@@ -154,6 +154,8 @@ def schema_from_release(
             values = column.values
             cap = min(max_categories, target_classes) if is_target and target_classes else max_categories
             spec, why = _categorical_spec(name, values, cap)
+            if is_target and spec is not None and len(spec.categories or []) == 1:
+                spec, why = _one_vs_rest(spec, values, text=t["text"], noise_sd=s, why=why)
         if spec is None:
             if is_target:
                 raise DataError(f"target {name!r}: {why}; give the policy a public schema with the target instead "
@@ -279,6 +281,28 @@ def _categorical_spec(
     spec = ColumnSpec(name=name, kind="categorical", categories=kept)
     noun = "category" if len(kept) == 1 else "categories"
     return spec, f"{name}: categorical, {len(kept)} {noun} passed the noisy threshold{extra}"
+
+
+def _one_vs_rest(spec: ColumnSpec, values: list[tuple[str, float]], *, text: float, noise_sd: float,
+                 why: str) -> tuple[ColumnSpec, str]:
+    """A categorical target of which only one class passed the threshold (a rare second class
+    is the usual reason: 3% defaults in 10,000 rows at a small schema share) becomes a binary
+    target, that class against every other non-missing value (:attr:`ColumnSpec.other_class`),
+    when the noisy text count exceeds the class's noisy count by more than
+    ``ONE_VS_REST_SDS`` sds of their difference (``sqrt(2)`` noise sds); otherwise the one class
+    stays and the target is refused as having a single class. Post-processing of released
+    counts: the listed class and both counts are DP outputs."""
+    label = (spec.categories or [""])[0]
+    count = dict(values)[label]
+    if text - count <= ONE_VS_REST_SDS * math.sqrt(2.0) * noise_sd:
+        return spec, why
+    one = ColumnSpec(name=spec.name, kind="categorical", categories=[label], other_class=True)
+    return one, (f"{why}; the target is binary one-vs-rest: 1 = any non-missing value other than {label!r} "
+                 "(their noisy count is well above zero)")
+
+
+#: How many sds of the noise on (text count - class count) the rest must exceed (public).
+ONE_VS_REST_SDS = 3.0
 
 
 def describe(result: PrivateSchemaResult) -> dict[str, Any]:
