@@ -33,8 +33,13 @@ Tables:
 * ``bike_rentals``: target ``rentals``, schema transform, judged against the full-data posterior
   (:func:`benchmarks.trust.real`).
 
-Reuses :mod:`benchmarks.trust` (the noise-aware fit on in-memory tables and its judge,
-:func:`dpsummary.metrics.trust_report`).
+Reuses :mod:`benchmarks.trust`'s tables. The judge (full-data posterior, prior and trust report)
+is the calibration suite's (:func:`calibration.reference`, :func:`calibration.judge`; issue 37),
+the one place every harness judges; this harness maps its keys onto the columns below and adds
+only what it does not report (the covered count and the intercept's error in posterior sds).
+Like benchmarks/trust.py it runs the mechanism in memory (an in-process copy of the release's
+noise-aware fit at public bounds); ``benchmarks/calibration.py`` runs real releases and is the
+suite of record.
 
 Usage::
 
@@ -62,12 +67,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+import calibration  # noqa: E402
 import trust  # noqa: E402
 
 from dpsummary import noise_aware as na  # noqa: E402
 from dpsummary.gaussian import DTYPE  # noqa: E402
-from dpsummary.inference import prior_posterior  # noqa: E402
-from dpsummary.metrics import full_posterior, trust_report  # noqa: E402
+from dpsummary.metrics import full_posterior  # noqa: E402
 from dpsummary.models import PoissonRegression  # noqa: E402
 
 EPSILONS = (0.1, 0.2, 0.5, 1.0, 2.0)
@@ -134,16 +139,39 @@ def fit(table: trust.Table, epsilon: float, schedule: na.Schedule | None = None,
                   target_bound=table.target_bound)
 
 
+def reference(table: trust.Table, res: na.NoiseAwareFit) -> calibration.Reference:
+    """The calibration suite's reference for the release ``res`` of ``table``: the prior of the
+    fit's own model (``res.model``: ``Schedule.prior_centre`` may re-centre it), the table's
+    full-data posterior (``table.full``, under the table model's prior, as this harness always
+    judged against) and the true parameter of a simulated table. No idealised floor
+    (``epsilon=None``): no column here uses it, and its 200 noise draws per release would dominate
+    ``tune``. No cache key: the re-centred prior differs from release to release."""
+    return calibration.reference(res.model or table.model, table.train, epsilon=None, delta=trust.DELTA,
+                                 full=table.full, truth=table.truth)
+
+
+def _reference_share(table: trust.Table, judged: dict[str, object]) -> float:
+    """Share of coordinates whose central 95% interval covers this harness's reference: the true
+    parameter when known (``true_coverage``), else the full-data posterior mean (``coverage``)."""
+    share = judged["true_coverage"] if table.truth is not None else judged["coverage"]
+    assert isinstance(share, float)
+    return share
+
+
 def judge(table: trust.Table, res: na.NoiseAwareFit) -> dict[str, object]:
-    """Trust report plus the covered count against the reference (true parameter when known,
-    else the full-data posterior mean) and the intercept's error in posterior sds."""
-    rep = trust_report(res.posterior, table.full, prior_posterior(res.model or table.model), truth=table.truth)
+    """:func:`calibration.judge` of the release against :func:`reference`, mapped onto
+    :data:`FIELDS`, plus the covered count against the reference (true parameter when known, else
+    the full-data posterior mean) and the intercept's error in posterior sds."""
+    out = calibration.judge(res.posterior, reference(table, res))
+    d = int(out["param_dim"])
+    # calibration.judge reports coverage as shares and no per-coordinate errors: the covered count
+    # is its share times the dimension, and the intercept's signed error (in the release's own
+    # posterior sd, against the same reference as the count) is computed here.
     ref = table.truth if table.truth is not None else table.full.mean
-    sd = torch.diagonal(res.posterior.cov).sqrt()
-    z = (res.posterior.mean - ref) / sd
-    return dict(coverage=rep.coverage, true_coverage=rep.true_coverage, covered=int((z.abs() <= Z95).sum()),
-                coordinates=int(z.shape[0]), width_ratio=rep.width_ratio,
-                mean_error_sd_median=rep.mean_error_sd_median, intercept_error_sds=float(z[0]),
+    z0 = (res.posterior.mean[0] - ref[0]) / res.posterior.cov[0, 0].sqrt()
+    return dict(coverage=out["coverage"], true_coverage=out["true_coverage"],
+                covered=round(_reference_share(table, out) * d), coordinates=d, width_ratio=out["width_ratio"],
+                mean_error_sd_median=out["mean_error_sd_median"], intercept_error_sds=float(z0),
                 converged=int(res.converged), last_step_sds=res.last_step_sds, refused=0)
 
 
@@ -354,9 +382,7 @@ def convergence_rules(target: Path) -> None:
                     flags[0] += moved > na.UNCONVERGED_SDS and ball > na.EXPANSION_BIAS_SDS
                     flags[1] += moved > na.UNCONVERGED_SDS and box > na.EXPANSION_BIAS_SDS
                     flags[2] += z_null > na.UNCONVERGED_SDS and ball > na.EXPANSION_BIAS_SDS
-                    ref = table.truth if table.truth is not None else table.full.mean
-                    sd = torch.diagonal(post.cov).sqrt()
-                    covs.append(float(((post.mean - ref).abs() <= Z95 * sd).double().mean()))
+                    covs.append(_reference_share(table, calibration.judge(post, reference(table, f))))
                 row = f"| {label} | {name} | {eps:g} | {draws} | {statistics.median(covs):.2f} | " + \
                     " | ".join(str(v) for v in flags) + " |"
                 print(row, flush=True)
