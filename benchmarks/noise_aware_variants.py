@@ -11,11 +11,11 @@ variants are judged on the SAME noisy releases:
 
 * ``plug-in`` - today's posterior (:func:`dpsummary.noise_aware.noise_aware_posterior`: the
   noisy curvature plugged in, its noise's effect on the score through ``E u``);
-* ``imputed`` - the curvature integrated out by multiple imputation: 200 draws of the true
-  curvature from its flat-prior posterior given the release (the noisy matrix plus fresh noise of
-  the mechanism's structure, PSD part), the noise-aware posterior given each draw, and their
-  moment-matched mixture (Bernstein and Sheldon 2018 treat the statistic as latent; this is
-  the cheap Monte Carlo version);
+* ``imputed`` - the curvature integrated out by multiple imputation
+  (:func:`dpsummary.noise_aware.imputed_posterior`: 200 draws of the true curvature from its
+  flat-prior posterior given the release, the noisy matrix plus fresh noise of the mechanism's
+  structure, PSD part; the noise-aware posterior given each draw; their moment-matched mixture;
+  Bernstein and Sheldon 2018 treat the statistic as latent, this is the Monte Carlo version);
 * ``lowered`` - the curvature lowered by the 95% quantile of the noise's largest eigenvalue (a
   Loewner lower confidence bound on the true curvature), so no direction is credited with
   information the noise could have made up.
@@ -53,7 +53,6 @@ from dpsummary.gaussian import DTYPE, GaussianPosterior  # noqa: E402
 #: The packaged default's record-count share of a public-schema release (normalised without the
 #: schema and initialisation shares: count 0.10 of count + quality + optimisation).
 COUNT_SHARE = 0.10 / (0.10 + 0.05 + 0.75)
-IMPUTATIONS = 200
 
 
 def _table(name: str) -> tuple[Any, torch.Tensor, float, float]:
@@ -101,25 +100,12 @@ def _fit(model: Any, pts: torch.Tensor, fn: float, tb: float, epsilon: float, de
 
 
 def _symmetric_noise(dim: int, tau: float, g: torch.Generator) -> torch.Tensor:
-    """Noise of the mechanism's structure: i.i.d. N(0, tau^2) on the upper triangle, mirrored."""
-    upper = torch.triu(torch.randn(dim, dim, generator=g, dtype=DTYPE) * tau)
-    return upper + torch.triu(upper, 1).T
+    return na.symmetric_noise(dim, tau, g)
 
 
 def imputed(model: Any, rel: na.RoundRelease, g: torch.Generator) -> GaussianPosterior:
-    dim = rel.curvature.shape[0]
-    means, covs = [], []
-    for _ in range(IMPUTATIONS):
-        h = na.psd_part(rel.curvature + _symmetric_noise(dim, rel.curvature_noise_std, g))
-        try:
-            post, _ = na.noise_aware_posterior(model, dataclasses.replace(rel, curvature=h, curvature_noise_std=0.0))
-        except na.NonFiniteFit:
-            continue
-        means.append(post.mean)
-        covs.append(post.cov)
-    m = torch.stack(means)
-    cov = torch.stack(covs).mean(0) + torch.cov(m.T)
-    return GaussianPosterior(m.mean(0), torch.linalg.cholesky(0.5 * (cov + cov.T)))
+    """The package's imputed posterior (:func:`dpsummary.noise_aware.imputed_posterior`)."""
+    return na.imputed_posterior(model, rel, generator=g)
 
 
 _EDGE: dict[int, float] = {}

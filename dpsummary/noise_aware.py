@@ -67,6 +67,15 @@ aware) posterior ``N((H + P)^-1 (s + H a + P mu0), (H + P)^-1)`` is returned for
    noise), so the next anchor is the intercept at the log-odds of the noisy positive share, with
    slopes 0 (:func:`log_odds_anchor`; a function of round 1's DP outputs, so free).
 
+7. **The curvature's noise integrated out** (issue 37, ``Schedule.posterior = "imputed"``).
+   The plug-in posterior (2.) reads the noisy curvature as the data's: where the noise's
+   eigenvalues rival the data's (rare indicators beside the intercept, directions the data do
+   not identify, wide public bounds) it credits the noise with information. Treating the true
+   curvature as latent (Bernstein and Sheldon 2018) and integrating it out by multiple
+   imputation (:func:`imputed_posterior`: draws from its flat-prior posterior given the release,
+   the posterior given each, their moment-matched mixture) widens exactly those directions
+   (benchmarks/results/noise_aware_variants.md).
+
 Totality: whatever the noise draws, :func:`fit` returns finite Gaussians or raises
 :class:`NonFiniteFit` (a DP-decided outcome; the release turns it into a charged refusal).
 
@@ -127,6 +136,11 @@ class Schedule:
     #: docstring, 5.). Needs ``anchor == "log-mean"``. Public rule on DP outputs; the artifact's
     #: model declares the centre so analysts sample the same posterior.
     prior_centre: str | None = None
+    #: How the released (last round's) posterior carries the curvature's noise: ``"plug-in"``
+    #: (the noisy curvature plugged in, its noise's effect on the score through ``E u``; module
+    #: docstring, 2.) or ``"imputed"`` (the true curvature integrated out by multiple
+    #: imputation; module docstring, 7.). Intermediate anchors always use the plug-in. Public.
+    posterior: str = "plug-in"
 
     def __post_init__(self) -> None:
         flat = [w for pair in self.rounds for w in pair]
@@ -142,6 +156,8 @@ class Schedule:
             raise ValueError("step_prior must be 'model' or 'anchor'")
         if self.prior_centre not in (None, "log-mean") or (self.prior_centre and self.anchor != "log-mean"):
             raise ValueError("prior_centre must be None or 'log-mean' (with the log-mean anchor)")
+        if self.posterior not in ("plug-in", "imputed"):
+            raise ValueError("posterior must be 'plug-in' or 'imputed'")
 
     @classmethod
     def default(cls, model: Model) -> Schedule:
@@ -173,6 +189,9 @@ class Schedule:
             out["step_prior"] = self.step_prior
         if self.prior_centre is not None:
             out["prior_centre"] = self.prior_centre
+        if self.posterior != "plug-in":
+            out["posterior"] = self.posterior
+            out["imputations"] = IMPUTATIONS
         return out
 
 
@@ -360,6 +379,54 @@ def noise_aware_posterior(
     return post, raw
 
 
+#: Draws of the true curvature in :func:`imputed_posterior` (public).
+IMPUTATIONS = 200
+
+
+def symmetric_noise(dim: int, tau: float, generator: torch.Generator) -> torch.Tensor:
+    """Noise of the curvature mechanism's structure (:mod:`dpsummary.private.score_stats`):
+    i.i.d. ``N(0, tau^2)`` on the upper triangle, diagonal included, mirrored. Post-processing
+    randomness (the caller's non-private generator), never privacy noise."""
+    upper = torch.triu(torch.randn(dim, dim, generator=generator, dtype=DTYPE) * tau)
+    return upper + torch.triu(upper, 1).T
+
+
+def imputed_posterior(
+    model: Model, release: RoundRelease, *, generator: torch.Generator, draws: int = IMPUTATIONS,
+    prior_mean: torch.Tensor | None = None,
+) -> GaussianPosterior:
+    """The noise-aware posterior with the released curvature's noise integrated out (module
+    docstring, 7.): ``draws`` draws of the true curvature from its flat-prior posterior given the
+    release (the released matrix plus fresh noise of the mechanism's structure, PSD part), the
+    noise-aware posterior given each draw (the curvature then known, so only the score noise
+    enters), and the moment-matched mixture. Raises :class:`NonFiniteFit` when fewer than half
+    the draws give a finite Gaussian. Post-processing of DP outputs with non-private randomness."""
+    dim = release.curvature.shape[0]
+    means, covs = [], []
+    for _ in range(draws):
+        h = psd_part(release.curvature + symmetric_noise(dim, release.curvature_noise_std, generator))
+        known = RoundRelease(anchor=release.anchor, score=release.score, curvature=h,
+                             score_bound=release.score_bound, curvature_bound=release.curvature_bound,
+                             score_noise_std=release.score_noise_std, curvature_noise_std=0.0)
+        try:
+            post, _ = noise_aware_posterior(model, known, passes=1, prior_mean=prior_mean)
+        except NonFiniteFit:
+            continue
+        means.append(post.mean)
+        covs.append(post.cov)
+    if len(means) < max(draws // 2, 2):
+        raise NonFiniteFit("too few imputed curvatures gave a finite posterior")
+    stacked = torch.stack(means)
+    cov = _sym(torch.stack(covs).mean(0) + torch.cov(stacked.T))
+    if not bool(torch.isfinite(cov).all()):
+        raise NonFiniteFit("the imputed posterior is not finite")
+    try:
+        tril = torch.linalg.cholesky(cov)
+    except RuntimeError as exc:
+        raise NonFiniteFit("the imputed posterior covariance is not positive definite") from exc
+    return _checked(GaussianPosterior(stacked.mean(0), tril))
+
+
 @dataclass(frozen=True)
 class State:
     """Explicit state of the rounds: the next anchor and what has been released so far."""
@@ -475,12 +542,14 @@ def step(state: State, model: Model, release: ReleaseFn, bounds: BoundsFn,
 
 
 def fit(model: Model, release: ReleaseFn, bounds: BoundsFn, *, schedule: Schedule, sigma: float,
-        feature_norm: float | None = None, target_bound: float | None = None) -> NoiseAwareFit:
+        feature_norm: float | None = None, target_bound: float | None = None,
+        generator: torch.Generator | None = None) -> NoiseAwareFit:
     """Run every round of ``schedule`` at single-Gaussian calibration ``sigma`` and return the
     noise-aware posterior of the last round (earlier rounds only place the anchor).
 
     ``feature_norm`` and ``target_bound`` (public, :func:`schema_bounds`) are needed by
-    schedules with an ``anchor`` rule or a ``trust_eta``. Total: returns finite Gaussians or
+    schedules with an ``anchor`` rule or a ``trust_eta``; ``generator`` (non-private, post-
+    processing only) by a schedule whose ``posterior`` is ``"imputed"``. Total: returns finite Gaussians or
     raises :class:`NonFiniteFit`."""
     multipliers = schedule.noise_multipliers(sigma)
     state = init(model)
@@ -492,6 +561,10 @@ def fit(model: Model, release: ReleaseFn, bounds: BoundsFn, *, schedule: Schedul
             # taken under N(log-mean anchor, prior_scale^2 I), a function of round 1's DP outputs.
             model = model.with_prior_mean(state.anchor)
     posterior, raw = noise_aware_posterior(model, state.rounds[-1], passes=schedule.passes, start=schedule.start)
+    if schedule.posterior == "imputed":
+        if generator is None:
+            raise ValueError("the imputed posterior needs a (non-private) generator")
+        posterior = imputed_posterior(model, state.rounds[-1], generator=generator)
     notes = [
         f"{MECHANISM}: {len(multipliers)} round(s) of noisy score and curvature sums, noise-aware "
         "Gaussian posterior (Kulkarni et al. 2021 style) by post-processing",

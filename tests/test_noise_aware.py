@@ -313,3 +313,36 @@ def test_step_prior_anchor_centres_the_step_at_the_anchor():
     assert torch.allclose(at_model.mean, model.prior_mean, atol=1e-3)  # shrinks to the prior mean
     with pytest.raises(ValueError):
         na.Schedule(((0.5, 0.5),), step_prior="elsewhere")
+
+
+def _one_round(model, pts, rng, sigma):
+    release = _release_fn(pts, model, rng)
+    bounds = na.public_bounds(model, feature_norm=math.sqrt(model.num_features), target_bound=1.0)
+    return na.fit(model, release, bounds, schedule=na.Schedule(((0.5, 0.5),)), sigma=sigma).rounds[-1]
+
+
+def test_imputed_posterior_equals_plug_in_without_curvature_noise():
+    """With the curvature known (no curvature noise) every imputation is the same matrix, so the
+    mixture is the plug-in posterior."""
+    model = LogisticRegression(3)
+    pts, _ = _table(model, 3000, 1)
+    rel = dataclasses.replace(_one_round(model, pts, np.random.default_rng(1), 0.5), curvature_noise_std=0.0)
+    plug, _ = na.noise_aware_posterior(model, rel)
+    imp = na.imputed_posterior(model, rel, generator=torch.Generator().manual_seed(0), draws=20)
+    assert torch.allclose(imp.mean, plug.mean, atol=1e-9)
+    assert torch.allclose(imp.cov, plug.cov, atol=1e-9)
+
+
+def test_imputed_schedule_needs_a_generator_and_is_recorded():
+    sched = na.Schedule(((0.5, 0.5),), posterior="imputed")
+    assert sched.as_dict()["posterior"] == "imputed" and sched.as_dict()["imputations"] == na.IMPUTATIONS
+    with pytest.raises(ValueError, match="posterior"):
+        na.Schedule(((0.5, 0.5),), posterior="exact")
+    model = LogisticRegression(2)
+    pts, _ = _table(model, 500, 5)
+    bounds = na.public_bounds(model, feature_norm=math.sqrt(2), target_bound=1.0)
+    with pytest.raises(ValueError, match="generator"):
+        na.fit(model, _release_fn(pts, model, np.random.default_rng(5)), bounds, schedule=sched, sigma=1.0)
+    res = na.fit(model, _release_fn(pts, model, np.random.default_rng(5)), bounds, schedule=sched, sigma=1.0,
+                 generator=torch.Generator().manual_seed(5))
+    assert bool(torch.isfinite(res.posterior.cov).all())

@@ -65,7 +65,7 @@ def noise_aware_summaries(plan: MechanismPlan, records: Any, size: int, generato
 
     try:
         result = noise_aware.fit(model, release, bounds, schedule=schedule, sigma=plan.noise_multiplier,
-                                 feature_norm=feature_norm, target_bound=target_bound)
+                                 feature_norm=feature_norm, target_bound=target_bound, generator=generator)
     except noise_aware.NonFiniteFit:
         raise ChargedRefusal(NON_FINITE_FIT_MESSAGE) from None
     posterior = result.posterior
