@@ -136,7 +136,7 @@ def fit(table: trust.Table, epsilon: float, schedule: na.Schedule | None = None,
 
     bounds = na.public_bounds(table.model, feature_norm=table.feature_norm, target_bound=table.target_bound)
     return na.fit(table.model, release, bounds, schedule=sched, sigma=sigma, feature_norm=table.feature_norm,
-                  target_bound=table.target_bound)
+                  target_bound=table.target_bound, generator=torch.Generator().manual_seed(0))
 
 
 def reference(table: trust.Table, res: na.NoiseAwareFit) -> calibration.Reference:

@@ -214,7 +214,7 @@ def default_fit(table: Table, seed: int) -> GaussianPosterior:
     schedule = na.Schedule.default(table.model)
     bounds = na.public_bounds(table.model, feature_norm=table.feature_norm, target_bound=table.target_bound)
     res = na.fit(table.model, _release_fn(table), bounds, schedule=schedule, sigma=table.stage2_sigma,
-                 feature_norm=table.feature_norm, target_bound=table.target_bound)
+                 feature_norm=table.feature_norm, target_bound=table.target_bound, generator=torch.Generator().manual_seed(0))
     return res.posterior
 
 

@@ -145,7 +145,7 @@ def noise_aware_fit(table: Table, epsilon: float, schedule: na.Schedule | None =
 
     bounds = na.public_bounds(table.model, feature_norm=table.feature_norm, target_bound=table.target_bound)
     return na.fit(table.model, release, bounds, schedule=sched, sigma=sigma, feature_norm=table.feature_norm,
-                  target_bound=table.target_bound), sigma
+                  target_bound=table.target_bound, generator=torch.Generator().manual_seed(0)), sigma
 
 
 def public_features(table: Table, size: int, g: torch.Generator) -> torch.Tensor:

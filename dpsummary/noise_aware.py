@@ -112,8 +112,10 @@ class Schedule:
     budget. ``rounds[k] = (score_share, curvature_share)``; shares sum to 1.
 
     Default rule (written down before any real table was run; chosen on simulated logistic and
-    Poisson tables only, benchmarks/trust.py --tune): conjugate models one round (their
-    likelihood is exactly quadratic), others :data:`DEFAULT_ROUNDS`."""
+    Poisson tables only, benchmarks/trust.py --tune, then issue 37's rules in
+    benchmarks/results/noise_aware_variants.md): conjugate models one round (their likelihood is
+    exactly quadratic) with the plug-in posterior; logistic regression :data:`DEFAULT_ROUNDS`,
+    Poisson :data:`POISSON_ROUNDS`, both with the imputed posterior."""
 
     rounds: tuple[tuple[float, float], ...]
     #: How the anchor after round 1 is chosen: None (the noise-aware mean), ``"log-mean"``
@@ -163,10 +165,12 @@ class Schedule:
     def default(cls, model: Model) -> Schedule:
         if model.conjugate:
             return cls(((0.5, 0.5),))
+        # Issue 37: the released posterior integrates the curvature's noise out (module docstring,
+        # 7.; adopted by the second rule in benchmarks/results/noise_aware_variants.md).
         if model.name == "poisson" and getattr(model, "intercept", False):
             return cls(POISSON_ROUNDS, anchor="log-mean", trust_eta=POISSON_TRUST_ETA, passes=3, start="anchor",
-                       prior_centre="log-mean")
-        return cls(DEFAULT_ROUNDS)
+                       prior_centre="log-mean", posterior="imputed")
+        return cls(DEFAULT_ROUNDS, posterior="imputed")
 
     def noise_multipliers(self, sigma: float) -> list[tuple[float, float]]:
         """Per-round (score, curvature) noise multipliers for single-Gaussian calibration sigma."""
