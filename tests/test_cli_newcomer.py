@@ -203,8 +203,9 @@ def test_release_table_names_each_delta_and_explains_the_totals(released: dict) 
 
 def test_inspect_and_the_release_table_come_from_one_renderer(released: dict) -> None:
     rows = mechanism_rows(released["claim"])
-    assert rows[0][1].startswith("noise-aware-newton: 3 rounds")
-    assert [label for label, _ in rows[1:4]] == ["round 1", "round 2", "round 3"]
+    assert rows[0][1].startswith("noise-aware-newton: 5 rounds")
+    assert [label for label, _ in rows[1:7]] == ["round 1", "round 2", "round 3", "round 4", "round 5", "posterior"]
+    assert "curvature's noise integrated out (200 imputed curvatures" in rows[6][1]
     inspect = released["inspect"].output
     table = released["table"].output
     for label, text in rows:

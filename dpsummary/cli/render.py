@@ -66,6 +66,13 @@ def _noise_aware_rows(mech: dict[str, Any]) -> list[Row]:
             f"score: {_gaussian(s_sigma, bounds.get('score_bound'))}; "
             f"curvature: {_gaussian(c_sigma, bounds.get('curvature_bound'))}{share}",
         ))
+    sched = mech.get("schedule") or {}
+    if sched.get("posterior") == "imputed":
+        rows.append((
+            "posterior",
+            f"noise-aware Gaussian of the last round with the curvature's noise integrated out "
+            f"({sched.get('imputations')} imputed curvatures; post-processing, no privacy cost)",
+        ))
     single = mech.get("single_gaussian_noise_multiplier")
     if isinstance(single, int | float):
         rows.append((

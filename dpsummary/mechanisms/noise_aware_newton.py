@@ -134,8 +134,9 @@ class NoiseAwareNewton(GlmMechanism):
                             "noise-aware mean) the sums over ALL records of per-record log-likelihood scores "
                             "(clipped to L2 score_bound) and curvatures (clipped to Frobenius curvature_bound, "
                             "upper triangle noised) are released by Gaussian mechanisms; the noise-aware "
-                            "posterior of the last round (Kulkarni et al. 2021 style) is matched by the "
-                            "pseudocoreset (post-processing)"),
+                            "posterior of the last round (Kulkarni et al. 2021 style; with schedule.posterior "
+                            "'imputed', the curvature's noise integrated out by multiple imputation) is matched "
+                            "by the pseudocoreset (post-processing)"),
             "single_gaussian_noise_multiplier": plan.noise_multiplier,
             "noise_multipliers": ex["noise_multipliers"],
             "schedule": ex["schedule"],
