@@ -77,6 +77,10 @@ SCHEDULES: dict[str, Any] = {
     "B": lambda m: na.Schedule(na.THREE_ROUNDS, anchor="log-odds"),
     "C": lambda m: na.Schedule(((0.03, 0.04), (0.04, 0.08), (0.05, 0.1), (0.46, 0.2)), anchor="log-odds"),
     "D": lambda m: na.Schedule(((0.02, 0.04), (0.03, 0.05), (0.04, 0.07), (0.05, 0.1), (0.45, 0.15))),
+    # Third rule: today's default for logistic regression (D, imputed) against E (the same with
+    # intermediate anchors under a prior centred at the current anchor).
+    "D-imputed": lambda m: na.Schedule(na.DEFAULT_ROUNDS, posterior="imputed"),
+    "E": lambda m: na.Schedule(na.DEFAULT_ROUNDS, posterior="imputed", step_prior="anchor"),
 }
 
 
