@@ -155,7 +155,9 @@ class DpPsvi(GlmMechanism):
                                  "report this bug") from None
         cal = result.calibration
         say(f"bootstrap done: calibrated posterior (bias and spread per coordinate), "
-            f"leave-one-out bootstrap coverage {cal.loo_coverage:.0%} (Monte Carlo se {cal.loo_coverage_se:.1%}); "
+            f"leave-one-out coverage on its own synthetic replicates {cal.loo_coverage:.0%} (Monte Carlo se "
+            f"{cal.loo_coverage_se:.1%}; a self-consistency check on tables drawn from the release, not coverage "
+            "on this table: see the warning at the end); "
             f"pseudocoreset matched to it (symmetric KL {cal.match_symmetric_kl:.3g} nats"
             + (", a poor match: the artifact also carries the calibrated Gaussian)"
                if cal.match_symmetric_kl > MATCH_KL_WARNING else ")"))
