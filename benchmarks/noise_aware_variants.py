@@ -81,6 +81,9 @@ SCHEDULES: dict[str, Any] = {
     # intermediate anchors under a prior centred at the current anchor).
     "D-imputed": lambda m: na.Schedule(na.DEFAULT_ROUNDS, posterior="imputed"),
     "E": lambda m: na.Schedule(na.DEFAULT_ROUNDS, posterior="imputed", step_prior="anchor"),
+    # Fourth rule: the last round's (score, curvature) split.
+    "F": lambda m: na.Schedule((*na.DEFAULT_ROUNDS[:-1], (0.35, 0.25)), posterior="imputed"),
+    "G": lambda m: na.Schedule((*na.DEFAULT_ROUNDS[:-1], (0.3, 0.3)), posterior="imputed"),
 }
 
 
