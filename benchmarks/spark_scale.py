@@ -295,6 +295,20 @@ print("MEASURED " + json.dumps({"exit": code, "wall": wall, "java_hwm_mb": java_
 """
 
 
+def _measured(proc: Any, what: str, src: Path | None) -> dict[str, Any]:
+    """The child's (a ``subprocess.CompletedProcess``) last ``MEASURED {json}`` line, checked to
+    come from the intended dpsummary (this checkout when ``src`` is None, else the tree at ``src``)."""
+    import json
+
+    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("MEASURED ")]
+    if not lines:
+        raise SystemExit(f"{what} did not report:\n{proc.stdout[-2000:]}{proc.stderr[-3000:]}")
+    res: dict[str, Any] = json.loads(lines[-1][len("MEASURED "):])
+    if (src is not None) != (not res.pop("code").startswith(str(Path(__file__).resolve().parents[1]))):
+        raise SystemExit(f"the {what} did not import the intended dpsummary")
+    return res
+
+
 def measured_release(data: Path, engine: str, master: str, home: Path, src: Path | None = None) -> dict[str, float]:
     """A zero-configuration release (packaged default policy) in a fresh interpreter, with its
     driver's peak memory: Python (``ru_maxrss`` of that process) and JVM (``VmHWM`` of its java
@@ -311,12 +325,7 @@ def measured_release(data: Path, engine: str, master: str, home: Path, src: Path
         env["PYTHONPATH"] = str(src)
     # cwd: not the repository (``python -c`` puts the working directory first on sys.path)
     proc = subprocess.run([*cmd, str(data)], env=env, capture_output=True, text=True, check=False, cwd=home)
-    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("MEASURED ")]
-    if not lines:
-        raise SystemExit(f"measured release did not report ({engine}):\n{proc.stdout[-2000:]}{proc.stderr[-3000:]}")
-    res = json.loads(lines[-1][len("MEASURED "):])
-    if (src is not None) != (not res.pop("code").startswith(str(Path(__file__).resolve().parents[1]))):
-        raise SystemExit("the measured release did not import the intended dpsummary")
+    res = _measured(proc, f"measured release ({engine})", src)
     res["ok"] = float(res.pop("exit") == 0 and out.exists())
     if not res["ok"]:
         print(f"release failed ({engine}, {data.name}):\n{proc.stdout[-1500:]}{proc.stderr[-1500:]}", flush=True)
@@ -383,7 +392,6 @@ spark.stop()
 
 def stage1_probe(data: Path, master: str, src: Path | None) -> dict[str, Any]:
     """:data:`_STAGE1_PROBE` on ``data`` in a fresh interpreter (``src``: a baseline package)."""
-    import json
     import subprocess
 
     env = dict(os.environ, OMP_NUM_THREADS="1")
@@ -391,12 +399,7 @@ def stage1_probe(data: Path, master: str, src: Path | None) -> dict[str, Any]:
         env["PYTHONPATH"] = str(src)
     proc = subprocess.run([sys.executable, "-c", _STAGE1_PROBE, str(data), master], env=env, capture_output=True,
                           text=True, check=False, cwd=data.parent)
-    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("MEASURED ")]
-    if not lines:
-        raise SystemExit(f"stage-1 probe did not report:\n{proc.stderr[-3000:]}")
-    res = json.loads(lines[-1][len("MEASURED "):])
-    if (src is not None) != (not res.pop("code").startswith(str(Path(__file__).resolve().parents[1]))):
-        raise SystemExit("the stage-1 probe did not import the intended dpsummary")
+    res = _measured(proc, "stage-1 probe", src)
     return res
 
 
