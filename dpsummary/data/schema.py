@@ -33,8 +33,10 @@ class ColumnSpec(BaseModel):
     #: For a binary categorical target: the class encoded as 1 (default: second in sorted order).
     positive: str | None = None
     #: For a categorical target with ONE listed category: every other non-missing value is the
-    #: second class, encoded as 1 (one-vs-rest). A zero-configuration release sets it when only
-    #: the most frequent class passes the noisy threshold (:mod:`dpsummary.postprocess.schema`).
+    #: second class (one-vs-rest), encoded as 1 unless ``positive`` names the listed category
+    #: (then the listed category is 1 and every other value 0). A zero-configuration release sets
+    #: it when only the most frequent class passes the noisy threshold
+    #: (:mod:`dpsummary.postprocess.schema`), or, with ``positive``, from ``--positive-class``.
     other_class: bool = False
 
     @model_validator(mode="after")
@@ -71,9 +73,9 @@ class ColumnSpec(BaseModel):
                 )
             if self.positive is not None and self.positive not in self.categories:
                 raise ValueError(f"column {self.name!r}: positive class is not a category")
-            if self.other_class and (len(self.categories) != 1 or self.positive is not None):
-                raise ValueError(f"column {self.name!r}: other_class needs exactly one category and no positive "
-                                 "class (the other values are the positive class)")
+            if self.other_class and len(self.categories) != 1:
+                raise ValueError(f"column {self.name!r}: other_class needs exactly one category (every other "
+                                 "value is the second class)")
         return self
 
     @property

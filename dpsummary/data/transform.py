@@ -352,10 +352,12 @@ class Transform:
         missing = arr == ""
         if col.kind == "categorical" and col.other_class:
             # One-vs-rest (ColumnSpec.other_class): every non-missing value outside the one
-            # listed class is the positive class; only a missing field is invalid.
+            # listed class is the second class (1, or 0 when ``positive`` names the listed
+            # class); only a missing field is invalid.
             idx = _category_index(arr, col.categories or [])
             valid = ~missing
-            y = ((idx < 0) & valid).astype(np.float64)
+            listed_is_one = col.positive is not None
+            y = (((idx >= 0) if listed_is_one else (idx < 0)) & valid).astype(np.float64)
             problem = "a missing value"
         elif col.kind == "categorical":
             idx = _category_index(arr, col.categories or [])

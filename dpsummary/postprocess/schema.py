@@ -31,6 +31,7 @@ DataError. Notes and errors only ever mention noisy, released quantities.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -182,6 +183,22 @@ def schema_from_release(
         notes=notes,
         dropped=dropped,
     )
+
+
+def with_public_target(result: PrivateSchemaResult, target: ColumnSpec, header: list[str] | tuple[str, ...]
+                       ) -> PrivateSchemaResult:
+    """``result`` (estimated without the target) with the target's PUBLIC spec added in its
+    header position (``--positive-class``; nothing about the target column was released)."""
+    specs = {c.name: c for c in result.schema.columns}
+    specs[target.name] = target
+    schema = Schema(columns=[specs[name] for name in header if name in specs], target=target.name)
+    listed = (target.categories or [""])[0]
+    is_one = target.positive is not None
+    note = (f"target {target.name!r}: binary, public (--positive-class): 1 = {listed!r}, 0 = any other non-missing "
+            "value" if is_one else
+            f"target {target.name!r}: binary, public: 0 = {listed!r}, 1 = any other non-missing value")
+    target_kind(schema)  # the public spec must suit a binary model; raises DataError otherwise
+    return dataclasses.replace(result, schema=schema, notes=[*result.notes, note])
 
 
 def _bin_edges(k: int) -> tuple[float, float]:

@@ -115,6 +115,7 @@ from ..postprocess.schema import (
     PrivateSchemaResult,
     ReleasedColumn,
     schema_from_release,
+    with_public_target,
 )
 from .noise import add_gaussian_noise, count_vector_scale, float_slack, rounding_slack
 
@@ -457,13 +458,19 @@ class SchemaMechanism:
     target_share: float | None
     max_categories: int
     target_classes: int | None
+    #: The target's :class:`~dpsummary.data.ColumnSpec` when it is PUBLIC (``--positive-class``):
+    #: the target column is then left out of the mechanism altogether (none of its counts is
+    #: noised or released, and one record touches ``2 (C - 1)`` coordinates), the other columns
+    #: share the sensitivity evenly, and the spec is put into the schema as given.
+    public_target: Any = None
 
     @classmethod
     def plan(cls, header: list[str] | tuple[str, ...], *, noise_multiplier: float, target: str | None, delta: float,
              max_categories: int = 50, target_classes: int | None = None,
-             target_share: float | None = DEFAULT_TARGET_SHARE) -> SchemaMechanism:
+             target_share: float | None = DEFAULT_TARGET_SHARE, public_target: Any = None) -> SchemaMechanism:
         """Validate the public parameters (``target``: ``None`` for the last column, ``NO_TARGET``
-        for none, else a column name) and resolve the target."""
+        for none, else a column name; ``public_target``: the target's public spec or ``None``) and
+        resolve the target."""
         if target_classes is not None and target_classes < 2:
             raise ValueError("target_classes must be at least 2")
         if not (noise_multiplier > 0 and math.isfinite(noise_multiplier)):
@@ -483,15 +490,29 @@ class SchemaMechanism:
             raise DataError(f"target column {target!r} is not in the data")
         else:
             tgt = target
+        if public_target is not None:
+            if tgt is None or public_target.name != tgt:
+                raise ValueError("public_target must be the spec of the release's target column")
+            if len(cols) < 2:
+                raise DataError("the table has no feature column besides the target")
+            target_share, target_classes = None, None
         mech = cls(cols, tgt, float(noise_multiplier), float(delta), target_share, int(max_categories),
-                   target_classes)
-        mech.scale(cols[0])  # validates target_share now, not on an executor
+                   target_classes, public_target)
+        mech.scale(mech.estimated[0])  # validates target_share now, not on an executor
         return mech
 
     @property
+    def estimated(self) -> tuple[str, ...]:
+        """The columns whose counts the mechanism noises: the header without a public target."""
+        if self.public_target is None:
+            return self.header
+        return tuple(c for c in self.header if c != self.public_target.name)
+
+    @property
     def touches(self) -> int:
-        """K = 2C: coordinates one record changes, each by exactly 1 (module docstring)."""
-        return 2 * len(self.header)
+        """K = 2C: coordinates one record changes, each by exactly 1 (module docstring); C counts
+        the estimated columns only (a public target is not counted at all)."""
+        return 2 * len(self.estimated)
 
     @property
     def keep(self) -> int:
@@ -509,13 +530,17 @@ class SchemaMechanism:
             return count_vector_scale(self.touches, self.touches)
         return pair[0] if name == self.target else pair[1]
 
+    def _target_in_mechanism(self) -> str | None:
+        """The target as the estimation sees it: none when its spec is public."""
+        return None if self.public_target is not None else self.target
+
     def raw_std(self, name: str) -> float:
         """Column ``name``'s noise std on the raw count scale (public)."""
         return self.noise_multiplier / self.scale(name)
 
     def threshold(self, name: str) -> float:
         """``tau_c = selection_threshold(s_c, delta / C)`` (module docstring)."""
-        return selection_threshold(self.raw_std(name), self.delta / len(self.header))
+        return selection_threshold(self.raw_std(name), self.delta / len(self.estimated))
 
     def noise(self, counts: np.ndarray, scales: np.ndarray) -> np.ndarray:
         """Noisy raw counts: ``(counts * scales + N(0, noise_multiplier^2 I)) / scales``, the
@@ -542,7 +567,7 @@ class SchemaMechanism:
                 values: dict[str, list[tuple[str, float]]]) -> PrivateSchemaResult:
         """Post-processing: the schema from each column's noisy type counts (4, in
         :data:`TYPE_BINS` order), noisy grid counts and selected values."""
-        cols = self.header
+        cols = self.estimated
         if self.target is None or self.target_share is None:
             s_feat = self.noise_multiplier / count_vector_scale(self.touches, self.touches)
         else:
@@ -557,13 +582,16 @@ class SchemaMechanism:
             )
             for name in cols
         }
-        return schema_from_release(
-            released, target=self.target,
+        result = schema_from_release(
+            released, target=self._target_in_mechanism(),
             events=[dp_accounting.dp_event.GaussianDpEvent(self.noise_multiplier)],
             noise_multiplier=self.noise_multiplier, delta=self.delta, touches=self.touches,
             target_share=self.target_share, feature_threshold=tau, max_categories=self.max_categories,
             target_classes=self.target_classes,
         )
+        if self.public_target is None:
+            return result
+        return with_public_target(result, self.public_target, self.header)
 
 
 def estimate_schema(
@@ -575,6 +603,7 @@ def estimate_schema(
     max_categories: int = 50,
     target_classes: int | None = None,
     target_share: float | None = DEFAULT_TARGET_SHARE,
+    public_target: Any = None,
 ) -> PrivateSchemaResult:
     """Estimate a schema with one Gaussian mechanism (see the module docstring for the proof).
 
@@ -596,6 +625,12 @@ def estimate_schema(
     neighbour has still passes with probability at most ``delta / C`` (module docstring);
     ranking the survivors is post-processing, so the argument is unchanged.
 
+    ``public_target``: the target's PUBLIC :class:`~dpsummary.data.ColumnSpec`
+    (``--positive-class``): its column is left out of the count vector (the proof is the one
+    above on the other ``C - 1`` columns: the target's field is never read, so neighbours differ
+    only there), ``target_share`` and ``target_classes`` do not apply, and the spec joins the
+    estimated schema as given (:func:`~dpsummary.postprocess.schema.with_public_target`).
+
     On a :class:`RawTable` the whole count vector is noised in one call; on the local engine's
     :class:`SchemaCounts` the fixed-size sections in one call and the value keys streamed in
     pieces (:meth:`SchemaCounts.value_totals`, memory bounded); the Spark engine noises and
@@ -604,11 +639,14 @@ def estimate_schema(
     """
     mech = SchemaMechanism.plan(list(table.header), noise_multiplier=noise_multiplier, target=target, delta=delta,
                                 max_categories=max_categories, target_classes=target_classes,
-                                target_share=target_share)
+                                target_share=target_share, public_target=public_target)
     if isinstance(table, SchemaCounts):
         return _estimate_streaming(mech, table)
+    if mech.public_target is not None:  # the public target's column is never counted
+        table = RawTable(header=list(mech.estimated), columns={c: table.columns[c] for c in mech.estimated},
+                         private=table.private)
     vec = build_count_vector(table)
-    scales = vec.coordinate_scales(mech.target, target_share)
+    scales = vec.coordinate_scales(mech._target_in_mechanism(), mech.target_share)
     noisy = mech.noise(vec.counts, scales)
 
     sections: dict[tuple[str, str], list[tuple[str, float]]] = {}
@@ -617,9 +655,9 @@ def estimate_schema(
     # Partition selection: a value key leaves this function only if its noisy count passes its
     # column's threshold tau_c (module docstring); what is returned is the release.
     return mech.release(
-        {name: np.array([v for _, v in sections[(name, "type")]]) for name in mech.header},
-        {name: np.array([v for _, v in sections[(name, "grid")]]) for name in mech.header},
-        {name: mech.passing(name, sections.get((name, "value"), [])) for name in mech.header},
+        {name: np.array([v for _, v in sections[(name, "type")]]) for name in mech.estimated},
+        {name: np.array([v for _, v in sections[(name, "grid")]]) for name in mech.estimated},
+        {name: mech.passing(name, sections.get((name, "value"), [])) for name in mech.estimated},
     )
 
 
@@ -627,13 +665,15 @@ def _estimate_streaming(mech: SchemaMechanism, counts: SchemaCounts) -> PrivateS
     """:func:`estimate_schema` on :class:`SchemaCounts`: the type and grid counts noised in one
     call, then each piece of value keys noised, thresholded and cut
     (:meth:`SchemaMechanism.select_values`), keeping at most ``keep`` keys per column."""
-    header = mech.header
+    header = mech.estimated
     fixed = [counts.fixed_totals(name) for name in header]
     exact = np.concatenate([np.concatenate(tg) for tg in fixed]).astype(np.float64)
     width = 4 + NUM_GRID_BINS
     noisy = mech.noise(exact, np.repeat([mech.scale(name) for name in header], width)).reshape(len(header), width)
     chosen: dict[str, list[tuple[str, float]]] = {name: [] for name in header}
     for name, labels, totals in counts.value_totals():
+        if name not in chosen:  # a public target's values: never noised, never released
+            continue
         chosen[name] = top_values(chosen[name] + mech.select_values(name, labels, totals), mech.keep)
     return mech.release({name: noisy[i, :4] for i, name in enumerate(header)},
                         {name: noisy[i, 4:] for i, name in enumerate(header)}, chosen)

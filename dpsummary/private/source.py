@@ -89,13 +89,17 @@ class _EncodePass:
 
 
 def release_schema(counts: Any, *, noise_multiplier: float, target: str | None, delta: float,
-                   target_classes: int | None) -> Any:
+                   target_classes: int | None, public_target: Any = None) -> Any:
     """DP schema estimation on exact :class:`~dpsummary.private.preprocess.SchemaCounts` (any
     engine's pass): the one Gaussian mechanism and partition selection of
     :func:`~dpsummary.private.preprocess.estimate_schema`, with the release's target rule
-    (noisy top-k with an even noise share when ``target_classes`` is given)."""
+    (the target left out when its spec is public, ``public_target``; else noisy top-k with an
+    even noise share when ``target_classes`` is given)."""
     from .preprocess import estimate_schema
 
+    if public_target is not None:
+        return estimate_schema(counts, noise_multiplier=noise_multiplier, target=target, delta=delta,
+                               public_target=public_target)
     if target_classes is not None:
         return estimate_schema(counts, noise_multiplier=noise_multiplier, target=target, delta=delta,
                                target_classes=target_classes, target_share=None)
@@ -170,15 +174,16 @@ class PrivateSource:
         return float(SystemRandomness().gaussian(count, noise_std=noise_multiplier, clip_norm=1.0)[0])
 
     def estimate_schema(self, *, noise_multiplier: float, target: str | None, delta: float,
-                        target_classes: int | None = None) -> Any:
+                        target_classes: int | None = None, public_target: Any = None) -> Any:
         """DP schema estimation (one Gaussian mechanism plus partition selection at ``delta``),
         on counts accumulated in one streaming pass (:class:`~dpsummary.private.preprocess.SchemaCounts`).
         ``target_classes`` (public: 2 when the requested model is logistic) selects the target's
         classes by noisy top-k with an even noise share (benchmarks/results/schema_refusal_rate.md);
-        otherwise the target gets its own share of the noise budget."""
+        otherwise the target gets its own share of the noise budget. ``public_target``: the
+        target's public spec (``--positive-class``); its column is then not estimated at all."""
         self._scan_stage1(schema=True)
         return release_schema(self._schema_counts, noise_multiplier=noise_multiplier, target=target, delta=delta,
-                              target_classes=target_classes)
+                              target_classes=target_classes, public_target=public_target)
 
     # ---- stage 2: records in model space ----------------------------------------------------
     def encode(self, transform: Transform, *, missing_numeric: str, unseen_category: str) -> EncodedSource:

@@ -280,6 +280,8 @@ class ValueSelection:
                     [pc.filter(batch.column(j), keep) for j in range(4)]
                     + [pa.nulls(int(fixed.sum()), pa.float64())], names=names)
             for c in np.unique(col[~fixed]).tolist():
+                if mech.header[c] not in mech.estimated:  # a public target: never noised or sent
+                    continue
                 rows = pa.array(~fixed & (col == c))
                 labels = pc.filter(batch.column(2), rows).to_pylist()
                 counts = pc.filter(batch.column(3), rows).to_numpy(zero_copy_only=False)
@@ -565,7 +567,7 @@ class SparkSource:
         return counts
 
     def estimate_schema(self, *, noise_multiplier: float, target: str | None, delta: float,
-                        target_classes: int | None = None) -> Any:
+                        target_classes: int | None = None, public_target: Any = None) -> Any:
         """DP schema estimation on Spark: the local engine's mechanism (the same
         :class:`~dpsummary.private.preprocess.SchemaMechanism`, with the release's target rule of
         :func:`~dpsummary.private.source.release_schema`) with its value part distributed.
@@ -588,7 +590,8 @@ class SparkSource:
         # release_schema's target rule: an even noise share when the class count is public.
         mech = SchemaMechanism.plan(self._header, noise_multiplier=noise_multiplier, target=target, delta=delta,
                                     target_classes=target_classes,
-                                    target_share=None if target_classes is not None else DEFAULT_TARGET_SHARE)
+                                    target_share=None if target_classes is not None else DEFAULT_TARGET_SHARE,
+                                    public_target=public_target)
         rows = _collect_rows(self._stage1_totals().mapInArrow(ValueSelection(mech), SELECTED_SCHEMA))
         self._rows, result = release_selected(mech, rows)
         return result
@@ -610,8 +613,9 @@ def release_selected(mech: Any, rows: list[Any]) -> tuple[int, Any]:
 
     from ..postprocess.schema import NUM_GRID_BINS
 
-    header = mech.header
-    exact = np.zeros((len(header), 4 + NUM_GRID_BINS), dtype=np.int64)
+    full = mech.header  # the rows' column indices refer to the whole header
+    header = mech.estimated  # without a public target, whose counts are dropped here unnoised
+    exact = np.zeros((len(full), 4 + NUM_GRID_BINS), dtype=np.int64)
     values: dict[str, list[tuple[str, float]]] = {name: [] for name in header}
     read = 0
     for r in rows:
@@ -621,8 +625,9 @@ def release_selected(mech: Any, rows: list[Any]) -> tuple[int, Any]:
             exact[r["col"], int(r["label"])] += int(r["count"])
         elif r["section"] == GRID:
             exact[r["col"], 4 + int(r["label"])] += int(r["count"])
-        else:
-            values[header[r["col"]]].append((r["label"], float(r["noisy"])))
+        elif full[r["col"]] in values:
+            values[full[r["col"]]].append((r["label"], float(r["noisy"])))
+    exact = exact[[full.index(name) for name in header]]
     scales = np.repeat([mech.scale(name) for name in header], 4 + NUM_GRID_BINS)
     noisy = mech.noise(exact.reshape(-1).astype(np.float64), scales).reshape(exact.shape)
     return read, mech.release({name: noisy[i, :4] for i, name in enumerate(header)},
