@@ -26,7 +26,11 @@ refusal as a failure to release); a run that crashed is ERROR.
 Modes:
 * ``zero-config``: the packaged default policy (``benchmarks/data_paths.write_sweep_policy``: a
   lifetime budget and a per-release cap large enough for the sweep; the table's ``n_max`` where it
-  declares one), private record count and DP schema; ``--target`` and ``--model`` given;
+  declares one), private record count and DP schema; ``--target`` and ``--model`` given, and for
+  a two-valued text target ``--positive-class`` with the class its documentation names as the
+  event (:data:`POSITIVE_CLASSES`; the sixth rule of ``results/noise_aware_variants.md``, adopted
+  2026-11-26: it takes the target out of the DP schema; ``run --no-positive-class`` gives the
+  earlier mode, whose rows are in git history);
 * ``public``: the same policy with a public ``[schema]``: the table's declared schema where it has
   one (NAPSU-MQ, the simulations), else the schema dpsummary infers NON-privately from the whole
   table (:func:`dpsummary.data.inference.infer_schema`: data bounds, observed categories; the
@@ -656,7 +660,7 @@ def judge_artifact(artifact: Path, data: Path, epsilon: float) -> dict[str, Any]
 
 
 def release(spec: TableSpec, data: Path, mode: str, epsilon: float, mechanism: str, run: int, workdir: Path,
-            positive_class: bool = False) -> Path:
+            positive_class: bool = True) -> Path:
     """One release through :func:`dpsummary.release.run_release` (what the CLI runs): a fresh
     ledger per release, the workdir's signing key. ``positive_class``: a zero-configuration
     release passes the table's :attr:`TableSpec.positive_class` as ``--positive-class``.
@@ -702,7 +706,7 @@ def code_version() -> str:
 
 def run_cells(out: Path, tables: list[str], modes: list[str], epsilons: list[float], mechanisms: list[str],
               runs: int, workdir: Path | None = None, first_run: int = 0,
-              say: Callable[[str], None] = print, cache: Path = CACHE, positive_class: bool = False) -> int:
+              say: Callable[[str], None] = print, cache: Path = CACHE, positive_class: bool = True) -> int:
     """Run every cell ``runs`` times, appending one row per run to ``out``. Returns the rows
     written. ``positive_class``: zero-configuration releases pass the table's class of interest
     (:func:`release`)."""
@@ -1098,8 +1102,9 @@ def main(argv: list[str] | None = None) -> None:
     r.add_argument("--mechanisms", default="noise-aware-newton")
     r.add_argument("--runs", type=int, default=5)
     r.add_argument("--first-run", type=int, default=0, help="index of the first run (extends a cell)")
-    r.add_argument("--positive-class", action="store_true",
-                   help="zero-configuration releases pass the table's class of interest as --positive-class")
+    r.add_argument("--no-positive-class", dest="positive_class", action="store_false",
+                   help="zero-configuration releases do NOT pass the table's class of interest as --positive-class "
+                        "(the mode before the sixth rule)")
     r.add_argument("--workdir", type=Path, help="keep policies and keys here (default: a temporary directory)")
     r.add_argument("--cache", type=Path, default=CACHE, help="where the tables' CSVs are built (default: %(default)s)")
     rep = sub.add_parser("report", help="rebuild the markdown table (and plot) from the CSV")

@@ -462,6 +462,16 @@ def run_stage1(public: PublicPlan, source: Any) -> Released:
     return Released(schema, count, pol.record_count_public, notes)
 
 
+def public_inputs(public: PublicPlan) -> dict[str, Any]:
+    """The public facts the release relied on (the claim's ``public_inputs``): the policy's, plus
+    the target's spec when ``--positive-class`` made it public."""
+    inputs = public.policy.public_inputs()
+    spec = public_target_spec(public)
+    if spec is not None:
+        inputs["target"] = spec.model_dump(mode="json", exclude_defaults=True)
+    return inputs
+
+
 def public_target_spec(public: PublicPlan) -> Any:
     """The target's public :class:`~dpsummary.data.ColumnSpec` from ``--positive-class`` (that
     class is 1, every other non-missing value 0), or ``None`` (the target is estimated)."""
@@ -610,7 +620,7 @@ def write_release(public: PublicPlan, released: Released, plan: MechanismPlan, o
             "counts": None if output.quality is None else output.quality.as_dict(),
         },
         "budget_split": output.budget_split,
-        "public_inputs": pol.public_inputs(),
+        "public_inputs": public_inputs(public),
         "source_id": public.source_id,
     }
     body = {

@@ -592,3 +592,23 @@ def test_other_class_is_a_one_vs_rest_target_only() -> None:
         ColumnSpec(name="y", kind="categorical", categories=["no", "yes"], other_class=True)
     with pytest.raises(ValueError, match="other_class"):
         ColumnSpec(name="y", kind="numeric", lower=0.0, upper=1.0, other_class=True)
+
+
+def test_one_vs_rest_with_the_listed_class_positive() -> None:
+    """``other_class`` with ``positive`` naming the listed class (``--positive-class``): that
+    class is 1, every other non-missing value 0, a missing field invalid."""
+    from dpsummary.data import ColumnSpec, DataError, Schema, Transform, target_kind
+
+    x = ColumnSpec(name="x", kind="numeric", lower=0.0, upper=1.0)
+    y = ColumnSpec(name="y", kind="categorical", categories=["dead"], other_class=True, positive="dead")
+    schema = Schema(columns=[x, y], target="y")
+    assert target_kind(schema) == "binary"
+    tf = Transform.from_schema(schema)
+    assert tf.positive_class == "dead"
+    enc, valid = tf._target(np.array(["dead", "alive", "unknown", "dead"], dtype=object), True)
+    assert enc.tolist() == [1.0, 0.0, 0.0, 1.0] and valid.all()
+    with pytest.raises(DataError, match="missing value"):
+        tf._target(np.array(["dead", ""], dtype=object), True)
+    with pytest.raises(ValueError, match="not a category"):
+        ColumnSpec(name="y", kind="categorical", categories=["dead"], other_class=True, positive="alive")
+    assert Transform.from_dict(tf.to_dict()) == tf  # the artifact's transform round-trips

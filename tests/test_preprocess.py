@@ -369,3 +369,65 @@ def test_one_vs_rest_needs_a_rest_above_the_noise(monkeypatch: pytest.MonkeyPatc
     with pytest.raises(DataError, match="single class"):
         estimate_schema(_rare_class_table(4000, rare), noise_multiplier=20.0, target="y", delta=1e-9,
                         target_share=None, target_classes=2)
+
+
+def _public_target() -> Any:
+    from dpsummary.data import ColumnSpec
+
+    return ColumnSpec(name="y", kind="categorical", categories=["yes"], other_class=True, positive="yes")
+
+
+def test_public_target_is_never_counted(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--positive-class``: the target column is left out of the mechanism. The noised vector
+    is the one of the table without it (whatever the target holds: neighbours differing only
+    there release the same distribution), one record touches 2 (C - 1) coordinates, every
+    column gets the same scale, and the schema carries the public spec in header position."""
+    calls = identity_noise(monkeypatch)
+    t = synthetic(600)
+    spec = _public_target()
+    res = estimate_schema(t, noise_multiplier=2.0, target="y", delta=1e-6, public_target=spec)
+    without = table({c: t.columns[c] for c in t.header if c != "y"})
+    vec = build_count_vector(without)
+    (call,) = calls
+    assert vec.touches == 2 * (len(t.header) - 1)
+    np.testing.assert_array_equal(call["values"], vec.counts * vec.scale)
+    assert res.schema.names == t.header and res.schema.target == "y"
+    assert res.schema.column("y") == spec and target_kind(res.schema) == "binary"
+    assert any("public (--positive-class)" in note for note in res.notes)
+    assert not any(note.startswith("y:") for note in res.notes)  # nothing estimated about y
+    # The target's content cannot change what is noised: a constant, or an unseen label.
+    for values in (["yes"] * 600, ["no"] * 600, ["maybe"] * 599 + [""]):
+        other = table({**t.columns, "y": values})
+        estimate_schema(other, noise_multiplier=2.0, target="y", delta=1e-6, public_target=spec)
+        np.testing.assert_array_equal(calls[-1]["values"], call["values"])
+    # The threshold is delta over the C - 1 estimated columns.
+    mech = preprocess.SchemaMechanism.plan(t.header, noise_multiplier=2.0, target="y", delta=1e-6,
+                                           public_target=spec)
+    assert mech.estimated == ("age", "x", "colour")
+    assert mech.threshold("colour") == selection_threshold(2.0 / vec.scale, 1e-6 / 3)
+
+
+def test_public_target_streaming_equals_in_memory(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The local engine's streamed counts give the same release as the in-memory table."""
+    import pyarrow as pa
+
+    from dpsummary.data import text_column
+
+    identity_noise(monkeypatch)
+    t = synthetic(400, seed=2)
+    counts = preprocess.SchemaCounts(t.header)
+    for name in t.header:
+        counts.add(name, text_column(pa.array(t.columns[name]))[0])
+    spec = _public_target()
+    a = estimate_schema(t, noise_multiplier=2.0, target="y", delta=1e-6, public_target=spec)
+    b = estimate_schema(counts, noise_multiplier=2.0, target="y", delta=1e-6, public_target=spec)
+    assert a.schema == b.schema and a.notes == b.notes
+
+
+def test_public_target_must_be_the_target() -> None:
+    with pytest.raises(ValueError, match="target column"):
+        preprocess.SchemaMechanism.plan(["x", "y", "z"], noise_multiplier=2.0, target="z", delta=1e-6,
+                                        public_target=_public_target())
+    with pytest.raises(DataError, match="no feature column"):
+        preprocess.SchemaMechanism.plan(["y"], noise_multiplier=2.0, target="y", delta=1e-6,
+                                        public_target=_public_target())

@@ -392,3 +392,50 @@ def test_one_vs_rest_target_releases_end_to_end(tmp_path: Path, home: Path) -> N
     assert rel.transform.positive_class == "any value other than 'no'"
     assert rel.claim["mechanism"]["name"] == "noise-aware-newton"
     assert np.all(np.isfinite(np.array(rel.body["posterior"]["gaussians"]["noise_aware"]["mean"])))
+
+
+def test_positive_class_releases_whatever_the_target_holds(tmp_path: Path, home: Path) -> None:
+    """``--positive-class``: the target is public, so zero configuration does not estimate it and
+    its content cannot make the release refuse: a target that never holds the named class
+    (every value 'yes', 'no' named) still releases, every record encoded 0."""
+    import dpsummary
+
+    data = _write_csv(tmp_path / "c.csv", 6000, seed=5, target="constant")
+    out = tmp_path / "c.json"
+    res = _release(str(data), "--epsilon", "0.5", "--out", str(out), "--size", "5", "--positive-class", "no")
+    assert res.exit_code == 0, res.output
+    flat = " ".join(res.output.split())
+    assert "target 'y': binary, public (--positive-class): 1 = 'no'" in flat
+    assert "one record touches 4 of them" in flat  # x1 and x2 only: the target is not counted
+    rel = dpsummary.load(out, key=home / "keys" / "dpsummary.pub")
+    assert rel.transform.positive_class == "no"
+    target = rel.transform.schema.column("y")
+    assert target.categories == ["no"] and target.other_class and target.positive == "no"
+    # The claim's public inputs say the target was public, and inspect shows it.
+    assert rel.claim["public_inputs"]["target"] == {"name": "y", "kind": "categorical", "categories": ["no"],
+                                                    "positive": "no", "other_class": True}
+    shown = runner.invoke(app, ["inspect", str(out), "--key", str(home / "keys" / "dpsummary.pub")])
+    assert shown.exit_code == 0 and "public (--positive-class): y, 1 = no" in " ".join(shown.output.split())
+    assert rel.claim["mechanism"]["name"] == "noise-aware-newton"
+    assert [(e["kind"], e["stage"]) for e in _ledger_lines(home)] == [
+        ("reserve", "count-and-schema"), ("commit", "count-and-schema"),
+        ("reserve", "noise-aware-newton"), ("commit", "noise-aware-newton")]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--positive-class", "yes", "--model", "poisson"], "--positive-class needs a binary target"),
+        (["--positive-class", " yes"], "without surrounding whitespace"),
+        (["--positive-class", "yes", "--policy", "SCHEMA"], "declares one, so name the class there"),
+    ],
+)
+def test_positive_class_public_refusals(tmp_path: Path, home: Path, args: list[str], message: str) -> None:
+    """Bad uses of ``--positive-class`` are public facts: refused before any budget is charged."""
+    data = _write_csv(tmp_path / "d.csv", 300)
+    pol = _policy(tmp_path / "p.toml", n=300)
+    args = [str(pol) if a == "SCHEMA" else a for a in args]
+    res = _release(str(data), "--epsilon", "1", "--out", str(tmp_path / "r.json"), *args)
+    assert res.exit_code != 0
+    assert res.output.count("error:") == 1 and message in " ".join(res.output.split())
+    assert _ledger_lines(home) == [] and not (tmp_path / "r.json").exists()

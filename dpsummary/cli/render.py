@@ -218,6 +218,10 @@ def public_input_rows(inputs: Any) -> list[Row]:
                 cols = value.get("columns", []) if isinstance(value, dict) else []
                 names = [str(c.get("name")) for c in cols if isinstance(c, dict)]
                 rows.append(("schema", f"public, {len(names)} columns: {', '.join(names)}"))
+        elif key == "target" and isinstance(value, dict):
+            listed = ", ".join(str(c) for c in value.get("categories", []))
+            rows.append(("target", f"public (--positive-class): {value.get('name')!s}, 1 = {listed}, 0 = any other value"
+                         if value.get("positive") is not None else f"public: {value}"))
         elif key == "delta_rule" and isinstance(value, dict) and "max_delta_times_n_max" in value:
             rows.append(("delta rule", f"delta <= {_num(value['max_delta_times_n_max'])} / n_max"))
         elif isinstance(value, int) and not isinstance(value, bool):

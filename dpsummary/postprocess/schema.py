@@ -159,8 +159,7 @@ def schema_from_release(
                 spec, why = _one_vs_rest(spec, values, text=t["text"], noise_sd=s, why=why)
         if spec is None:
             if is_target:
-                raise DataError(f"target {name!r}: {why}; give the policy a public schema with the target instead "
-                                "(`dpsummary policy init DATA` writes a skeleton to fill in, then pass it with --policy)")
+                raise DataError(f"target {name!r}: {why}; {TARGET_FIX}")
             dropped.append(name)
             notes.append(f"{name}: dropped ({why})")
             continue
@@ -170,6 +169,10 @@ def schema_from_release(
         raise DataError("no feature column could be estimated privately; give the policy a public schema instead "
                         "(`dpsummary policy init DATA` writes a skeleton to fill in, then pass it with --policy)")
     schema = Schema(columns=specs, target=tgt)
+    spec_t = schema.target_column
+    if spec_t is not None and spec_t.kind == "categorical" and len(spec_t.categories or []) == 1 \
+            and not spec_t.other_class:
+        raise DataError(f"target {tgt!r} has a single class (the rest is not clearly above the noise); {TARGET_FIX}")
     kind = target_kind(schema)
     if tgt is not None:
         notes.append(f"target {tgt!r}: {kind}")
@@ -199,6 +202,12 @@ def with_public_target(result: PrivateSchemaResult, target: ColumnSpec, header: 
             f"target {target.name!r}: binary, public: 0 = {listed!r}, 1 = any other non-missing value")
     target_kind(schema)  # the public spec must suit a binary model; raises DataError otherwise
     return dataclasses.replace(result, schema=schema, notes=[*result.notes, note])
+
+
+#: The fix a refused zero-configuration target names (a yes/no target needs only its class).
+TARGET_FIX: Final = ("for a yes/no target name the class to predict with --positive-class; otherwise give the policy "
+                     "a public schema with the target (`dpsummary policy init DATA` writes a skeleton to fill in, "
+                     "then pass it with --policy)")
 
 
 def _bin_edges(k: int) -> tuple[float, float]:

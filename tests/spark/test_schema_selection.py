@@ -13,7 +13,7 @@ import pyarrow as pa
 import pytest
 from spark_helpers import Recorder, write_parquet, write_split
 
-from dpsummary.data import NO_TARGET, text_column
+from dpsummary.data import NO_TARGET, ColumnSpec, text_column
 from dpsummary.private import preprocess, spark_engine
 from dpsummary.private.preprocess import (
     SchemaCounts,
@@ -74,9 +74,10 @@ def _aggregated_batches(counts: SchemaCounts, read: int, parts: int) -> list[lis
     return out
 
 
-@pytest.mark.parametrize(("target", "target_classes"), [("y", None), (NO_TARGET, None), ("colour", 2)])
+@pytest.mark.parametrize(("target", "target_classes", "public"),
+                         [("y", None, False), (NO_TARGET, None, False), ("colour", 2, False), ("y", 2, True)])
 def test_distributed_selection_is_the_local_mechanism(monkeypatch: pytest.MonkeyPatch, target: str,
-                                                      target_classes: int | None) -> None:
+                                                      target_classes: int | None, public: bool) -> None:
     """With the noise replaced by the identity (in-process, so the executor function sees it):
     the executor-side selection over any partitioning plus the driver's part give exactly the
     local engine's release (schema, notes, noisy record count), and the only value keys that
@@ -96,10 +97,13 @@ def test_distributed_selection_is_the_local_mechanism(monkeypatch: pytest.Monkey
     for name, values in cols.items():
         counts.add(name, text_column(pa.array(values))[0])
     share = None if target_classes is not None else preprocess.DEFAULT_TARGET_SHARE
+    # A public target (--positive-class): its column is left out on both engines.
+    spec = ColumnSpec(name="y", kind="categorical", categories=["yes"], other_class=True,
+                      positive="yes") if public else None
     want = estimate_schema(counts, noise_multiplier=0.7, target=target, delta=1e-6, max_categories=3,
-                           target_classes=target_classes, target_share=share)
+                           target_classes=target_classes, target_share=share, public_target=spec)
     mech = SchemaMechanism.plan(list(cols), noise_multiplier=0.7, target=target, delta=1e-6, max_categories=3,
-                                target_classes=target_classes, target_share=share)
+                                target_classes=target_classes, target_share=share, public_target=spec)
     for parts in (1, 3):
         sent: list[dict[str, Any]] = []
         for batches in _aggregated_batches(counts, n, parts):
@@ -110,6 +114,8 @@ def test_distributed_selection_is_the_local_mechanism(monkeypatch: pytest.Monkey
         assert got.schema == want.schema and got.notes == want.notes and got.dropped == want.dropped
         assert got.noisy_num_records == want.noisy_num_records
         values = [r for r in sent if r["section"] == VALUE]
+        if public:  # the public target's values are never noised or sent
+            assert want.schema.column("y") == spec and not any(r["col"] == 4 for r in values)
         assert not any(r["label"].startswith("id") for r in values)  # count 1 < tau: never sent
         assert all(r["count"] is None and r["noisy"] > mech.threshold(mech.header[r["col"]]) for r in values)
         per_col = {c: sum(r["col"] == c for r in values) for c in range(len(cols))}
