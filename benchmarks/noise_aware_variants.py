@@ -128,7 +128,19 @@ def lowered(model: Any, rel: na.RoundRelease, g: torch.Generator) -> GaussianPos
     return na.noise_aware_posterior(model, dataclasses.replace(rel, curvature=h))[0]
 
 
-VARIANTS = {"plug-in": lambda m, r, g: na.noise_aware_posterior(m, r)[0], "imputed": imputed, "lowered": lowered}
+def expansion(eta_rule: str) -> Any:
+    """The seventh rule's candidates: the imputed posterior with the expansion's error
+    integrated out (:func:`dpsummary.noise_aware.expansion_aware`, ``eta_rule`` box or data)."""
+    def variant(m: Any, rel: na.RoundRelease, g: torch.Generator, fn: float) -> GaussianPosterior:
+        return na.expansion_aware(m, na.imputed_posterior(m, rel, generator=g), rel, feature_norm=fn,
+                                  eta_rule=eta_rule)
+    return variant
+
+
+VARIANTS = {"plug-in": lambda m, r, g, fn: na.noise_aware_posterior(m, r)[0],
+            "imputed": lambda m, r, g, fn: imputed(m, r, g),
+            "lowered": lambda m, r, g, fn: lowered(m, r, g),
+            "expansion-box": expansion("box"), "expansion-data": expansion("data")}
 FIELDS = ["table", "epsilon", "run", "schedule", "variant", "coverage", "width_ratio", "floor_width_ratio", "floor_coverage",
           "effects_found", "floor_effects_found", "effects_wrong_sign", "mean_error_sd_max", "anchor_distance",
           "score_var", "curvature_term", "min_true_eig", "noise_edge", "converged"]
@@ -150,10 +162,9 @@ def run(table: str, epsilons: list[float], runs: int, out: Path, *, schedules: l
             last = fit.rounds[-1]
             m = fit.model or model
             u = fit.posterior.mean - last.anchor
-            g = torch.Generator().manual_seed(1000 + r)
             chosen = {k: v for k, v in VARIANTS.items() if variants is None or k in variants}
             for name, variant in chosen.items():
-                j = cal.judge(variant(m, last, g), ref)
+                j = cal.judge(variant(m, last, torch.Generator().manual_seed(1000 + r), fn), ref)
                 rows.append({
                     "table": table, "epsilon": eps, "run": r, "schedule": sched, "variant": name, **{k: j[k] for k in (
                         "coverage", "width_ratio", "floor_width_ratio", "floor_coverage", "effects_found",

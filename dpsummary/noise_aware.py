@@ -444,6 +444,66 @@ def imputed_posterior(
     return _checked(GaussianPosterior(stacked.mean(0), tril))
 
 
+#: ``Schedule.expansion = "data"``: the linear predictor change used is at most this many
+#: curvature-weighted rms changes (public; written before its run, benchmarks/results/noise_aware_variants.md).
+EXPANSION_RMS_FACTOR = 3.0
+
+
+def expansion_range(eta: float) -> tuple[float, float]:
+    """``(L, U)``: the range of the factor ``1 / c`` by which a Newton step read with the
+    anchor's curvature must be scaled when the path-averaged curvature is ``c`` times it and
+    every record's linear predictor changes by at most ``eta`` along the step (curvature
+    weights with ``|d log w / d eta| <= 1``, :data:`EXPANSION_BIAS_SDS`):
+    ``L = eta / (e^eta - 1)``, ``U = eta / (1 - e^-eta)``; both 1 at ``eta = 0``."""
+    if eta < 1e-8:
+        return 1.0 - eta / 2.0, 1.0 + eta / 2.0
+    eta = min(eta, 700.0)
+    return eta / math.expm1(eta), eta / -math.expm1(-eta)
+
+
+def expansion_aware(model: Model, posterior: GaussianPosterior, release: RoundRelease, *, feature_norm: float,
+                    eta_rule: str = "box") -> GaussianPosterior:
+    """The released posterior with the quadratic expansion's error integrated out (issue 37,
+    module docstring, 8.). The last round's posterior reads its released score with the curvature
+    at its anchor ``a``; the step ``d = m - a`` it takes is right only if the curvature along the
+    step equals the anchor's. With the linear predictors changing by at most ``eta`` along ``d``
+    the true step is ``d / c`` with ``1 / c`` in :func:`expansion_range` ``(eta)``. Taking ``1 / c``
+    log-uniform on that range (scale-invariant: nothing says which end) and moment-matching gives
+    mean ``a + E[1/c] d`` and covariance ``cov + Var(1/c) d d^T``.
+
+    ``eta_rule``: ``"box"`` - ``eta`` is the step's largest change over the public feature box
+    (:func:`eta_change`; a bound); ``"data"`` - at most :data:`EXPANSION_RMS_FACTOR` times the
+    curvature-weighted rms change ``sqrt(d^T H d / H_00)`` of the released curvature ``H`` (an
+    estimate, tighter when the public box is much wider than the data; the box bound when the
+    model has no intercept or ``H_00`` is not clearly above its noise). Post-processing of DP
+    outputs and public values."""
+    a = release.anchor
+    d = posterior.mean - a
+    eta = eta_change(model, d, feature_norm)
+    if eta_rule == "data" and getattr(model, "intercept", False):
+        h = release.curvature
+        h00 = float(h[0, 0])
+        if h00 > 2.0 * release.curvature_noise_std:
+            rms = math.sqrt(max(float(d @ h @ d), 0.0) / h00)
+            eta = min(eta, EXPANSION_RMS_FACTOR * rms)
+    elif eta_rule not in ("box", "data"):
+        raise ValueError("eta_rule must be 'box' or 'data'")
+    lo, hi = expansion_range(eta)
+    if hi - lo < 1e-12:
+        return posterior
+    span = math.log(hi / lo)
+    first = (hi - lo) / span
+    second = (hi * hi - lo * lo) / (2.0 * span)
+    var = max(second - first * first, 0.0)
+    mean = a + first * d
+    cov = _sym(posterior.cov + var * torch.outer(d, d))
+    try:
+        tril = torch.linalg.cholesky(cov)
+    except RuntimeError as exc:
+        raise NonFiniteFit("the expansion-aware covariance is not positive definite") from exc
+    return _checked(GaussianPosterior(mean, tril))
+
+
 @dataclass(frozen=True)
 class State:
     """Explicit state of the rounds: the next anchor and what has been released so far."""
