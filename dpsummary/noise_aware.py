@@ -76,6 +76,18 @@ aware) posterior ``N((H + P)^-1 (s + H a + P mu0), (H + P)^-1)`` is returned for
    the posterior given each, their moment-matched mixture) widens exactly those directions
    (benchmarks/results/noise_aware_variants.md).
 
+8. **The expansion's error integrated out** (issue 37, ``Schedule.expansion``). The released
+   posterior reads the last round's score with the curvature at its anchor; when the rounds
+   stopped short of the mode (large effects: Newton from the prior mean under-steps, and noisy
+   intermediate anchors stall), the curvature along the last step differs from the anchor's and
+   the step is wrong by a factor. :func:`expansion_aware` bounds that factor from the largest
+   change of the linear predictor along the step (the curvature weights' ``|d log w / d eta| <=
+   1``), takes it log-uniform on the range and moment-matches: the mean moves along the step and
+   the covariance widens along it, by nothing when the step is small. The default
+   (``"data"``) estimates the change from the released curvature (3 weighted rms changes) rather
+   than the public box, which can be far wider than the data
+   (benchmarks/results/noise_aware_variants.md, seventh rule).
+
 Totality: whatever the noise draws, :func:`fit` returns finite Gaussians or raises
 :class:`NonFiniteFit` (a DP-decided outcome; the release turns it into a charged refusal).
 
@@ -143,6 +155,10 @@ class Schedule:
     #: docstring, 2.) or ``"imputed"`` (the true curvature integrated out by multiple
     #: imputation; module docstring, 7.). Intermediate anchors always use the plug-in. Public.
     posterior: str = "plug-in"
+    #: Whether the released posterior also carries the last expansion's error
+    #: (:func:`expansion_aware`; module docstring, 8.): None (no), ``"box"`` or ``"data"`` (its
+    #: ``eta_rule``). Needs ``feature_norm`` in :func:`fit`. Public.
+    expansion: str | None = None
 
     def __post_init__(self) -> None:
         flat = [w for pair in self.rounds for w in pair]
@@ -160,6 +176,8 @@ class Schedule:
             raise ValueError("prior_centre must be None or 'log-mean' (with the log-mean anchor)")
         if self.posterior not in ("plug-in", "imputed"):
             raise ValueError("posterior must be 'plug-in' or 'imputed'")
+        if self.expansion not in (None, "box", "data"):
+            raise ValueError("expansion must be None, 'box' or 'data'")
 
     @classmethod
     def default(cls, model: Model) -> Schedule:
@@ -169,8 +187,9 @@ class Schedule:
         # 7.; adopted by the second rule in benchmarks/results/noise_aware_variants.md).
         if model.name == "poisson" and getattr(model, "intercept", False):
             return cls(POISSON_ROUNDS, anchor="log-mean", trust_eta=POISSON_TRUST_ETA, passes=3, start="anchor",
-                       prior_centre="log-mean", posterior="imputed")
-        return cls(DEFAULT_ROUNDS, posterior="imputed")
+                       prior_centre="log-mean", posterior="imputed", expansion="data")
+        # The expansion's error integrated out too (module docstring, 8.; the seventh rule).
+        return cls(DEFAULT_ROUNDS, posterior="imputed", expansion="data")
 
     def noise_multipliers(self, sigma: float) -> list[tuple[float, float]]:
         """Per-round (score, curvature) noise multipliers for single-Gaussian calibration sigma."""
@@ -196,6 +215,10 @@ class Schedule:
         if self.posterior != "plug-in":
             out["posterior"] = self.posterior
             out["imputations"] = IMPUTATIONS
+        if self.expansion is not None:
+            out["expansion"] = self.expansion
+            if self.expansion == "data":
+                out["expansion_rms_factor"] = EXPANSION_RMS_FACTOR
         return out
 
 
@@ -642,6 +665,15 @@ def fit(model: Model, release: ReleaseFn, bounds: BoundsFn, *, schedule: Schedul
         if generator is None:
             raise ValueError("the imputed posterior needs a (non-private) generator")
         posterior = imputed_posterior(model, state.rounds[-1], generator=generator)
+    if schedule.expansion is not None:
+        if feature_norm is None:
+            raise ValueError("the expansion-aware posterior needs the public feature norm")
+        # Module docstring, 8.: measured from the step the posterior takes (before widening).
+        step_taken = posterior
+        posterior = expansion_aware(model, posterior, state.rounds[-1], feature_norm=feature_norm,
+                                    eta_rule=schedule.expansion)
+    else:
+        step_taken = posterior
     notes = [
         f"{MECHANISM}: {len(multipliers)} round(s) of noisy score and curvature sums, noise-aware "
         "Gaussian posterior (Kulkarni et al. 2021 style) by post-processing",
@@ -650,13 +682,13 @@ def fit(model: Model, release: ReleaseFn, bounds: BoundsFn, *, schedule: Schedul
     # the estimate by many posterior sds, the rounds had not converged and the expansion may not
     # hold there (e.g. Poisson with large counts, whose intercept is far from the prior mean).
     # Post-processing of released values: say so in the release.
-    moved = float(((posterior.mean - state.rounds[-1].anchor).abs() / torch.diagonal(posterior.cov).sqrt()).max())
+    moved = float(((step_taken.mean - state.rounds[-1].anchor).abs() / torch.diagonal(step_taken.cov).sqrt()).max())
     if not math.isfinite(moved):
         raise NonFiniteFit("the last Newton step is not finite")
     # GLMs with a public box: the step's expansion error bound decides (EXPANSION_BIAS_SDS);
     # otherwise the step in sds alone.
     expansion_ok = feature_norm is not None and moved * expansion_error(
-        eta_change(model, posterior.mean - state.rounds[-1].anchor, feature_norm)) <= EXPANSION_BIAS_SDS
+        eta_change(model, step_taken.mean - state.rounds[-1].anchor, feature_norm)) <= EXPANSION_BIAS_SDS
     converged = not (moved > UNCONVERGED_SDS and not expansion_ok)
     if not converged:
         notes.append(
@@ -664,6 +696,8 @@ def fit(model: Model, release: ReleaseFn, bounds: BoundsFn, *, schedule: Schedul
             f"{UNCONVERGED_SDS:g}) and the quadratic expansion may err by more than "
             f"{EXPANSION_BIAS_SDS:g} sd there: the rounds had not converged, so the noise-aware intervals may "
             "not cover; treat this release with caution"
+            + ("" if schedule.expansion is None else
+               " (they carry an estimate of the expansion's error, widened along the last step)")
         )
     return NoiseAwareFit(posterior=posterior, raw_posterior=raw, rounds=list(state.rounds),
                          noise_multipliers=multipliers, notes=notes, last_step_sds=moved,
