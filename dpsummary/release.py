@@ -69,6 +69,7 @@ from .mechanisms.base import (
 )
 from .model_names import BINARY_MODELS
 from .plan import PublicPlan, Released, ReleaseRequest, Stage1Plan
+from .postprocess.quality import QUALITY_REFUSAL_SDS
 
 if TYPE_CHECKING:
     from .accounting import Accountant
@@ -555,10 +556,13 @@ def run_stage2(
     if plan.quality_noise_multiplier is not None:
         quality = encoded.noisy_quality_counts(noise_multiplier=plan.quality_noise_multiplier)
         share = quality.dropped_fraction(released.record_count)
-        if share > rules.max_dropped_fraction:
+        count_sd = 0.0 if released.count_is_public else float(public.stage1.count_sigma or 0.0)
+        excess = quality.dropped_excess_sds(released.record_count, count_sd, rules.max_dropped_fraction)
+        if share > rules.max_dropped_fraction and excess > QUALITY_REFUSAL_SDS:
             raise ChargedRefusal(
                 f"about {100 * share:.0f}% of the records are unusable under the policy's data_quality rules "
-                f"(more than max_dropped_fraction {rules.max_dropped_fraction:g}); fix the data or the rules"
+                f"(more than max_dropped_fraction {rules.max_dropped_fraction:g} by {excess:.1f} noise sds); "
+                "fix the data or the rules"
             )
         # The mechanism's record count: records read minus records dropped (both noisy).
         record_count = max(released.record_count - max(quality.noisy["dropped"], 0.0), 1.0)

@@ -251,3 +251,24 @@ def test_unwritable_output_folder_is_refused_before_the_reservation(tmp_path: Pa
     assert "not writable" in res.output and "--out" in res.output
     assert not (home / "ledger.jsonl").exists() or not ledger_lines(home)
 
+
+
+def test_data_quality_refusal_needs_the_share_clear_of_the_noise() -> None:
+    """The data-quality refusal fires only when the noisy dropped count exceeds
+    ``max_dropped_fraction`` of the noisy record count by more than QUALITY_REFUSAL_SDS noise sds
+    of their difference: pure noise on a small table (german_credit at epsilon 0.1 read "about
+    79% unusable" with none) no longer refuses; a table far over the threshold still does."""
+    import math
+
+    from dpsummary.postprocess.quality import QUALITY_COUNTS, QUALITY_REFUSAL_SDS, QualityCounts
+    from dpsummary.private.noise import count_vector_scale
+
+    nm = 120.0
+    sd = nm / count_vector_scale(len(QUALITY_COUNTS), len(QUALITY_COUNTS))
+    assert QualityCounts(dict.fromkeys(QUALITY_COUNTS, 0.0), nm).count_noise_std == sd
+    noise_only = QualityCounts({**dict.fromkeys(QUALITY_COUNTS, 0.0), "dropped": 790.0}, nm)
+    assert noise_only.dropped_fraction(1000.0) > 0.5  # the old rule refused here
+    z = noise_only.dropped_excess_sds(1000.0, 50.0, 0.5)
+    assert z == (790.0 - 500.0) / math.hypot(sd, 25.0) and z < QUALITY_REFUSAL_SDS
+    bad = QualityCounts({**dict.fromkeys(QUALITY_COUNTS, 0.0), "dropped": 1600.0}, 20.0)
+    assert bad.dropped_excess_sds(2000.0, 0.0, 0.5) > QUALITY_REFUSAL_SDS
