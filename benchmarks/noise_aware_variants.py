@@ -131,16 +131,24 @@ def lowered(model: Any, rel: na.RoundRelease, g: torch.Generator) -> GaussianPos
 def expansion(eta_rule: str) -> Any:
     """The seventh rule's candidates: the imputed posterior with the expansion's error
     integrated out (:func:`dpsummary.noise_aware.expansion_aware`, ``eta_rule`` box or data)."""
-    def variant(m: Any, rel: na.RoundRelease, g: torch.Generator, fn: float) -> GaussianPosterior:
+    def variant(m: Any, rounds: list[na.RoundRelease], g: torch.Generator, fn: float) -> GaussianPosterior:
+        rel = rounds[-1]
         return na.expansion_aware(m, na.imputed_posterior(m, rel, generator=g), rel, feature_norm=fn,
                                   eta_rule=eta_rule)
     return variant
 
 
-VARIANTS = {"plug-in": lambda m, r, g, fn: na.noise_aware_posterior(m, r)[0],
-            "imputed": lambda m, r, g, fn: imputed(m, r, g),
-            "lowered": lambda m, r, g, fn: lowered(m, r, g),
-            "expansion-box": expansion("box"), "expansion-data": expansion("data")}
+def pooled(m: Any, rounds: list[na.RoundRelease], g: torch.Generator, fn: float) -> GaussianPosterior:
+    """The eighth rule's candidate: the imputed posterior of the pooled rounds
+    (:func:`dpsummary.noise_aware.pooled_release`)."""
+    return na.imputed_posterior(m, na.pooled_release(m, rounds, feature_norm=fn), generator=g)
+
+
+#: Post-processing variants of one fit: ``(model, the fit's rounds, generator, feature norm)``.
+VARIANTS = {"plug-in": lambda m, rs, g, fn: na.noise_aware_posterior(m, rs[-1])[0],
+            "imputed": lambda m, rs, g, fn: imputed(m, rs[-1], g),
+            "lowered": lambda m, rs, g, fn: lowered(m, rs[-1], g),
+            "expansion-box": expansion("box"), "expansion-data": expansion("data"), "pooled": pooled}
 FIELDS = ["table", "epsilon", "run", "schedule", "variant", "coverage", "width_ratio", "floor_width_ratio", "floor_coverage",
           "effects_found", "floor_effects_found", "effects_wrong_sign", "mean_error_sd_max", "anchor_distance",
           "score_var", "curvature_term", "min_true_eig", "noise_edge", "converged"]
@@ -164,7 +172,7 @@ def run(table: str, epsilons: list[float], runs: int, out: Path, *, schedules: l
             u = fit.posterior.mean - last.anchor
             chosen = {k: v for k, v in VARIANTS.items() if variants is None or k in variants}
             for name, variant in chosen.items():
-                j = cal.judge(variant(m, last, torch.Generator().manual_seed(1000 + r), fn), ref)
+                j = cal.judge(variant(m, fit.rounds, torch.Generator().manual_seed(1000 + r), fn), ref)
                 rows.append({
                     "table": table, "epsilon": eps, "run": r, "schedule": sched, "variant": name, **{k: j[k] for k in (
                         "coverage", "width_ratio", "floor_width_ratio", "floor_coverage", "effects_found",

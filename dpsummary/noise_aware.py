@@ -90,6 +90,14 @@ aware) posterior ``N((H + P)^-1 (s + H a + P mu0), (H + P)^-1)`` is returned for
    small because the noise-aware posterior stayed near a far anchor
    (benchmarks/results/noise_aware_variants.md, seventh rule).
 
+9. **Rounds pooled** (issue 37, ``Schedule.pool``). Only the last round's statistics make the
+   released posterior, so the budget of the rounds that place the anchor is lost to it. Where the
+   noise hides the data the anchors barely move (``nass`` at epsilon 0.3: every anchor within 0.3
+   of the prior mean), and the earlier rounds measure the same score and curvature as the last:
+   :func:`pooled_release` averages the rounds whose anchors lie within :data:`POOL_ETA` of the
+   last (linear-predictor change over the public box), the scores moved to the last anchor
+   through the quadratic expansion.
+
 Totality: whatever the noise draws, :func:`fit` returns finite Gaussians or raises
 :class:`NonFiniteFit` (a DP-decided outcome; the release turns it into a charged refusal).
 
@@ -161,6 +169,10 @@ class Schedule:
     #: (:func:`expansion_aware`; module docstring, 8.): None (no), ``"box"`` or ``"data"`` (its
     #: ``eta_rule``). Needs ``feature_norm`` in :func:`fit`. Public.
     expansion: str | None = None
+    #: Whether the released posterior is built from the last round pooled with the earlier
+    #: rounds whose anchors lie near it (:func:`pooled_release`; module docstring, 9.). Needs
+    #: ``feature_norm`` in :func:`fit`. Public.
+    pool: bool = False
 
     def __post_init__(self) -> None:
         flat = [w for pair in self.rounds for w in pair]
@@ -218,6 +230,8 @@ class Schedule:
         if self.posterior != "plug-in":
             out["posterior"] = self.posterior
             out["imputations"] = IMPUTATIONS
+        if self.pool:
+            out["pool_eta"] = POOL_ETA
         if self.expansion is not None:
             out["expansion"] = self.expansion
             if self.expansion == "data":
@@ -470,6 +484,37 @@ def imputed_posterior(
     return _checked(GaussianPosterior(stacked.mean(0), tril))
 
 
+#: ``Schedule.pool``: earlier rounds whose anchor changes the linear predictor of any record of
+#: the public box by at most this much from the last anchor are pooled with the last round
+#: (public; written before its run, benchmarks/results/noise_aware_variants.md, eighth rule).
+POOL_ETA = 0.25
+
+
+def pooled_release(model: Model, rounds: Sequence[RoundRelease], *, feature_norm: float,
+                   pool_eta: float = POOL_ETA) -> RoundRelease:
+    """The last round's release pooled with every earlier round whose anchor lies within
+    ``pool_eta`` of the last anchor in linear-predictor change over the public box (module
+    docstring, 9.): the curvatures averaged with weights ``1 / tau_k^2`` (noise sd
+    ``(sum 1 / tau_k^2)^-1/2``), each score moved to the last anchor through the pooled curvature
+    (``s_k - H (a - a_k)``, the quadratic expansion over a step of at most ``pool_eta``) and
+    averaged with weights ``1 / sigma_k^2``. When the noise hides the data the anchors barely move
+    and every round is pooled, so the placement rounds' budget is not lost; when the anchors
+    travel, only the last round (or the last few) is used. Post-processing of DP outputs."""
+    last = rounds[-1]
+    chosen = [r for r in rounds if eta_change(model, last.anchor - r.anchor, feature_norm) <= pool_eta]
+    if len(chosen) < 2 or any(not (r.score_noise_std > 0 and r.curvature_noise_std > 0) for r in chosen):
+        return last
+    wc = [1.0 / r.curvature_noise_std**2 for r in chosen]
+    curvature = _sym(sum((w * r.curvature for w, r in zip(wc, chosen, strict=True)), torch.zeros_like(last.curvature))
+                     / sum(wc))
+    ws = [1.0 / r.score_noise_std**2 for r in chosen]
+    score = sum((w * (r.score - curvature @ (last.anchor - r.anchor)) for w, r in zip(ws, chosen, strict=True)),
+                torch.zeros_like(last.score)) / sum(ws)
+    return RoundRelease(anchor=last.anchor, score=score, curvature=curvature, score_bound=last.score_bound,
+                        curvature_bound=last.curvature_bound, score_noise_std=sum(ws) ** -0.5,
+                        curvature_noise_std=sum(wc) ** -0.5)
+
+
 #: ``Schedule.expansion = "data"``: the linear predictor change used is at most this many
 #: curvature-weighted rms changes (public; written before its run, benchmarks/results/noise_aware_variants.md).
 EXPANSION_RMS_FACTOR = 3.0
@@ -663,17 +708,22 @@ def fit(model: Model, release: ReleaseFn, bounds: BoundsFn, *, schedule: Schedul
             # Module docstring, 5.: every later posterior (the anchors' and the released one) is
             # taken under N(log-mean anchor, prior_scale^2 I), a function of round 1's DP outputs.
             model = model.with_prior_mean(state.anchor)
-    posterior, raw = noise_aware_posterior(model, state.rounds[-1], passes=schedule.passes, start=schedule.start)
+    final = state.rounds[-1]
+    if schedule.pool:
+        if feature_norm is None:
+            raise ValueError("pooling the rounds needs the public feature norm")
+        final = pooled_release(model, state.rounds, feature_norm=feature_norm)
+    posterior, raw = noise_aware_posterior(model, final, passes=schedule.passes, start=schedule.start)
     if schedule.posterior == "imputed":
         if generator is None:
             raise ValueError("the imputed posterior needs a (non-private) generator")
-        posterior = imputed_posterior(model, state.rounds[-1], generator=generator)
+        posterior = imputed_posterior(model, final, generator=generator)
     if schedule.expansion is not None:
         if feature_norm is None:
             raise ValueError("the expansion-aware posterior needs the public feature norm")
         # Module docstring, 8.: measured from the step the posterior takes (before widening).
         step_taken = posterior
-        posterior = expansion_aware(model, posterior, state.rounds[-1], feature_norm=feature_norm,
+        posterior = expansion_aware(model, posterior, final, feature_norm=feature_norm,
                                     eta_rule=schedule.expansion)
     else:
         step_taken = posterior
