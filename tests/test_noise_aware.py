@@ -478,3 +478,59 @@ def test_expansion_schedule_option_is_recorded_and_needs_the_feature_norm():
     with pytest.raises(ValueError, match="feature norm"):
         na.fit(model, _release_fn(pts, model, np.random.default_rng(5)), bounds, schedule=sched,
                sigma=1.0, generator=torch.Generator().manual_seed(5))
+
+
+# ---- issue 37, eighth rule: the rounds pooled ---------------------------------------------------
+def _round(anchor, score, curvature, sn, cn):
+    t = lambda v: torch.tensor(v, dtype=torch.float64)  # noqa: E731
+    return na.RoundRelease(anchor=t(anchor), score=t(score), curvature=t(curvature), score_bound=1.0,
+                           curvature_bound=1.0, score_noise_std=sn, curvature_noise_std=cn)
+
+
+def test_pooled_release_is_the_inverse_variance_average_near_the_last_anchor():
+    model = LogisticRegression(1)
+    h1, h2 = [[10.0, 1.0], [1.0, 4.0]], [[12.0, 2.0], [2.0, 6.0]]
+    r1 = _round([0.0, 0.0], [1.0, 2.0], h1, 2.0, 1.0)
+    r2 = _round([0.0, 0.0], [3.0, -1.0], h2, 1.0, 2.0)
+    p = na.pooled_release(model, [r1, r2], feature_norm=1.0)
+    want_h = (torch.tensor(h1) / 1.0 + torch.tensor(h2) / 4.0) / (1.0 + 0.25)
+    assert torch.allclose(p.curvature, want_h.to(torch.float64))
+    assert torch.allclose(p.score, torch.tensor([(1.0 / 4 + 3.0) / 1.25, (2.0 / 4 - 1.0) / 1.25], dtype=torch.float64))
+    assert p.score_noise_std == pytest.approx(1.25**-0.5) and p.curvature_noise_std == pytest.approx(1.25**-0.5)
+    # An anchor further than POOL_ETA (linear-predictor change over the box) is left out.
+    far = _round([0.3, 0.0], [1.0, 2.0], h1, 2.0, 1.0)
+    assert na.pooled_release(model, [far, r2], feature_norm=1.0) is r2
+    near = _round([0.1, 0.05], [1.0, 2.0], h1, 2.0, 1.0)
+    assert na.eta_change(model, r2.anchor - near.anchor, 1.0) <= na.POOL_ETA
+    assert na.pooled_release(model, [near, r2], feature_norm=1.0) is not r2
+
+
+def test_pooled_scores_move_to_the_last_anchor_exactly_for_a_quadratic_likelihood():
+    """Linear regression (a quadratic log-likelihood, constant curvature): exact statistics at
+    two nearby anchors pool to exactly the last anchor's score."""
+    model = LinearRegression(2)
+    pts, _ = _table(model, 400, 2)
+    pts[:, -1].clamp_(-1, 1)
+
+    def exact(anchor):
+        a = torch.tensor(anchor, dtype=torch.float64)
+        c, z = model.record_curvature_factors(pts, a)
+        return _round(anchor, model.record_scores(pts, a).sum(0).tolist(), ((c[:, None] * z).T @ z).tolist(), 1.0, 1.0)
+
+    r1, r2 = exact([0.05, 0.0, 0.02]), exact([0.0, 0.03, 0.0])
+    p = na.pooled_release(model, [r1, r2], feature_norm=math.sqrt(2))
+    assert torch.allclose(p.score, r2.score, atol=1e-9) and torch.allclose(p.curvature, r2.curvature)
+
+
+def test_pool_schedule_option():
+    sched = na.Schedule(na.DEFAULT_ROUNDS, posterior="imputed", pool=True)
+    assert sched.as_dict()["pool_eta"] == na.POOL_ETA
+    model = LogisticRegression(2)
+    pts, _ = _table(model, 2000, 6)
+    bounds = na.public_bounds(model, feature_norm=math.sqrt(2), target_bound=1.0)
+    with pytest.raises(ValueError, match="feature norm"):
+        na.fit(model, _release_fn(pts, model, np.random.default_rng(6)), bounds, schedule=sched, sigma=1.0,
+               generator=torch.Generator().manual_seed(6))
+    res = na.fit(model, _release_fn(pts, model, np.random.default_rng(6)), bounds, schedule=sched, sigma=1.0,
+                 feature_norm=math.sqrt(2), generator=torch.Generator().manual_seed(6))
+    assert bool(torch.isfinite(res.posterior.cov).all())
