@@ -431,3 +431,26 @@ def test_public_target_must_be_the_target() -> None:
     with pytest.raises(DataError, match="no feature column"):
         preprocess.SchemaMechanism.plan(["y"], noise_multiplier=2.0, target="y", delta=1e-6,
                                         public_target=_public_target())
+
+
+def test_logistic_numeric_target_is_integer_whatever_the_fraction_noise() -> None:
+    """With a public class count (--model logistic) a numeric target holds class codes: its
+    noisy non-integer count (here well above 3 sds, as the noise can make it) does not turn it
+    'real'; without the class count the same counts do."""
+    from dpsummary.postprocess.schema import ReleasedColumn, schema_from_release
+
+    grid = np.zeros(NUM_GRID_BINS)
+    grid[NUM_GRID_BINS - 1] = 14000.0  # exact zero
+    grid[int(np.searchsorted(GRID_EDGES, 1.0))] = 18000.0  # the bin (0.5, 1]
+    s = 400.0
+    target = ReleasedColumn(type_counts={"missing": 0.0, "text": 0.0, "integer": 32000.0, "fraction": 2000.0},
+                            grid=grid, values=[], raw_noise_std=s)
+    feature = ReleasedColumn(type_counts={"missing": 0.0, "text": 0.0, "integer": 0.0, "fraction": 32000.0},
+                             grid=np.where(np.arange(NUM_GRID_BINS) == 20, 32000.0, 0.0), values=[], raw_noise_std=s)
+    common = dict(target="y", events=[], noise_multiplier=1.0, delta=1e-9, touches=4, target_share=None,
+                  feature_threshold=10.0, max_categories=50)
+    res = schema_from_release({"x": feature, "y": target}, target_classes=2, **common)
+    spec = res.schema.column("y")
+    assert spec.integer and (spec.lower, spec.upper) == (0.0, 1.0) and target_kind(res.schema) == "binary"
+    res_free = schema_from_release({"x": feature, "y": target}, target_classes=None, **common)
+    assert not res_free.schema.column("y").integer
