@@ -144,11 +144,18 @@ def pooled(m: Any, rounds: list[na.RoundRelease], g: torch.Generator, fn: float)
     return na.imputed_posterior(m, na.pooled_release(m, rounds, feature_norm=fn), generator=g)
 
 
+def curvature_pooled(m: Any, rounds: list[na.RoundRelease], g: torch.Generator, fn: float) -> GaussianPosterior:
+    """The ninth rule's candidate: the imputed posterior of the last round with its curvature
+    pooled (:func:`dpsummary.noise_aware.pooled_curvature_release`)."""
+    return na.imputed_posterior(m, na.pooled_curvature_release(m, rounds), generator=g)
+
+
 #: Post-processing variants of one fit: ``(model, the fit's rounds, generator, feature norm)``.
 VARIANTS = {"plug-in": lambda m, rs, g, fn: na.noise_aware_posterior(m, rs[-1])[0],
             "imputed": lambda m, rs, g, fn: imputed(m, rs[-1], g),
             "lowered": lambda m, rs, g, fn: lowered(m, rs[-1], g),
-            "expansion-box": expansion("box"), "expansion-data": expansion("data"), "pooled": pooled}
+            "expansion-box": expansion("box"), "expansion-data": expansion("data"), "pooled": pooled,
+            "curvature-pooled": curvature_pooled}
 FIELDS = ["table", "epsilon", "run", "schedule", "variant", "coverage", "width_ratio", "floor_width_ratio", "floor_coverage",
           "effects_found", "floor_effects_found", "effects_wrong_sign", "mean_error_sd_max", "anchor_distance",
           "score_var", "curvature_term", "min_true_eig", "noise_edge", "converged"]
