@@ -534,3 +534,36 @@ def test_pool_schedule_option():
     res = na.fit(model, _release_fn(pts, model, np.random.default_rng(6)), bounds, schedule=sched, sigma=1.0,
                  feature_norm=math.sqrt(2), generator=torch.Generator().manual_seed(6))
     assert bool(torch.isfinite(res.posterior.cov).all())
+
+
+# ---- issue 37, ninth rule: the curvatures pooled ------------------------------------------------
+def test_pooled_curvature_averages_the_curvatures_of_nearby_anchors_only():
+    model = LogisticRegression(1)
+    h_last, h_near, h_far = [[100.0, 10.0], [10.0, 40.0]], [[110.0, 12.0], [12.0, 44.0]], [[300.0, 0.0], [0.0, 90.0]]
+    last = _round([0.5, 0.2], [1.0, 2.0], h_last, 2.0, 4.0)
+    near = _round([0.5, 0.3], [9.0, 9.0], h_near, 3.0, 2.0)  # rms change sqrt(0.01 * 40 / 100) = 0.063
+    far = _round([0.0, 0.0], [5.0, 5.0], h_far, 3.0, 1.0)  # rms change sqrt((0.25*100+0.2*0.5*10*2+0.04*40)/100) > 0.25
+    assert na.rms_eta(last, last.anchor - near.anchor) == pytest.approx(math.sqrt(0.01 * 40.0 / 100.0))
+    assert na.rms_eta(last, last.anchor - far.anchor) > na.POOL_RMS_ETA
+    p = na.pooled_curvature_release(model, [far, near, last])
+    want = (torch.tensor(h_last) / 16.0 + torch.tensor(h_near) / 4.0) / (1 / 16 + 1 / 4)
+    assert torch.allclose(p.curvature, want.to(torch.float64))
+    assert p.curvature_noise_std == pytest.approx((1 / 16 + 1 / 4) ** -0.5)
+    assert torch.equal(p.score, last.score) and p.score_noise_std == last.score_noise_std
+    assert torch.equal(p.anchor, last.anchor)
+    assert na.pooled_curvature_release(model, [far, last]) is last
+    # H_00 within two noise sds of zero: nothing is read off it.
+    weak = dataclasses.replace(last, curvature_noise_std=60.0)
+    assert na.rms_eta(weak, last.anchor - near.anchor) is None
+    assert na.pooled_curvature_release(model, [near, weak]) is weak
+
+
+def test_pool_curvature_schedule_option():
+    sched = na.Schedule(na.DEFAULT_ROUNDS, posterior="imputed", pool_curvature=True)
+    assert sched.as_dict()["pool_curvature_rms_eta"] == na.POOL_RMS_ETA
+    model = LogisticRegression(2)
+    pts, _ = _table(model, 2000, 7)
+    bounds = na.public_bounds(model, feature_norm=math.sqrt(2), target_bound=1.0)
+    res = na.fit(model, _release_fn(pts, model, np.random.default_rng(7)), bounds, schedule=sched, sigma=1.0,
+                 feature_norm=math.sqrt(2), generator=torch.Generator().manual_seed(7))
+    assert bool(torch.isfinite(res.posterior.cov).all())
