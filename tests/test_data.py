@@ -612,3 +612,8 @@ def test_one_vs_rest_with_the_listed_class_positive() -> None:
     with pytest.raises(ValueError, match="not a category"):
         ColumnSpec(name="y", kind="categorical", categories=["dead"], other_class=True, positive="alive")
     assert Transform.from_dict(tf.to_dict()) == tf  # the artifact's transform round-trips
+    # A numeric class code matches by value ("1", "1.0", "1e0"), anything else is 0.
+    one = ColumnSpec(name="y", kind="categorical", categories=["1"], other_class=True, positive="1")
+    tf1 = Transform.from_schema(Schema(columns=[x, one], target="y"))
+    enc1, _ = tf1._target(np.array(["1", "1.0", "1e0", "0", "0.0", "yes", "2"], dtype=object), True)
+    assert enc1.tolist() == [1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0]

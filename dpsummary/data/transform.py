@@ -357,7 +357,15 @@ class Transform:
             idx = _category_index(arr, col.categories or [])
             valid = ~missing
             listed_is_one = col.positive is not None
-            y = (((idx >= 0) if listed_is_one else (idx < 0)) & valid).astype(np.float64)
+            listed = idx >= 0
+            if listed_is_one:
+                # A numeric class (--positive-class 1) matches by value: "1", "1.0" and "1e0" are
+                # the same class code (a public rule; text equality otherwise).
+                code, is_number = parse_floats(np.array([col.positive], dtype=object))
+                if bool(is_number[0]):
+                    values, ok = parse_floats(arr)
+                    listed = listed | (ok & (values == code[0]))
+            y = ((listed if listed_is_one else ~listed) & valid).astype(np.float64)
             problem = "a missing value"
         elif col.kind == "categorical":
             idx = _category_index(arr, col.categories or [])
