@@ -627,8 +627,9 @@ def estimate_schema(
 
     ``public_target``: the target's PUBLIC :class:`~dpsummary.data.ColumnSpec`
     (``--positive-class``): its column is left out of the count vector (the proof is the one
-    above on the other ``C - 1`` columns: the target's field is never read, so neighbours differ
-    only there), ``target_share`` and ``target_classes`` do not apply, and the spec joins the
+    above on the other ``C - 1`` columns: no count of the target column is noised or released -
+    the streaming and Spark passes may tally them, and they are discarded unreleased), so
+    ``target_share`` and ``target_classes`` do not apply, and the spec joins the
     estimated schema as given (:func:`~dpsummary.postprocess.schema.with_public_target`).
 
     On a :class:`RawTable` the whole count vector is noised in one call; on the local engine's
