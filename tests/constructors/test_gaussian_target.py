@@ -156,3 +156,62 @@ def test_closed_form_fit_follows_the_autograd_fit(model, monkeypatch):
                           steps=300)
     assert fast[2] == pytest.approx(slow[2], rel=1e-6)
     assert torch.allclose(fast[0], slow[0], atol=1e-6) and torch.allclose(fast[1], slow[1], rtol=1e-6)
+
+
+def _target(d: int, seed: int, *, scale: float = 1.0, mean_scale: float = 1.0) -> GaussianPosterior:
+    g = torch.Generator().manual_seed(seed)
+    a = torch.randn(d, d, generator=g, dtype=torch.float64)
+    precision = scale * (a @ a.T) + 2.0 * torch.eye(d, dtype=torch.float64)  # everywhere above the prior's 1
+    cov = torch.linalg.inv(precision)
+    cov = 0.5 * (cov + cov.T)
+    return GaussianPosterior(torch.randn(d, generator=g, dtype=torch.float64) * mean_scale, torch.linalg.cholesky(cov))
+
+
+@pytest.mark.parametrize("model", [LogisticRegression(4), PoissonRegression(4), LogisticRegression(6, intercept=False)],
+                         ids=lambda m: f"{m.name}-{m.intercept}")
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_closed_form_pseudocoreset_carries_the_target_exactly(model, seed):
+    """Where the target is nowhere wider than the prior, the closed form is the target to
+    rounding: the coreset's own Laplace posterior (found by Newton from the prior, as analysts'
+    tools do) has the target's mean and covariance, and every weight and soft label is valid."""
+    from dpsummary.constructors.gaussian_target import exact_glm_pseudopoints
+
+    target = _target(model.param_dim, seed, scale=30.0)
+    exact = exact_glm_pseudopoints(model, target, size=12, generator=torch.Generator().manual_seed(seed))
+    assert exact is not None and exact.kl < 1e-8 and exact.unrepresentable == 0.0
+    assert bool((exact.weights > 0).all()) and exact.points.shape == (12, model.point_dim)
+    labels = exact.points[:, -1]
+    assert bool((labels >= 0).all()) and (model.name != "logistic" or bool((labels <= 1).all()))
+    post = coreset_posterior(model, exact.points, exact.weights)
+    assert gaussian_kl(post, target) < 1e-6 and gaussian_kl(target, post) < 1e-6
+
+
+def test_closed_form_needs_as_many_points_as_parameters():
+    from dpsummary.constructors.gaussian_target import exact_glm_pseudopoints
+
+    model = LogisticRegression(6)
+    assert exact_glm_pseudopoints(model, _target(7, 0), size=6, generator=torch.Generator().manual_seed(0)) is None
+    assert exact_glm_pseudopoints(model, _target(7, 0), size=7, generator=torch.Generator().manual_seed(0)) is not None
+
+
+def test_a_target_wider_than_the_prior_is_reported_and_the_nearer_match_is_kept():
+    """No positive weights can widen a posterior beyond its prior: the closed form drops that part
+    (reported as ``unrepresentable``) and the front door keeps whichever of it and the Adam fit is
+    nearer the target, saying which."""
+    from dpsummary.constructors.gaussian_target import (
+        EXACT,
+        FITTED,
+        exact_glm_pseudopoints,
+        pseudocoreset_of_gaussian,
+    )
+
+    model = LogisticRegression(3)
+    d = model.param_dim
+    cov = torch.diag(torch.tensor([0.01, 0.02, 4.0, 0.03], dtype=torch.float64))  # sd 2 > the prior's 1
+    target = GaussianPosterior(torch.tensor([0.5, -0.3, 0.2, 0.1], dtype=torch.float64), torch.linalg.cholesky(cov))
+    exact = exact_glm_pseudopoints(model, target, size=10, generator=torch.Generator().manual_seed(0))
+    assert exact is not None and exact.unrepresentable > 0 and exact.kl > 0.1
+    feats = torch.rand(10, 3, generator=torch.Generator().manual_seed(1), dtype=torch.float64) * 2 - 1
+    pts, w, kl, how = pseudocoreset_of_gaussian(model, target, size=10, initial_features=feats,
+                                                generator=torch.Generator().manual_seed(2))
+    assert how in (EXACT, FITTED) and kl <= exact.kl + 1e-12 and pts.shape == (10, d)
