@@ -150,15 +150,52 @@ def curvature_pooled(m: Any, rounds: list[na.RoundRelease], g: torch.Generator, 
     return na.imputed_posterior(m, na.pooled_curvature_release(m, rounds), generator=g)
 
 
+#: The eleventh rule's draws for the weighted imputation (importance weights need more draws
+#: than the unweighted mixture's 200; written before its run).
+WEIGHTED_DRAWS = 1000
+_DIAG: dict[str, float] = {}
+
+
+def weighted(m: Any, rounds: list[na.RoundRelease], g: torch.Generator, fn: float) -> GaussianPosterior:
+    """A candidate tried and dropped before any rule (results/noise_aware_variants.md, after the
+    tenth change): the imputed posterior with each curvature draw H weighted by the marginal
+    likelihood of the released score, ``N(s; H (mu0 - a), H + v I + s0^2 H^2)`` (theta integrated
+    out under the prior), i.e. the curvature's posterior given the whole release by self-normalised
+    importance sampling from the unweighted draws. Records the effective number of draws."""
+    rel = rounds[-1]
+    dim = rel.curvature.shape[0]
+    prior_var = m.prior_scale**2
+    mu0, a, s, v = m.prior_mean.to(DTYPE), rel.anchor, rel.score, rel.score_noise_std**2
+    means, covs, logw = [], [], []
+    for _ in range(WEIGHTED_DRAWS):
+        draw = rel.curvature + na.symmetric_noise(dim, rel.curvature_noise_std, g)
+        lam, q = torch.linalg.eigh(0.5 * (draw + draw.T))
+        lam = lam.clamp(min=0.0)
+        gain = lam / (lam + v)
+        prec = lam * gain + 1.0 / prior_var
+        means.append(q @ ((gain * (q.T @ s + lam * (q.T @ a)) + (q.T @ mu0) / prior_var) / prec))
+        covs.append((q / prec) @ q.T)
+        var = lam + v + prior_var * lam * lam
+        resid = q.T @ s - lam * (q.T @ (mu0 - a))
+        logw.append(float(-0.5 * (torch.log(var).sum() + (resid * resid / var).sum())))
+    w = torch.softmax(torch.tensor(logw, dtype=DTYPE), 0)
+    _DIAG["ess"] = float(1.0 / (w * w).sum())
+    stacked = torch.stack(means)
+    centre = w @ stacked
+    dev = stacked - centre
+    cov = torch.einsum("k,kab->ab", w, torch.stack(covs)) + (dev * w[:, None]).T @ dev
+    return GaussianPosterior(centre, torch.linalg.cholesky(0.5 * (cov + cov.T)))
+
+
 #: Post-processing variants of one fit: ``(model, the fit's rounds, generator, feature norm)``.
 VARIANTS = {"plug-in": lambda m, rs, g, fn: na.noise_aware_posterior(m, rs[-1])[0],
             "imputed": lambda m, rs, g, fn: imputed(m, rs[-1], g),
             "lowered": lambda m, rs, g, fn: lowered(m, rs[-1], g),
             "expansion-box": expansion("box"), "expansion-data": expansion("data"), "pooled": pooled,
-            "curvature-pooled": curvature_pooled}
+            "curvature-pooled": curvature_pooled, "weighted": weighted}
 FIELDS = ["table", "epsilon", "run", "schedule", "variant", "coverage", "width_ratio", "floor_width_ratio", "floor_coverage",
           "effects_found", "floor_effects_found", "effects_wrong_sign", "mean_error_sd_max", "anchor_distance",
-          "score_var", "curvature_term", "min_true_eig", "noise_edge", "converged"]
+          "score_var", "curvature_term", "min_true_eig", "noise_edge", "converged", "imputation_ess"]
 
 
 def run(table: str, epsilons: list[float], runs: int, out: Path, *, schedules: list[str] | None = None,
@@ -179,6 +216,7 @@ def run(table: str, epsilons: list[float], runs: int, out: Path, *, schedules: l
             u = fit.posterior.mean - last.anchor
             chosen = {k: v for k, v in VARIANTS.items() if variants is None or k in variants}
             for name, variant in chosen.items():
+                _DIAG.clear()
                 j = cal.judge(variant(m, fit.rounds, torch.Generator().manual_seed(1000 + r), fn), ref)
                 rows.append({
                     "table": table, "epsilon": eps, "run": r, "schedule": sched, "variant": name, **{k: j[k] for k in (
@@ -188,7 +226,7 @@ def run(table: str, epsilons: list[float], runs: int, out: Path, *, schedules: l
                     "score_var": last.score_noise_std**2, "curvature_term": last.curvature_noise_std**2 * float(u @ u),
                     "min_true_eig": float(true_eigs[0]),
                     "noise_edge": 2 * math.sqrt(pts.shape[1] - 1) * last.curvature_noise_std,
-                    "converged": fit.converged,
+                    "converged": fit.converged, "imputation_ess": _DIAG.get("ess", ""),
                 })
             print(f"{table} eps {eps} run {r} schedule {sched}: " + ", ".join(
                 f"{x['variant']} cov {x['coverage']:.2f} w {x['width_ratio']:.2f}" for x in rows[-len(chosen):]),

@@ -222,6 +222,36 @@ def test_zero_configuration_default_mechanism_is_noise_aware(tmp_path: Path, hom
     assert np.all(np.isfinite(np.array(rel.body["posterior"]["gaussians"]["noise_aware"]["cov"])))
 
 
+def test_noise_aware_pseudocoreset_has_a_point_per_parameter(tmp_path: Path, home: Path) -> None:
+    """--size below the parameter count is a floor for the noise-aware mechanism (fewer points
+    cannot carry a full-rank posterior), said in the notes; the pseudocoreset then carries its
+    signed Gaussian exactly (the closed form)."""
+    import dpsummary
+    from dpsummary.gaussian import GaussianPosterior
+    from dpsummary.inference import coreset_posterior
+    from dpsummary.metrics import gaussian_kl
+
+    data = _write_csv(tmp_path / "d.csv", 3000, seed=3)
+    pol = _policy(tmp_path / "p.toml", n=3000)
+    out = tmp_path / "r.json"
+    res = _release(str(data), "--epsilon", "1", "--policy", str(pol), "--out", str(out), "--size", "2", "--json")
+    assert res.exit_code == 0, res.output
+    payload = json.loads(res.stdout[res.stdout.index("{"):])
+    rel = dpsummary.load(out, key=home / "keys" / "dpsummary.pub")
+    d = rel.model.param_dim
+    assert d > 2 and rel.summary.size == d == payload["size"]
+    notes = " ".join(payload["notes"])
+    assert f"pseudocoreset of {d} points" in notes and "--size 2" in notes and "closed form" in notes
+    assert rel.body["summary"]["info"]["match_method"] == "closed form"
+    import torch
+
+    g = rel.body["posterior"]["gaussians"]["noise_aware"]
+    cov = torch.tensor(g["cov"], dtype=torch.float64)
+    target = GaussianPosterior(torch.tensor(g["mean"], dtype=torch.float64), torch.linalg.cholesky(cov))
+    post = coreset_posterior(rel.model, rel.summary.points, rel.summary.weights)
+    assert gaussian_kl(post, target) < 1e-3 and gaussian_kl(target, post) < 1e-3
+
+
 @pytest.mark.parametrize(
     ("content", "message"),
     [

@@ -4,6 +4,10 @@ The noise-aware release (:mod:`dpsummary.noise_aware`) ends with a Gaussian ``N(
 load releases into samplers as weighted pseudo-data (``prior x prod_j p(u_j | theta)^w_j``), so the
 Gaussian is turned into ``size`` weighted pseudopoints whose weighted posterior matches it.
 
+For a GLM the points are first constructed in closed form (:func:`exact_glm_pseudopoints`; the
+front door :func:`pseudocoreset_of_gaussian` falls back to the fit below only where that does not
+apply or is farther from the target, and says which).
+
 The fit needs no data: at ``theta = m`` the pseudopoints' weighted log-likelihood must have
 gradient ``P (m - mu0)`` (so ``m`` is the mode with the prior) and curvature ``S^-1 - P``. The loss
 is the symmetric KL between ``N(m, S)`` and the Gaussian of one Newton step of the weighted
