@@ -454,6 +454,17 @@ def match_gaussian(
                            steps=steps, lr=lr, tolerance=tolerance)[0]
 
 
+def directions_wider_than_prior(model: Model, target: GaussianPosterior) -> int:
+    """How many directions the target is wider in than the model's prior (negative eigenvalues
+    of ``S^-1 - P`` beyond rounding). A weighted likelihood with positive weights only adds
+    precision to the prior, so no pseudocoreset's posterior can follow the target there."""
+    d = model.param_dim
+    prior_prec = torch.eye(d, dtype=DTYPE) / model.prior_scale**2
+    target_prec = torch.cholesky_inverse(target.scale_tril.detach().to(DTYPE))
+    lam = torch.linalg.eigvalsh(0.5 * (target_prec + target_prec.T) - prior_prec)
+    return int((lam < -1e-9 * max(float(lam.abs().max()), 1.0 / model.prior_scale**2)).sum())
+
+
 #: How :func:`pseudocoreset_of_gaussian` built its points (artifacts' notes name it).
 EXACT = "closed form"
 FITTED = "Adam fit"

@@ -201,6 +201,7 @@ def test_a_target_wider_than_the_prior_is_reported_and_the_nearer_match_is_kept(
     from dpsummary.constructors.gaussian_target import (
         EXACT,
         FITTED,
+        directions_wider_than_prior,
         exact_glm_pseudopoints,
         pseudocoreset_of_gaussian,
     )
@@ -215,3 +216,5 @@ def test_a_target_wider_than_the_prior_is_reported_and_the_nearer_match_is_kept(
     pts, w, kl, how = pseudocoreset_of_gaussian(model, target, size=10, initial_features=feats,
                                                 generator=torch.Generator().manual_seed(2))
     assert how in (EXACT, FITTED) and kl <= exact.kl + 1e-12 and pts.shape == (10, d)
+    assert directions_wider_than_prior(model, target) == 1
+    assert directions_wider_than_prior(model, _target(d, 0, scale=30.0)) == 0
