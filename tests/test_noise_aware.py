@@ -150,14 +150,18 @@ def test_poisson_bounds_hold_for_every_record_in_the_public_box():
     sb, cb = model.statistic_bounds(anchor, feature_norm=fnorm, target_bound=1000.0)
     assert float(model.record_scores(pts, anchor).norm(dim=1).max()) <= sb
     c, z = model.record_curvature_factors(pts, anchor)
-    frob = c.abs() * (z * z).sum(1)
+    from dpsummary.private.kernel import upper_triangle_norm
+
+    released = upper_triangle_norm(c, z)  # the norm of what the mechanism releases
     # The curvature weight is capped at exp(theta_0 + margin); records above it are clipped.
     above = (model.design(pts) @ anchor) > float(anchor[0]) + model.CURVATURE_ETA_MARGIN
-    assert float(frob[~above].max()) <= cb
-    # At the prior mean the curvature bound is the design norm squared, not the count bound.
+    assert float(released[~above].max()) <= cb
+    # At the prior mean the curvature bound is the design's rank-one upper-triangle bound (below
+    # its squared norm, the Frobenius bound), not the count bound.
     _, cb0 = model.statistic_bounds(torch.zeros(model.param_dim, dtype=torch.float64), feature_norm=fnorm,
                                     target_bound=1000.0)
-    assert cb0 == pytest.approx(model.design_norm_bound(fnorm) ** 2)
+    r = model.design_norm_bound(fnorm)
+    assert cb0 == pytest.approx(model.rank_one_upper_bound(r)) and cb0 < r**2
 
 
 def test_log_mean_anchor_is_the_log_of_the_mean_count():

@@ -2,8 +2,9 @@
 
 A few rounds in which, at a public anchor (the prior mean, then the previous round's noise-aware
 mean), the sums over all records of per-record log-likelihood scores (clipped to L2 norm
-``score_bound``) and curvatures (clipped to Frobenius norm ``curvature_bound``; the upper triangle
-noised) are released by two Gaussian mechanisms each, no subsampling
+``score_bound``) and curvatures (their upper triangle, diagonal included, the part noised and
+released, clipped to L2 norm ``curvature_bound``) are released by two Gaussian mechanisms each, no
+subsampling
 (:meth:`~dpsummary.private.mechanism.PrivateRecords.noisy_score_statistics`, the privacy
 boundary). The rounds' schedule and the noise-aware posterior are :mod:`dpsummary.noise_aware`
 (post-processing); the pseudocoreset is matched to that posterior
@@ -157,8 +158,8 @@ class NoiseAwareNewton(GlmMechanism):
             "name": self.name,
             "description": ("rounds of DP Newton: at a public anchor (prior mean, then the previous round's "
                             "noise-aware mean) the sums over ALL records of per-record log-likelihood scores "
-                            "(clipped to L2 score_bound) and curvatures (clipped to Frobenius curvature_bound, "
-                            "upper triangle noised) are released by Gaussian mechanisms; the noise-aware "
+                            "(clipped to L2 score_bound) and curvatures (upper triangle, diagonal included, clipped to L2 "
+                            "curvature_bound and noised) are released by Gaussian mechanisms; the noise-aware "
                             "posterior of the last round (Kulkarni et al. 2021 style; with schedule.posterior "
                             "'imputed', the curvature's noise integrated out by multiple imputation) is matched "
                             "by the pseudocoreset (post-processing)"),

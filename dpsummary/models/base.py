@@ -129,12 +129,16 @@ class Model(ABC):
                                  ) -> tuple[torch.Tensor, torch.Tensor] | None:
         """``(c, z)`` with ``record_curvatures = c_i z_i z_i^T`` when every record's curvature is
         rank one (GLMs, linear regression), else None. Lets the mechanism clip and sum
-        curvatures in O(n d^2) without forming (n, d, d) tensors (Frobenius norm |c_i| |z_i|^2)."""
+        curvatures in O(n d^2) without forming (n, d, d) tensors (the released upper triangle's
+        norm is ``dpsummary.private.kernel.upper_triangle_norm``)."""
         return None
 
     def statistic_bounds(self, theta: torch.Tensor, *, feature_norm: float, target_bound: float) -> tuple[float, float]:
         """Public bounds ``(score_bound, curvature_bound)`` on one record's score L2 norm and
-        curvature Frobenius norm at ``theta``, for features of L2 norm at most ``feature_norm``
+        the L2 norm of its curvature's upper triangle, diagonal included (the vector the
+        noise-aware mechanism releases; the Frobenius norm bounds it, and the GLMs use the
+        tighter :meth:`~dpsummary.models.glm.GLM.rank_one_upper_bound`) at ``theta``, for
+        features of L2 norm at most ``feature_norm``
         and targets of absolute value at most ``target_bound`` (model space). The noise-aware
         mechanism clips to these bounds anyway (a total per-record function); where the bound
         holds for every record in the public box, clipping never biases the statistics.

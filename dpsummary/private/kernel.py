@@ -12,8 +12,11 @@ per-record rules anywhere:
   float64 slack of the sum, see :func:`effective_clip`; non-finite records become zero);
 * :func:`score_partial` — the noise-aware mechanism (:mod:`dpsummary.private.score_stats`): per
   record, the score at one public ``theta`` clipped to L2 norm ``effective_clip(score_bound, d)``
-  and the curvature (symmetrised) clipped to Frobenius norm ``effective_clip(curvature_bound,
-  d(d+1)/2)``, of which the upper triangle (diagonal included, row-major) is kept.
+  and the curvature (symmetrised) scaled so that its upper triangle (diagonal included, row-major;
+  the vector the mechanism releases) has L2 norm at most ``effective_clip(curvature_bound,
+  d(d+1)/2)``. The released vector's own norm is the sensitivity, so clipping it (rather than the
+  full matrix's Frobenius norm, which counts each off-diagonal entry twice) lets the bound be up
+  to sqrt(2) smaller for the same records (:func:`upper_triangle_norm`).
 
 Exactness (why partial sums from ANY partitioning combine into bit-identical totals): each
 clipped record's coordinates are rounded TOWARD ZERO onto the public grid
@@ -73,6 +76,14 @@ KernelError = MechanismError
 
 def _unit(bound: float) -> float:
     return fixed_point_unit(bound)
+
+
+def upper_triangle_norm(weight: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+    """L2 norm of the upper triangle (diagonal included) of each rank-one ``weight_i z_i z_i^T``:
+    ``|weight_i| sqrt((|z_i|^4 + sum_k z_ik^4) / 2)`` (the diagonal's squares once, the off-
+    diagonal pairs once, i.e. half the Frobenius square plus half the diagonal's)."""
+    sq = z * z
+    return weight.abs() * torch.sqrt(0.5 * (sq.sum(1) ** 2 + (sq * sq).sum(1)))
 
 
 def effective_clip(bound: float, dim: int) -> float:
@@ -231,23 +242,24 @@ def score_partial(rows: np.ndarray | torch.Tensor, model: Model, theta: torch.Te
                 raise KernelError("a clipped statistic exceeds its bound")
             factors = model.record_curvature_factors(chunk, theta)
             if factors is not None:
-                # Rank-one curvatures c_i z_i z_i^T: Frobenius norm |c_i| |z_i|^2, clipped by
-                # scaling c_i; each record's upper triangle is then rounded to the grid.
+                # Rank-one curvatures c_i z_i z_i^T: the released upper triangle's L2 norm
+                # (upper_triangle_norm), clipped by scaling c_i; each record's upper triangle is
+                # then rounded to the grid (toward zero, so its norm only falls).
                 c, z = factors
                 c = torch.where(torch.isfinite(c) & torch.isfinite(z).all(1), c, torch.zeros_like(c))
                 z = torch.where(torch.isfinite(z), z, torch.zeros_like(z))
-                frob = c.abs() * (z * z).sum(1)
-                c = c * torch.clamp(eff_curv / torch.clamp(frob, min=1e-300), max=1.0)
-                if bool((c.abs() * (z * z).sum(1) > curvature_bound).any()):
+                unit = upper_triangle_norm(torch.ones_like(c), z)
+                c = c * torch.clamp(eff_curv / torch.clamp(c.abs() * unit, min=1e-300), max=1.0)
+                if bool((c.abs() * unit > curvature_bound).any()):
                     raise KernelError("a clipped statistic exceeds its bound")
                 curv_ints = _rank_one_upper_sum(c.numpy(), z.numpy(), c_unit)
             else:
                 curvs = model.record_curvatures(chunk, theta)
-                # Symmetrise per record first, so the clipped matrix is the one whose triangle is sent.
+                # Symmetrise per record first, then clip the upper triangle that is sent.
                 sym = 0.5 * (curvs + curvs.transpose(1, 2))
-                sym = clip_rows(sym.reshape(sym.shape[0], -1), eff_curv).reshape(sym.shape)
-                if bool((sym.flatten(1).norm(dim=1) > curvature_bound).any()):
+                upper = clip_rows(sym[:, torch.from_numpy(iu), torch.from_numpy(ju)], eff_curv)
+                if bool((upper.norm(dim=1) > curvature_bound).any()):
                     raise KernelError("a clipped statistic exceeds its bound")
-                curv_ints = fixed_point_sum(sym.numpy()[:, iu, ju], c_unit)
+                curv_ints = fixed_point_sum(upper.numpy(), c_unit)
             total = total + ScorePartial(fixed_point_sum(scores.numpy(), s_unit), curv_ints)
     return total

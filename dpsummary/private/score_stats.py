@@ -3,18 +3,20 @@
 At a public anchor ``theta`` (the prior mean, or a previous round's released estimate), every
 record contributes its log-likelihood score ``g_i = grad log p(x_i | theta)`` (d-vector) and its
 curvature ``H_i = -hess log p(x_i | theta)`` (d x d). Both are clipped record by record to public
-bounds (L2 norm ``score_bound``, Frobenius norm ``curvature_bound``; for logistic regression the
-bounds hold for every record of the public feature box, so clipping never biases), summed over
-ALL records (no subsampling), and released by two Gaussian mechanisms:
+bounds (L2 norm ``score_bound``; the L2 norm of the curvature's upper triangle, diagonal included,
+``curvature_bound``; for logistic regression the bounds hold for every record of the public feature
+box, so clipping never biases), summed over ALL records (no subsampling), and released by two
+Gaussian mechanisms:
 
 * score sum + N(0, (score_noise_multiplier * score_bound)^2 I_d): adding or removing one record
   moves the clipped sum by at most ``score_bound`` in L2, so this is
   ``GaussianDpEvent(score_noise_multiplier)``;
 * the upper triangle (diagonal included) of the curvature sum + N(0, (curvature_noise_multiplier *
   curvature_bound)^2) per entry, mirrored to a symmetric matrix ("Analyze Gauss", Dwork, Talwar,
-  Thakurta and Zhang 2014): the upper triangle's L2 norm is at most the full matrix's Frobenius
-  norm, so one record moves it by at most ``curvature_bound``: ``GaussianDpEvent(
-  curvature_noise_multiplier)``.
+  Thakurta and Zhang 2014): one record moves the released upper triangle by its own clipped upper
+  triangle, of L2 norm at most ``curvature_bound``: ``GaussianDpEvent(curvature_noise_multiplier)``.
+  (Until issue 37 the clip and the bound were the full matrix's Frobenius norm, which counts each
+  off-diagonal entry twice: a valid but looser sensitivity, up to sqrt(2) larger for a GLM.)
 
 This is the statistic Kulkarni, Jaelkoe, Koskela, Kaski and Honkela (2021) privatise for GLMs
 (a noisy sum of per-record summary statistics) taken at a local quadratic expansion, and one

@@ -108,3 +108,37 @@ def test_invalid_parameters_refused():
         noisy_score_statistics(_data(model, 5), Recording(0), model, torch.zeros(2, dtype=torch.float64),
                                score_bound=math.inf, curvature_bound=1.0, score_noise_multiplier=1.0,
                                curvature_noise_multiplier=1.0)
+
+
+@pytest.mark.parametrize("features", [1, 4, 19])
+def test_glm_curvature_bound_is_the_released_triangles_and_never_clips_the_unit_box(features):
+    """The curvature mechanism releases the upper triangle (diagonal included), so its sensitivity
+    is that vector's norm: for a design row with coordinates in [-1, 1] it is at most
+    ``rank_one_upper_bound`` (attained at a corner of the box, below the Frobenius norm r^2), so
+    no record of the public box is clipped and a corner record moves the release by exactly it."""
+    from dpsummary.private.kernel import upper_triangle_norm
+
+    model = LogisticRegression(features)
+    g = torch.Generator().manual_seed(features)
+    x = torch.rand(400, features, generator=g, dtype=torch.float64) * 2 - 1
+    x[0] = 1.0  # a corner of the box
+    x[1, : features // 2 + 1] = -1.0  # one-hot-like mixes of corners and interior values
+    z = model.design(x)
+    r = model.design_norm_bound(math.sqrt(features))
+    bound = model.rank_one_upper_bound(r)
+    explicit = torch.stack([upper_triangle(torch.outer(row, row)).norm() for row in z])
+    assert torch.allclose(upper_triangle_norm(torch.ones(400, dtype=torch.float64), z), explicit)
+    assert float(explicit.max()) <= bound * (1 + 1e-12) and float(explicit[0]) == pytest.approx(bound)
+    assert bound < r**2 and bound >= r**2 / math.sqrt(2)
+    # Through the mechanism: at theta = 0 (weight 1/4) the corner record alone moves the released
+    # triangle by its full bound (less the kernel's rounding and float margins, effective_clip).
+    _, cb = model.statistic_bounds(torch.zeros(model.param_dim, dtype=torch.float64), feature_norm=math.sqrt(features),
+                                   target_bound=1.0)
+    pts = torch.cat([x, torch.ones(400, 1, dtype=torch.float64)], 1)
+    kw = dict(score_bound=r, curvature_bound=cb, score_noise_multiplier=1.0, curvature_noise_multiplier=1.0)
+    a, b = Recording(0, zero=True), Recording(0, zero=True)
+    theta = torch.zeros(model.param_dim, dtype=torch.float64)
+    noisy_score_statistics(pts, a, model, theta, **kw)
+    noisy_score_statistics(pts[1:], b, model, theta, **kw)
+    moved = np.linalg.norm(a.inputs[1] - b.inputs[1])
+    assert cb * (1 - 1e-3) <= moved <= cb
