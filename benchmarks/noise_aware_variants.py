@@ -84,6 +84,8 @@ SCHEDULES: dict[str, Any] = {
     # Fourth rule: the last round's (score, curvature) split.
     "F": lambda m: na.Schedule((*na.DEFAULT_ROUNDS[:-1], (0.35, 0.25)), posterior="imputed"),
     "G": lambda m: na.Schedule((*na.DEFAULT_ROUNDS[:-1], (0.3, 0.3)), posterior="imputed"),
+    # Tenth rule: today's default with the log-odds anchor and the prior's intercept centred there.
+    "P": lambda m: na.Schedule(na.DEFAULT_ROUNDS, posterior="imputed", anchor="log-odds", prior_centre="log-odds"),
 }
 
 

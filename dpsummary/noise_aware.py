@@ -164,10 +164,12 @@ class Schedule:
     #: Newton step; module docstring, 4.). The last round's posterior always uses the model's
     #: prior. Public.
     step_prior: str = "model"
-    #: Where the released posterior's prior is centred: None (the model's prior mean) or
+    #: Where the released posterior's prior is centred: None (the model's prior mean),
     #: ``"log-mean"`` (the intercept at round 1's log-mean anchor, slopes at 0; module
-    #: docstring, 5.). Needs ``anchor == "log-mean"``. Public rule on DP outputs; the artifact's
-    #: model declares the centre so analysts sample the same posterior.
+    #: docstring, 5.; needs ``anchor == "log-mean"``) or ``"log-odds"`` (the same for logistic
+    #: regression at round 1's log-odds anchor; needs ``anchor == "log-odds"``; issue 37's tenth
+    #: rule). Public rule on DP outputs; the artifact's model declares the centre so analysts
+    #: sample the same posterior.
     prior_centre: str | None = None
     #: How the released (last round's) posterior carries the curvature's noise: ``"plug-in"``
     #: (the noisy curvature plugged in, its noise's effect on the score through ``E u``; module
@@ -199,8 +201,10 @@ class Schedule:
             raise ValueError("passes must be >= 1 and start 'raw' or 'anchor'")
         if self.step_prior not in ("model", "anchor"):
             raise ValueError("step_prior must be 'model' or 'anchor'")
-        if self.prior_centre not in (None, "log-mean") or (self.prior_centre and self.anchor != "log-mean"):
-            raise ValueError("prior_centre must be None or 'log-mean' (with the log-mean anchor)")
+        if self.prior_centre not in (None, "log-mean", "log-odds") or (
+                self.prior_centre is not None and self.anchor != self.prior_centre):
+            raise ValueError("prior_centre must be None, 'log-mean' (with the log-mean anchor) or 'log-odds' "
+                             "(with the log-odds anchor)")
         if self.posterior not in ("plug-in", "imputed"):
             raise ValueError("posterior must be 'plug-in' or 'imputed'")
         if self.expansion not in (None, "box", "data"):
@@ -761,9 +765,10 @@ def fit(model: Model, release: ReleaseFn, bounds: BoundsFn, *, schedule: Schedul
     for k, mult in enumerate(multipliers):
         state = step(state, model, release, bounds, mult, schedule=schedule, feature_norm=feature_norm,
                      target_bound=target_bound)
-        if k == 0 and schedule.prior_centre == "log-mean":
+        if k == 0 and schedule.prior_centre is not None:
             # Module docstring, 5.: every later posterior (the anchors' and the released one) is
-            # taken under N(log-mean anchor, prior_scale^2 I), a function of round 1's DP outputs.
+            # taken under N(round 1's log-mean or log-odds anchor, prior_scale^2 I), a function of
+            # round 1's DP outputs.
             model = model.with_prior_mean(state.anchor)
     final = state.rounds[-1]
     if schedule.pool:

@@ -237,6 +237,26 @@ def test_poisson_prior_is_centred_at_the_log_mean_anchor():
         dataclasses.replace(sched, anchor=None)
 
 
+def test_logistic_prior_centred_at_the_log_odds_anchor_option():
+    """The tenth rule's option (not a default): the prior re-centred at round 1's log-odds anchor
+    (intercept at the logit of the noisy positive share, slopes 0), which must be the anchor rule too."""
+    model = LogisticRegression(3)
+    g = torch.Generator().manual_seed(11)
+    x = torch.rand(20_000, 3, generator=g, dtype=torch.float64) * 2 - 1
+    pts = model.simulate(torch.tensor([-2.5, 1.0, -0.5, 0.0], dtype=torch.float64), 20_000, g, features=x)
+    sched = na.Schedule(na.DEFAULT_ROUNDS, posterior="imputed", anchor="log-odds", prior_centre="log-odds")
+    sigma, _ = na.calibrate(sched, target_epsilon=2.0, delta=1e-6)
+    bounds = na.public_bounds(model, feature_norm=math.sqrt(3), target_bound=1.0)
+    res = na.fit(model, _release_fn(pts, model, np.random.default_rng(1)), bounds, schedule=sched, sigma=sigma,
+                 feature_norm=math.sqrt(3), target_bound=1.0, generator=torch.Generator().manual_seed(0))
+    assert res.model is not None and torch.equal(res.model.prior_mean, res.rounds[1].anchor)
+    share = float(pts[:, -1].mean())
+    assert bool((res.model.prior_mean[1:] == 0).all())
+    assert abs(float(res.model.prior_mean[0]) - math.log(share / (1 - share))) < 0.2
+    with pytest.raises(ValueError):
+        na.Schedule(na.DEFAULT_ROUNDS, prior_centre="log-odds")  # needs the log-odds anchor
+
+
 @pytest.mark.parametrize("bad", [float("inf"), float("nan")])
 def test_non_finite_statistics_raise_non_finite_fit(bad):
     model = LogisticRegression(2)
