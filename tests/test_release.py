@@ -241,8 +241,16 @@ def test_noise_aware_pseudocoreset_has_a_point_per_parameter(tmp_path: Path, hom
     d = rel.model.param_dim
     assert d > 2 and rel.summary.size == d == payload["size"]
     notes = " ".join(payload["notes"])
-    assert f"pseudocoreset of {d} points" in notes and "--size 2" in notes and "closed form" in notes
-    assert rel.body["summary"]["info"]["match_method"] == "closed form"
+    assert f"pseudocoreset of {d} points" in notes and "--size 2" in notes
+    info = rel.body["summary"]["info"]
+    # The public schema's three-level x2 is one-hot beside the intercept, a direction only the prior
+    # identifies; the privacy noise (OS entropy, not seedable) sometimes makes the imputed Gaussian
+    # a little wider than the prior there, which no pseudocoreset can carry: then the release must
+    # say so (and may keep the Adam fit), otherwise the closed form carries the Gaussian exactly.
+    if info["directions_wider_than_prior"] > 0:
+        assert "wider than the prior" in notes
+        return
+    assert info["match_method"] == "closed form" and "closed form" in notes
     import torch
 
     g = rel.body["posterior"]["gaussians"]["noise_aware"]
