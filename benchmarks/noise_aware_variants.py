@@ -241,6 +241,66 @@ def run(table: str, epsilons: list[float], runs: int, out: Path, *, schedules: l
     summary(out)
 
 
+class _SeededNoise:
+    """A seeded stand-in for OS entropy (benchmarks only): two fits with the same seed draw the
+    same standard-normal noise, so a change of the noise's scale is measured paired."""
+
+    def __init__(self, seed: int) -> None:
+        import numpy as np
+
+        self.rng = np.random.default_rng(seed)
+
+    def gaussian(self, values: Any, *, noise_std: float, clip_norm: float) -> Any:
+        return values + noise_std * self.rng.standard_normal(len(values))
+
+
+def paired_curvature_bound(table: str, epsilons: list[float], runs: int) -> None:
+    """Change 3 of results/noise_aware_variants.md, measured paired: the default logistic release
+    with the curvature's sensitivity taken as the Frobenius norm ``r^2 / 4`` (before) and as the
+    released upper triangle's norm (:meth:`dpsummary.models.glm.GLM.rank_one_upper_bound`, now),
+    the same standard-normal draws scaled by each."""
+    from dpsummary.models.glm import LogisticRegression
+    from dpsummary.private.score_stats import noisy_score_statistics
+
+    model, pts, fn, tb = _table(table)
+    if type(model) is not LogisticRegression:
+        raise SystemExit("the paired curvature-bound comparison is for logistic tables")
+    spec = cal.TABLES[table]
+    delta = 0.1 / spec.n_max if spec.n_max else 1e-11
+    r = model.design_norm_bound(fn)
+    _, now = model.statistic_bounds(torch.zeros(model.param_dim, dtype=DTYPE), feature_norm=fn, target_bound=tb)
+    sched = na.Schedule.default(model)
+    for eps in epsilons:
+        ref = cal.reference(model, pts, epsilon=eps, delta=delta, key=f"variants:{table}")
+        count = acc.gaussian_event(acc.calibrate_part(target_epsilon=COUNT_SHARE * eps, delta=delta))
+        sigma, _ = na.calibrate(sched, target_epsilon=eps, delta=delta, prior_events=[count])
+        judged: dict[str, list[dict[str, Any]]] = {"frobenius": [], "upper": []}
+        for run in range(runs):
+            for name, curvature_bound in (("frobenius", r * r / 4.0), ("upper", now)):
+                noise = _SeededNoise(1000 + run)
+
+                def release(theta: torch.Tensor, sb: float, cb: float, sm: float, cm: float,
+                            noise: _SeededNoise = noise) -> tuple[torch.Tensor, torch.Tensor]:
+                    st = noisy_score_statistics(pts, noise, model, theta, score_bound=sb, curvature_bound=cb,
+                                                score_noise_multiplier=sm, curvature_noise_multiplier=cm)
+                    return st.score, st.curvature
+
+                def bounds(theta: torch.Tensor, cb: float = curvature_bound) -> tuple[float, float]:
+                    return r, cb
+
+                fit = na.fit(model, release, bounds, schedule=sched, sigma=sigma, feature_norm=fn, target_bound=tb,
+                             generator=torch.Generator().manual_seed(run))
+                judged[name].append(cal.judge(fit.posterior, ref))
+        ratios = [b["width_ratio"] / a["width_ratio"] for a, b in zip(judged["frobenius"], judged["upper"], strict=True)]
+        for name, js in judged.items():
+            print(f"{table} eps {eps:g} {name}: median width {statistics.median(j['width_ratio'] for j in js):.2f} "
+                  f"mean coverage {statistics.mean(j['coverage'] for j in js):.3f} "
+                  f"median effects {statistics.median(j['effects_found'] for j in js):.1f} "
+                  f"wrong signs {sum(j['effects_wrong_sign'] for j in js)}")
+        print(f"  paired width ratio upper / frobenius: median {statistics.median(ratios):.3f}, quartiles "
+              f"{[round(q, 3) for q in statistics.quantiles(ratios, n=4)]}")
+
+
 def summary(path: Path) -> None:
     with path.open(newline="") as fh:
         rows = list(csv.DictReader(fh))
@@ -270,9 +330,13 @@ def main() -> None:
     p.add_argument("--schedules", default="default", help=f"comma-separated, of {', '.join(SCHEDULES)}")
     p.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated, of {', '.join(VARIANTS)}")
     p.add_argument("--summary", action="store_true", help="only print the table of an existing --out")
+    p.add_argument("--paired-curvature-bound", action="store_true",
+                   help="compare the Frobenius and the released-triangle curvature bound on the same noise draws")
     a = p.parse_args()
     if a.summary:
         summary(a.out)
+    elif a.paired_curvature_bound:
+        paired_curvature_bound(a.table, [float(e) for e in a.epsilons.split(",")], a.runs)
     else:
         run(a.table, [float(e) for e in a.epsilons.split(",")], a.runs, a.out,
             schedules=a.schedules.split(","), variants=a.variants.split(","))
