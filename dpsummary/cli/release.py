@@ -22,7 +22,8 @@ def release(
     model: Annotated[str | None, typer.Option(help=f"Model: {MODELS_HELP} (default: from the target's type).")] = None,
     target: Annotated[str | None, typer.Option(help="Target column (default: the last column).")] = None,
     positive_class: Annotated[str | None, typer.Option(help="The target's class to predict, encoded 1 (every other non-missing value is 0; compared as text, or by value when it is a number: 1 matches 1.0). Public: without a schema in the policy the target is then not estimated, so a rare class cannot make the release refuse. --model logistic or bnn.")] = None,
-    size: Annotated[int, typer.Option("--size", "-M", help="Number of pseudopoints.")] = 50,
+    size: Annotated[int, typer.Option("--size", "-M", help="Number of pseudopoints (the default mechanism uses at least one per "
+                                                             "parameter).")] = 50,
     steps: Annotated[int | None, typer.Option(help="--mechanism dp-psvi and --model bnn only: optimisation steps T (default 500; 100 for --model bnn).")] = None,
     sample_rate: Annotated[float | None, typer.Option(help="--mechanism dp-psvi and --model bnn only: Poisson sampling rate q (default 200 / noisy count).")] = None,
     policy: Annotated[Path | None, typer.Option(help="Policy TOML (default: the packaged default policy, whatever the current directory; the release prints which it used).")] = None,
