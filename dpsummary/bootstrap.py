@@ -662,23 +662,43 @@ class ParametricBootstrap:
         return [r for r in done if r is not None]
 
     def finish(self, cal: Calibration, raw_summary: Any, generator: torch.Generator) -> tuple[Any, Calibration]:
-        """The pseudocoreset (same size and features to start from as the raw one) matched to
-        the calibrated Gaussian. Public rule: :data:`MATCH_STEPS` Adam steps, else (if the
-        match's posterior cannot be computed from the prior mean, as an analyst would) the
-        shorter :data:`MATCH_STEPS_FALLBACK`; the steps used are recorded. Raises
-        :class:`BootstrapError` (a charged refusal in the release) if neither gives a finite
-        pseudocoreset with a computable posterior."""
+        """The pseudocoreset (same size as the raw one) matched to the calibrated Gaussian.
+        Public rule: for a GLM with at least as many points as parameters, the closed form
+        (:func:`~dpsummary.constructors.gaussian_target.exact_glm_pseudopoints`, exact wherever
+        the calibrated Gaussian is nowhere wider than the prior; recorded as 0 steps) when its
+        symmetric KL is within the match tolerance; else :data:`MATCH_STEPS` Adam
+        steps from the raw summary's features, else the shorter :data:`MATCH_STEPS_FALLBACK`,
+        each kept only if the match's posterior can be computed from the prior mean, as an
+        analyst would; the steps used are recorded. Raises :class:`BootstrapError` (a charged
+        refusal in the release) if none gives a finite pseudocoreset with a computable posterior."""
         import dataclasses
 
         from .constructors.base import Summary
-        from .constructors.gaussian_target import match_gaussian
+        from .constructors.gaussian_target import (
+            DEFAULT_TOLERANCE,
+            exact_glm_pseudopoints,
+            match_gaussian,
+        )
         from .inference import NewtonFailure, coreset_posterior
+        from .models import GLM
 
         model = self.settings.model
+        size = raw_summary.points.shape[0]
         features = raw_summary.points[:, : model.num_features].detach().clone()
-        for steps in (MATCH_STEPS, MATCH_STEPS_FALLBACK):
-            points, weights, loss = match_gaussian(model, cal.posterior, size=raw_summary.points.shape[0],
-                                                   initial_features=features, generator=generator, steps=steps)
+
+        def candidates() -> Any:
+            # Lazily: the Adam fits run only if the closed form is unavailable or unusable.
+            exact = exact_glm_pseudopoints(model, cal.posterior, size=size, generator=generator) \
+                if isinstance(model, GLM) else None
+            if exact is not None and exact.kl <= DEFAULT_TOLERANCE:
+                yield 0, exact.points, exact.weights, exact.kl
+            for n in (MATCH_STEPS, MATCH_STEPS_FALLBACK):
+                yield (n, *match_gaussian(model, cal.posterior, size=size, initial_features=features,
+                                          generator=generator, steps=n))
+
+        chosen = None
+        for candidate in candidates():
+            _, points, weights, loss = candidate
             if not (math.isfinite(loss) and bool(torch.isfinite(points).all())
                     and bool(torch.isfinite(weights).all())):
                 continue
@@ -687,9 +707,11 @@ class ParametricBootstrap:
             except (NewtonFailure, RuntimeError):  # RuntimeError: a Cholesky failure
                 continue
             if bool(torch.isfinite(post.mean).all()):
+                chosen = candidate
                 break
-        else:
+        if chosen is None:
             raise BootstrapError("the calibrated Gaussian could not be matched by a usable pseudocoreset")
+        steps, points, weights, loss = chosen
         cal = dataclasses.replace(cal, match_symmetric_kl=float(loss), match_steps=steps)
         summary = Summary(points, weights, raw_summary.model, raw_summary.method, raw_summary.transform,
                           {**raw_summary.info, "posterior": "calibrated", "match_symmetric_kl": float(loss)})

@@ -154,27 +154,34 @@ def test_widening_factor_restores_held_out_coverage() -> None:
 
 
 def test_match_falls_back_to_fewer_steps_when_its_posterior_fails(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The public matching rule: MATCH_STEPS, else MATCH_STEPS_FALLBACK when Newton fails on the
-    matched pseudocoreset (recorded); neither usable -> BootstrapError (a charged refusal)."""
+    """The public matching rule: the closed form (a GLM with a point per parameter; 0 steps),
+    else MATCH_STEPS, else MATCH_STEPS_FALLBACK when Newton fails on the matched pseudocoreset
+    (recorded); none usable -> BootstrapError (a charged refusal)."""
     import dpsummary.inference as inference
-    from dpsummary.bootstrap import MATCH_STEPS_FALLBACK
+    from dpsummary.bootstrap import MATCH_STEPS, MATCH_STEPS_FALLBACK
 
     s = _settings()
     raw = _raw_summary(s)
     boot = ParametricBootstrap(s, BootstrapConfig(replicates=5, rounds=1, workers=1, seed=4))
     first = boot.fit(raw)  # unpatched: the calibration to match
+    # Unpatched, the closed form carries the calibrated Gaussian within the match tolerance.
+    from dpsummary.constructors.gaussian_target import DEFAULT_TOLERANCE
+
+    assert first.calibration.match_steps == 0 and first.calibration.match_symmetric_kl <= DEFAULT_TOLERANCE
     real = inference.coreset_posterior
     calls: list[int] = []
 
     def flaky(*args: object, **kwargs: object) -> object:
         calls.append(1)
-        if len(calls) == 1:
+        if len(calls) <= failures:
             raise inference.NewtonFailure("line search failed")
         return real(*args, **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(inference, "coreset_posterior", flaky)
-    _, cal = boot.finish(first.calibration, raw, torch.Generator().manual_seed(0))
-    assert cal.match_steps == MATCH_STEPS_FALLBACK and len(calls) == 2
+    for failures, steps in ((1, MATCH_STEPS), (2, MATCH_STEPS_FALLBACK)):
+        calls.clear()
+        _, cal = boot.finish(first.calibration, raw, torch.Generator().manual_seed(0))
+        assert cal.match_steps == steps and len(calls) == failures + 1
 
     def broken(*args: object, **kwargs: object) -> object:
         raise inference.NewtonFailure("line search failed")
