@@ -417,9 +417,6 @@ def replay_mechanism(s: MechanismSettings, truth: torch.Tensor, records: Any, ge
 
 
 # ---- calibration --------------------------------------------------------------------------------
-#: Symmetric KL (nats) above which the matched pseudocoreset is reported as a poor match (the
-#: artifact carries the calibrated Gaussian itself as well, see the module docstring).
-MATCH_KL_WARNING = 50.0
 #: Adam steps of the match (public). Capped: run to convergence (a few thousand steps) the match
 #: reaches ~0.05 nats by sending single weights to ~1e12, a pseudocoreset whose posterior
 #: Newton's method can fail on (measured, sim_logistic_1e4, epsilon 1: 400 steps 7.0 nats,

@@ -324,18 +324,22 @@ class _GLMProblem:
             param -= step_size * avg / (np.sqrt(avg_sq) / bias2_sqrt + self.eps)
 
 
+#: Symmetric KL (nats) above which a matched pseudocoreset is reported as a poor match (every
+#: release that matches one also carries its Gaussian). Shared by the noise-aware mechanism and
+#: DP-PSVI's bootstrap.
+MATCH_KL_WARNING = 50.0
+
+
 @dataclass(frozen=True)
 class ExactMatch:
     """A pseudocoreset constructed in closed form (:func:`exact_glm_pseudopoints`): its points
-    ``(size, point_dim)``, weights ``(size,)``, the symmetric KL (nats) of its one-Newton-step
-    Gaussian to the target, and the share of the target's excess precision ``S^-1 - P`` a
-    likelihood with positive weights cannot carry (its negative eigenvalues' mass, 0 when the
-    target is nowhere wider than the prior)."""
+    ``(size, point_dim)``, weights ``(size,)`` and the symmetric KL (nats) of its one-Newton-step
+    Gaussian to the target (above 0 only where the target is wider than the prior,
+    :func:`directions_wider_than_prior`, or a soft label had to be clamped)."""
 
     points: torch.Tensor
     weights: torch.Tensor
     kl: float
-    unrepresentable: float
 
 
 def exact_glm_pseudopoints(model: GLM, target: GaussianPosterior, *, size: int, generator: torch.Generator
@@ -373,15 +377,13 @@ def exact_glm_pseudopoints(model: GLM, target: GaussianPosterior, *, size: int, 
     it in the KL."""
     d = model.param_dim
     f = model.num_features
-    if size < d or not model.has_target:
+    if size < d:
         return None
     m = target.mean.detach().to(DTYPE)
     prior_prec = torch.eye(d, dtype=DTYPE) / model.prior_scale**2
     target_prec = torch.cholesky_inverse(target.scale_tril.detach().to(DTYPE))
     excess = 0.5 * (target_prec + target_prec.T) - prior_prec
     lam, vecs = torch.linalg.eigh(excess)
-    total = float(lam.abs().sum())
-    unrepresentable = float((-lam).clamp(min=0).sum()) / total if total > 0 else 0.0
     root = (vecs * lam.clamp(min=0).sqrt()) @ vecs.T  # symmetric K^{1/2}
     # A random orthogonal M x M matrix whose first column is the all-ones direction (public
     # randomness: the generator is the release's non-private one).
@@ -430,7 +432,7 @@ def exact_glm_pseudopoints(model: GLM, target: GaussianPosterior, *, size: int, 
     kl = float(_sym_kl(mean, prec, m, target.cov.detach().to(DTYPE), target_prec))
     if not math.isfinite(kl):
         return None
-    return ExactMatch(points, weights, kl, unrepresentable)
+    return ExactMatch(points, weights, kl)
 
 
 def match_gaussian(

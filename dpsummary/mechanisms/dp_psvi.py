@@ -137,7 +137,8 @@ class DpPsvi(GlmMechanism):
         charged release in a one-line refusal, never in an uncalibrated artifact."""
         import dataclasses
 
-        from ..bootstrap import MATCH_KL_WARNING, BootstrapConfig, ParametricBootstrap
+        from ..bootstrap import BootstrapConfig, ParametricBootstrap
+        from ..constructors.gaussian_target import MATCH_KL_WARNING
 
         say = notice or (lambda _msg: None)
         extra = dict(output.extra)

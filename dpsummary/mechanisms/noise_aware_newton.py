@@ -53,6 +53,7 @@ def noise_aware_summaries(plan: MechanismPlan, records: Any, size: int, generato
     from .. import noise_aware
     from ..constructors.base import Summary
     from ..constructors.gaussian_target import (
+        MATCH_KL_WARNING,
         directions_wider_than_prior,
         pseudocoreset_of_gaussian,
     )
@@ -92,20 +93,17 @@ def noise_aware_summaries(plan: MechanismPlan, records: Any, size: int, generato
                       {"posterior": "noise_aware", "match_symmetric_kl": loss, "match_method": how,
                        "directions_wider_than_prior": wider})
     gaussians = {"noise_aware": {"mean": posterior.mean.tolist(), "cov": posterior.cov.tolist()}}
-    # The DP-PSVI release's threshold for calling a match poor; the artifact carries the Gaussian.
-    from ..bootstrap import MATCH_KL_WARNING
-
-    sized = [] if size == requested else [
+    extra_notes = [] if size == requested else [
         f"pseudocoreset of {size} points, one per parameter (--size {requested} is fewer, and fewer points than "
         "parameters cannot carry the posterior)"]
     if wider:
         # Measured on the calibration suite: the imputed mixture is wider than the prior in some
         # direction on strongly correlated or noise-dominated releases (sim_correlated, default),
         # where the pseudocoreset then showed wrong-sign effects its Gaussian did not.
-        sized.append(f"the noise-aware Gaussian is wider than the prior in {wider} direction(s), which no pseudocoreset "
+        extra_notes.append(f"the noise-aware Gaussian is wider than the prior in {wider} direction(s), which no pseudocoreset "
                      "can carry (a weighted likelihood only narrows the prior): there the pseudocoreset's intervals are "
                      "narrower than the Gaussian's; the artifact also carries the Gaussian")
-    notes = [*result.notes, *sized, f"pseudocoreset matched to the noise-aware Gaussian by {how} (symmetric KL {loss:.3g} nats"
+    notes = [*result.notes, *extra_notes, f"pseudocoreset matched to the noise-aware Gaussian by {how} (symmetric KL {loss:.3g} nats"
              + (", a poor match: the artifact also carries the noise-aware Gaussian)" if loss > MATCH_KL_WARNING else ")")]
     return summary, {
         "gaussians": gaussians, "notes": notes,
@@ -161,8 +159,8 @@ class NoiseAwareNewton(GlmMechanism):
                             "(clipped to L2 score_bound) and curvatures (upper triangle, diagonal included, clipped to L2 "
                             "curvature_bound and noised) are released by Gaussian mechanisms; the noise-aware "
                             "posterior of the last round (Kulkarni et al. 2021 style; with schedule.posterior "
-                            "'imputed', the curvature's noise integrated out by multiple imputation) is matched "
-                            "by the pseudocoreset (post-processing)"),
+                            "'imputed', the curvature's noise integrated out by multiple imputation) is carried "
+                            "by the pseudocoreset (for GLMs built in closed form; post-processing)"),
             "single_gaussian_noise_multiplier": plan.noise_multiplier,
             "noise_multipliers": ex["noise_multipliers"],
             "schedule": ex["schedule"],
