@@ -189,12 +189,36 @@ def weighted(m: Any, rounds: list[na.RoundRelease], g: torch.Generator, fn: floa
     return GaussianPosterior(centre, torch.linalg.cholesky(0.5 * (cov + cov.T)))
 
 
+def debiased(m: Any, rounds: list[na.RoundRelease], g: torch.Generator, fn: float) -> GaussianPosterior:
+    """The eleventh rule's candidate (results/noise_aware_variants.md; not adopted): the imputed
+    posterior with each draw's eigenvalues debiased by the spiked-Wigner inversion, noise sd
+    ``sqrt(2) tau`` (the draw's about the true curvature), 0 below the bulk edge."""
+    rel = rounds[-1]
+    dim = rel.curvature.shape[0]
+    prior_var = m.prior_scale**2
+    mu0, a, s, v = m.prior_mean.to(DTYPE), rel.anchor, rel.score, rel.score_noise_std**2
+    noise2 = 2.0 * rel.curvature_noise_std**2 * dim
+    means, cov_sum = [], torch.zeros(dim, dim, dtype=DTYPE)
+    for _ in range(na.IMPUTATIONS):
+        draw = rel.curvature + na.symmetric_noise(dim, rel.curvature_noise_std, g)
+        ell, q = torch.linalg.eigh(0.5 * (draw + draw.T))
+        disc = ell * ell - 4.0 * noise2
+        lam = torch.where((ell > 0) & (disc > 0), 0.5 * (ell + disc.clamp(min=0).sqrt()), torch.zeros_like(ell))
+        gain = lam / (lam + v)
+        prec = lam * gain + 1.0 / prior_var
+        means.append(q @ ((gain * (q.T @ s + lam * (q.T @ a)) + (q.T @ mu0) / prior_var) / prec))
+        cov_sum += (q / prec) @ q.T
+    stacked = torch.stack(means)
+    cov = cov_sum / len(means) + torch.cov(stacked.T)
+    return GaussianPosterior(stacked.mean(0), torch.linalg.cholesky(0.5 * (cov + cov.T)))
+
+
 #: Post-processing variants of one fit: ``(model, the fit's rounds, generator, feature norm)``.
 VARIANTS = {"plug-in": lambda m, rs, g, fn: na.noise_aware_posterior(m, rs[-1])[0],
             "imputed": lambda m, rs, g, fn: imputed(m, rs[-1], g),
             "lowered": lambda m, rs, g, fn: lowered(m, rs[-1], g),
             "expansion-box": expansion("box"), "expansion-data": expansion("data"), "pooled": pooled,
-            "curvature-pooled": curvature_pooled, "weighted": weighted}
+            "curvature-pooled": curvature_pooled, "weighted": weighted, "debiased": debiased}
 FIELDS = ["table", "epsilon", "run", "schedule", "variant", "coverage", "width_ratio", "floor_width_ratio", "floor_coverage",
           "effects_found", "floor_effects_found", "effects_wrong_sign", "mean_error_sd_max", "anchor_distance",
           "score_var", "curvature_term", "min_true_eig", "noise_edge", "converged", "imputation_ess"]

@@ -294,16 +294,17 @@ def _binary_table(n: int, positives: int) -> RawTable:
     return table({"x": [f"{v:.3f}" for v in rng.normal(size=n)], "y": y})
 
 
-def test_top_k_target_bounds_for_binary_target(monkeypatch: pytest.MonkeyPatch) -> None:
-    """With target_classes=2 the two largest public grid bins give the target's bounds even when
-    the positive bin sits below the floor that the old rule used (post-processing only)."""
+def test_numeric_binary_target_is_public_zero_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With target_classes=2 (--model logistic) a numeric target is the classes 0 and 1 by a
+    public rule, even when the positive class sits far below the noise (post-processing only)."""
     identity_noise(monkeypatch)
     t = _binary_table(400, 3)  # 3 positives: far below any floor at this noise
     with pytest.raises(DataError, match="constant"):
         estimate_schema(t, noise_multiplier=5.0, target="y", delta=1e-6, target_share=None)
     res = estimate_schema(t, noise_multiplier=5.0, target="y", delta=1e-6, target_share=None, target_classes=2)
     spec = next(c for c in res.schema.columns if c.name == "y")
-    assert (spec.lower, spec.upper) == (0.0, 1.0)
+    assert (spec.lower, spec.upper, spec.integer) == (0.0, 1.0, True) and target_kind(res.schema) == "binary"
+    assert any("read as the classes 0 and 1" in note for note in res.notes)
 
 
 def test_target_classes_caps_categorical_target(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -319,17 +320,33 @@ def test_target_classes_caps_categorical_target(monkeypatch: pytest.MonkeyPatch)
         estimate_schema(t, noise_multiplier=0.5, target="y", delta=1e-6, target_classes=1)
 
 
-def test_top_k_skips_bins_without_integers() -> None:
-    """For an integer target, top-k ranks only bins that can hold an integer (public structure)."""
+def test_binary_numeric_target_counts_other_integers() -> None:
+    """The 0/1 rule's note counts, from the released grid, the other integer values (whose
+    records the transform drops), summing only bins that can hold an integer (public structure)."""
     holds = [schema_post._bin_edges(k) for k in range(NUM_GRID_BINS) if schema_post._INTEGER_BINS[k]]
     assert (0.0, 0.0) in holds and (0.5, 1.0) in holds and (-1.0, -0.5) in holds
     assert (0.0, 1e-4) not in holds and (-1e-4, 0.0) not in holds
+    assert schema_post._bin_edges(schema_post.ONE_BIN) == (0.5, 1.0)
     grid = np.zeros(NUM_GRID_BINS)
-    zero_bin, near_zero = NUM_GRID_BINS - 1, int(np.searchsorted(schema_post.GRID_EDGES, 1e-4))
-    one_bin = int(np.searchsorted(schema_post.GRID_EDGES, 1.0))
-    grid[[zero_bin, near_zero, one_bin]] = [100.0, 90.0, 80.0]
-    spec, _ = schema_post._numeric_spec("y", grid, 1e9, True, full_range=True, top_k=2)
-    assert spec is not None and (spec.lower, spec.upper) == (0.0, 1.0)
+    near_zero, two_bin = int(np.searchsorted(schema_post.GRID_EDGES, 1e-4)), int(np.searchsorted(schema_post.GRID_EDGES, 2.0))
+    grid[[NUM_GRID_BINS - 1, schema_post.ONE_BIN, near_zero, two_bin]] = [100.0, 80.0, 90.0, 700.0]
+    n_integer_bins = int(schema_post._INTEGER_BINS.sum()) - 2
+    spec, why = schema_post._binary_numeric_target("y", grid, noise_sd=700.0 / math.sqrt(n_integer_bins))
+    assert spec is not None and (spec.lower, spec.upper, spec.integer) == (0.0, 1.0, True)
+    assert "about 700 other integers" in why  # the (1, 2] bin; the non-integer (0, 1e-4] bin is not summed
+    # 700 is one sd of the sum above; at 4.1 sds it is clearly not noise: not coded 0/1, no spec.
+    spec, why = schema_post._binary_numeric_target("y", grid, noise_sd=700.0 / 4.1 / math.sqrt(n_integer_bins))
+    assert spec is None and "other integers" in why
+
+
+def test_target_coded_one_two_is_refused_for_logistic(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 1/2-coded target under --model logistic is refused (decided on the released grid), naming
+    --positive-class, rather than read as 0/1 with half its records dropped."""
+    identity_noise(monkeypatch)
+    rng = np.random.default_rng(5)
+    t = table({"x": [f"{v:.3f}" for v in rng.normal(size=2000)], "y": ["1"] * 1200 + ["2"] * 800})
+    with pytest.raises(DataError, match="positive-class"):
+        estimate_schema(t, noise_multiplier=2.0, target="y", delta=1e-6, target_share=None, target_classes=2)
 
 
 def _rare_class_table(n: int, rare: int) -> RawTable:

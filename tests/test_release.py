@@ -460,6 +460,32 @@ def test_positive_class_releases_whatever_the_target_holds(tmp_path: Path, home:
         ("reserve", "noise-aware-newton"), ("commit", "noise-aware-newton")]
 
 
+def _numeric_target_csv(path: Path, n: int, codes: tuple[str, str], share: float, seed: int) -> Path:
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=n)
+    y = np.where(rng.uniform(size=n) < share, codes[1], codes[0])
+    path.write_text("x1,y\n" + "".join(f"{a:.4f},{b}\n" for a, b in zip(x, y, strict=True)))
+    return path
+
+
+def test_zero_config_logistic_reads_a_numeric_target_as_zero_one(tmp_path: Path, home: Path) -> None:
+    """--model logistic reads a numeric target's classes as 0 and 1 (a public rule), so a rare
+    positive class at a small epsilon releases instead of refusing on a noise bin; a 1/2 coding
+    (other integers far above the noise of the released grid) is a charged refusal naming
+    --positive-class. Failure rate: the 1/2 case fails to refuse only if the grid's noisy count
+    of the 8,000 2s (noise sd about 1,000 here) falls 4 sds short: about 1e-5."""
+    rare = _numeric_target_csv(tmp_path / "rare.csv", 5000, ("0", "1"), 0.02, seed=7)
+    out = tmp_path / "rare.json"
+    res = _release(str(rare), "--epsilon", "0.3", "--model", "logistic", "--out", str(out), "--size", "4")
+    assert res.exit_code == 0, res.output
+    assert "numeric target read as the classes 0 and 1" in " ".join(res.output.split())
+    coded = _numeric_target_csv(tmp_path / "coded.csv", 20000, ("1", "2"), 0.4, seed=8)
+    res = _release(str(coded), "--epsilon", "0.5", "--model", "logistic", "--out", str(tmp_path / "c.json"))
+    assert res.exit_code != 0 and not (tmp_path / "c.json").exists()
+    lines = [x for x in res.output.strip().splitlines() if x.startswith("error:")]
+    assert len(lines) == 1 and "--positive-class" in lines[0] and "other integers" in lines[0]
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [

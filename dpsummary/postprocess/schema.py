@@ -20,11 +20,16 @@ Post-processing (no further privacy cost)
   of the lowest and highest surviving bins), rounded inwards (ceil / floor) for integer
   columns, capped at ``±1e9``;
 * categories: the values above ``tau_c``, the ``max_categories`` largest, sorted.
-* a public class count (``target_classes``, e.g. 2 for logistic regression): a numeric
-  target's bounds come from its ``target_classes`` largest noisy grid bins (noisy top-k over a
-  PUBLIC domain: post-processing, no threshold needed); a categorical target keeps at most
-  ``target_classes`` of the values above ``tau_c`` (the threshold stays, since its candidate keys
-  come from the data and a key only one neighbour has must pass with probability <= delta / C).
+* a public class count (``target_classes``: 2 for logistic regression): a numeric target is
+  read as the classes 0 and 1 (the public coding of a numeric logistic-regression response, as in
+  R's ``glm`` and statsmodels' ``Logit``; a record with any other value is dropped by the
+  transform's total rule and counted among the dropped records the quality check refuses on),
+  nothing about its range read off the noisy grid: the noisy top-2 bins it replaced picked a
+  noise bin over a rare class's often enough to refuse about one zero-configuration release in
+  ten at epsilon 0.1 (the calibration suite: youthrisk, sim_imbalanced, sim_exact,
+  sim_small_wide); a categorical target keeps at most ``target_classes`` of the values above
+  ``tau_c`` (the threshold stays, since its candidate keys come from the data and a key only one
+  neighbour has must pass with probability <= delta / C).
 A feature column for which nothing survives is dropped (with a note); for the target that is a
 DataError. Notes and errors only ever mention noisy, released quantities.
 """
@@ -144,16 +149,16 @@ def schema_from_release(
         if max(numbers, t["text"]) < 3.0 * s:
             spec, why = None, "too few non-missing values to estimate anything"
         elif numbers > t["text"]:
-            # A numeric target with a public class count (--model logistic) holds class codes:
-            # integer by the model, not by the noisy fraction count (which, at the target's noise,
-            # made one run in five of sim_correlated at epsilon 0.3 read "real" and refuse).
-            integer = (is_target and target_classes is not None) or t["fraction"] < max(3.0 * s, 0.01 * numbers)
-            grid = column.grid
-            top = target_classes if is_target else None
-            # The target has its own false-bin budget (TARGET_FALSE_BIN_PROB over its 83 bins): a
-            # lower floor, so a healthy minority class is not taken for noise (issue 13).
-            z = z_target if is_target else z_grid
-            spec, why = _numeric_spec(name, grid, z * s, integer, full_range=is_target, top_k=top, noise_sd=s)
+            if is_target and target_classes == 2:
+                # A numeric target of logistic regression codes its classes 0/1: a public rule of
+                # the model (module docstring), not read off the noisy grid.
+                spec, why = _binary_numeric_target(name, column.grid, noise_sd=s)
+            else:
+                integer = t["fraction"] < max(3.0 * s, 0.01 * numbers)
+                # The target has its own false-bin budget (TARGET_FALSE_BIN_PROB over its 83
+                # bins): a lower floor, so a healthy minority class is not taken for noise (issue 13).
+                z = z_target if is_target else z_grid
+                spec, why = _numeric_spec(name, column.grid, z * s, integer, full_range=is_target, noise_sd=s)
         else:
             values = column.values
             cap = min(max_categories, target_classes) if is_target and target_classes else max_categories
@@ -235,24 +240,39 @@ def _holds_integer(k: int) -> bool:
 _INTEGER_BINS: Final = np.array([_holds_integer(k) for k in range(NUM_GRID_BINS)])
 
 
-def _numeric_spec(
-    name: str, grid: np.ndarray, floor: float, integer: bool, *, full_range: bool, top_k: int | None = None,
-    noise_sd: float = 0.0,
-) -> tuple[ColumnSpec | None, str]:
-    """Bounds from the denoised grid histogram (pure post-processing).
+#: The grid bin holding the integer 1: ``(0.5, 1]``.
+ONE_BIN: Final = int(np.searchsorted(GRID_EDGES, 1.0))
 
-    ``top_k``: keep exactly the ``top_k`` largest noisy bins instead of those above ``floor``
-    (the bins are public, so this is post-processing).
-    """
-    if top_k is not None:
-        # An integer column's mass can only sit in bins holding an integer (public structure):
-        # skip the others, so a noise-only bin next to zero cannot collapse the class hull.
-        ranked = grid if not integer else np.where(_INTEGER_BINS, grid, -np.inf)
-        best = np.argsort(-ranked, kind="stable")[:top_k]
-        kept = np.zeros_like(grid)
-        kept[best] = np.maximum(grid[best], np.finfo(np.float64).tiny)
-    else:
-        kept = np.where(grid > floor, grid, 0.0)
+
+#: A logistic regression's numeric target is refused as not coded 0/1 when the noisy count of
+#: other integer values exceeds this many of its noise sds (a 0/1 target passes but for a
+#: 3e-5 chance).
+OTHER_CODES_SDS: Final = 4.0
+
+
+def _binary_numeric_target(name: str, grid: np.ndarray, *, noise_sd: float) -> tuple[ColumnSpec | None, str]:
+    """The public spec of a logistic regression's numeric target: integer in ``[0, 1]`` (module
+    docstring). The note gives the noisy number of other integer values from the released grid
+    (post-processing), whose records the transform drops; when that count is clearly above its
+    noise (:data:`OTHER_CODES_SDS`; a 1/2 coding, a count) the target is not coded 0/1 and there
+    is no spec (the caller refuses, naming --positive-class)."""
+    other = [k for k in range(NUM_GRID_BINS) if _INTEGER_BINS[k] and k not in (ZERO_BIN, ONE_BIN)]
+    outside = max(float(grid[other].sum()), 0.0)
+    outside_sd = noise_sd * math.sqrt(len(other))
+    if outside > OTHER_CODES_SDS * outside_sd:
+        return None, (f"logistic regression reads a numeric target as 0/1, but about {outside:,.0f} values are other "
+                      f"integers (noisy count, noise sd {outside_sd:,.0f})")
+    spec = ColumnSpec(name=name, kind="numeric", lower=0.0, upper=1.0, integer=True)
+    return spec, (f"{name}: numeric target read as the classes 0 and 1 (public: logistic regression codes a numeric "
+                  f"target 0/1); a record with any other value is dropped: about {outside:,.0f} other integers (noisy "
+                  f"count from the released grid, noise sd {outside_sd:,.0f})")
+
+
+def _numeric_spec(
+    name: str, grid: np.ndarray, floor: float, integer: bool, *, full_range: bool, noise_sd: float = 0.0,
+) -> tuple[ColumnSpec | None, str]:
+    """Bounds from the denoised grid histogram (pure post-processing)."""
+    kept = np.where(grid > floor, grid, 0.0)
     # Reorder bins by position on the line: the zero bin sits between (-1e-4, 0) and [0, 1e-4).
     zero_at = int(np.searchsorted(GRID_EDGES, 0.0, side="right"))  # bin [0, 1e-4)
     order = list(range(zero_at)) + [ZERO_BIN] + list(range(zero_at, ZERO_BIN))

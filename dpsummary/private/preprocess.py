@@ -617,10 +617,10 @@ def estimate_schema(
     constant one (benchmarks/schema_refusal_rate.py).
 
     ``target_classes``: a PUBLIC number of classes implied by the model (2 for logistic
-    regression), or ``None``. When given, a numeric target's bounds come from the
-    ``target_classes`` largest noisy grid bins (the grid is public, so this noisy top-k is
-    post-processing and needs no threshold) and a categorical target keeps at most the
-    ``target_classes`` largest values among those above ``tau``. The threshold stays for the
+    regression), or ``None``. When given, a numeric target is the classes 0 and 1 by a public
+    rule, refused when the released grid shows other integer values clearly above the noise
+    (:mod:`dpsummary.postprocess.schema`; post-processing, no threshold needed) and a categorical
+    target keeps at most the ``target_classes`` largest values among those above ``tau``. The threshold stays for the
     categorical case because its candidate keys come from the data: a value only the larger
     neighbour has still passes with probability at most ``delta / C`` (module docstring);
     ranking the survivors is post-processing, so the argument is unchanged.

@@ -93,8 +93,9 @@ def release_schema(counts: Any, *, noise_multiplier: float, target: str | None, 
     """DP schema estimation on exact :class:`~dpsummary.private.preprocess.SchemaCounts` (any
     engine's pass): the one Gaussian mechanism and partition selection of
     :func:`~dpsummary.private.preprocess.estimate_schema`, with the release's target rule
-    (the target left out when its spec is public, ``public_target``; else noisy top-k with an
-    even noise share when ``target_classes`` is given)."""
+    (the target left out when its spec is public, ``public_target``; else an even noise share
+    when ``target_classes`` is given: a numeric target is then read as 0/1, a categorical one
+    keeps its ``target_classes`` largest values)."""
     from .preprocess import estimate_schema
 
     if public_target is not None:
@@ -177,8 +178,9 @@ class PrivateSource:
                         target_classes: int | None = None, public_target: Any = None) -> Any:
         """DP schema estimation (one Gaussian mechanism plus partition selection at ``delta``),
         on counts accumulated in one streaming pass (:class:`~dpsummary.private.preprocess.SchemaCounts`).
-        ``target_classes`` (public: 2 when the requested model is logistic) selects the target's
-        classes by noisy top-k with an even noise share (benchmarks/results/schema_refusal_rate.md);
+        ``target_classes`` (public: 2 when the requested model is logistic) gives the target an
+        even noise share and its classes by a public rule (numeric: 0/1; categorical: the two
+        largest noisy values; benchmarks/results/schema_refusal_rate.md);
         otherwise the target gets its own share of the noise budget. ``public_target``: the
         target's public spec (``--positive-class``); its column is then not estimated at all."""
         self._scan_stage1(schema=True)
