@@ -106,6 +106,18 @@ aware) posterior ``N((H + P)^-1 (s + H a + P mu0), (H + P)^-1)`` is returned for
     predictor, so :func:`pooled_curvature_release` averages the released curvatures of the
     rounds whose anchors lie within :data:`POOL_RMS_ETA` curvature-weighted rms change of it.
 
+11. **The count's clip bound from the data** (issue 37, ``Schedule.count_range``; the Poisson
+    default). The score's sensitivity grows with the count column's upper bound ``B``, which a
+    careful curator declares far above the data (10,000 for counts whose 99.9% quantile is 257),
+    and the zero-configuration schema puts at the highest noisy grid bin: the releases were
+    100-800x the full-data width where the idealised floor is 1-10x. Before the rounds, one more
+    Gaussian mechanism releases a histogram of the count over the public 1-2-5 grid edges below
+    ``B`` (a record in one bin: sensitivity 1; :meth:`~dpsummary.private.mechanism.PrivateRecords.noisy_marginals`);
+    the clip bound is the upper edge of the bin holding its noisy 99.9% quantile, capped at ``B``
+    (:mod:`dpsummary.postprocess.count_range`, post-processing), and every round's statistic
+    bounds use it. A record above it has its score clipped like a record outside the public box
+    (a bias the 0.1% tail makes small: benchmarks/results/noise_aware_variants.md, twelfth rule).
+
 Totality: whatever the noise draws, :func:`fit` returns finite Gaussians or raises
 :class:`NonFiniteFit` (a DP-decided outcome; the release turns it into a charged refusal).
 
@@ -188,9 +200,13 @@ class Schedule:
     #: rounds' whose anchors lie near it (:func:`pooled_curvature_release`; module docstring,
     #: 10.). Public.
     pool_curvature: bool = False
+    #: The share of rho spent on the count target's histogram whose noisy quantile sets the
+    #: target's clip bound (module docstring, 11.; :mod:`dpsummary.postprocess.count_range`), or 0
+    #: (the schema's bound). Counts only (Poisson). Public.
+    count_range: float = 0.0
 
     def __post_init__(self) -> None:
-        flat = [w for pair in self.rounds for w in pair]
+        flat = [w for pair in self.rounds for w in pair] + ([self.count_range] if self.count_range else [])
         if not self.rounds or any(not (w > 0) for w in flat) or abs(sum(flat) - 1.0) > 1e-9:
             raise ValueError("schedule shares must be positive and sum to 1")
         if self.anchor not in (None, "log-mean", "log-odds"):
@@ -217,8 +233,11 @@ class Schedule:
         # Issue 37: the released posterior integrates the curvature's noise out (module docstring,
         # 7.; adopted by the second rule in benchmarks/results/noise_aware_variants.md).
         if model.name == "poisson" and getattr(model, "intercept", False):
-            return cls(POISSON_ROUNDS, anchor="log-mean", trust_eta=POISSON_TRUST_ETA, passes=3, start="anchor",
-                       prior_centre="log-mean", posterior="imputed")
+            # Issue 37's twelfth rule: the count's clip bound from a DP quantile, its share taken
+            # from the rounds in proportion.
+            rounds = tuple((s * (1.0 - COUNT_RANGE_SHARE), c * (1.0 - COUNT_RANGE_SHARE)) for s, c in POISSON_ROUNDS)
+            return cls(rounds, anchor="log-mean", trust_eta=POISSON_TRUST_ETA, passes=3, start="anchor",
+                       prior_centre="log-mean", posterior="imputed", count_range=COUNT_RANGE_SHARE)
         # Not the expansion-aware posterior (module docstring, 8.): the seventh rule's suite
         # confirmation failed (benchmarks/results/noise_aware_variants.md).
         return cls(DEFAULT_ROUNDS, posterior="imputed")
@@ -227,9 +246,16 @@ class Schedule:
         """Per-round (score, curvature) noise multipliers for single-Gaussian calibration sigma."""
         return [(sigma / math.sqrt(s), sigma / math.sqrt(c)) for s, c in self.rounds]
 
+    def count_range_multiplier(self, sigma: float) -> float | None:
+        """The count histogram's noise multiplier (module docstring, 11.), or None without one."""
+        return sigma / math.sqrt(self.count_range) if self.count_range else None
+
     def events(self, sigma: float) -> list[Any]:
-        """The accountant's events: one Gaussian event per released statistic."""
-        return [acc.gaussian_event(m) for pair in self.noise_multipliers(sigma) for m in pair]
+        """The accountant's events: one Gaussian event per released statistic (the count
+        histogram's first, when the schedule has one)."""
+        first = self.count_range_multiplier(sigma)
+        return ([] if first is None else [acc.gaussian_event(first)]) + [
+            acc.gaussian_event(m) for pair in self.noise_multipliers(sigma) for m in pair]
 
     def as_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"rounds": [list(r) for r in self.rounds]}
@@ -255,6 +281,11 @@ class Schedule:
             out["expansion"] = self.expansion
             if self.expansion == "data":
                 out["expansion_rms_factor"] = EXPANSION_RMS_FACTOR
+        if self.count_range:
+            from .postprocess.count_range import CLIP_QUANTILE
+
+            out["count_range_share"] = self.count_range
+            out["count_range_quantile"] = CLIP_QUANTILE
         return out
 
 
@@ -277,6 +308,9 @@ THREE_ROUNDS: tuple[tuple[float, float], ...] = ((0.05, 0.1), (0.05, 0.1), (0.5,
 POISSON_ROUNDS: tuple[tuple[float, float], ...] = ((0.05, 0.05), (0.05, 0.1), (0.15, 0.2), (0.2, 0.2))
 #: Public trust region of the Poisson anchors (change of the linear predictor per round).
 POISSON_TRUST_ETA = 3.0
+#: The share of rho the Poisson default spends on the count's clip bound (module docstring, 11.;
+#: issue 37's twelfth rule, benchmarks/results/noise_aware_variants.md).
+COUNT_RANGE_SHARE = 0.05
 #: Convergence rule of the GLMs (issue 25; written down from the expansion's error bound, before
 #: any real table was run). Let ``delta`` be the last step (posterior mean minus last anchor) and
 #: ``eta* = eta_change(delta)`` its largest change of the linear predictor over the public box.

@@ -591,3 +591,25 @@ def test_pool_curvature_schedule_option():
     res = na.fit(model, _release_fn(pts, model, np.random.default_rng(7)), bounds, schedule=sched, sigma=1.0,
                  feature_norm=math.sqrt(2), generator=torch.Generator().manual_seed(7))
     assert bool(torch.isfinite(res.posterior.cov).all())
+
+
+def test_poisson_default_spends_a_share_on_the_count_range_and_declares_it():
+    """The Poisson default's count histogram (module docstring 11.) is one more Gaussian event, at
+    noise multiplier sigma / sqrt(share), first in the event list; the rounds keep their
+    proportions of the rest, and the shares still sum to 1 (a single Gaussian of multiplier sigma)."""
+    from dpsummary.models import PoissonRegression
+
+    sched = na.Schedule.default(PoissonRegression(3))
+    assert sched.count_range == na.COUNT_RANGE_SHARE
+    flat = [w for pair in sched.rounds for w in pair]
+    assert sum(flat) + sched.count_range == pytest.approx(1.0)
+    assert [r[0] / sched.rounds[0][0] for r in sched.rounds] == pytest.approx(
+        [r[0] / na.POISSON_ROUNDS[0][0] for r in na.POISSON_ROUNDS])
+    events = sched.events(2.0)
+    assert len(events) == 1 + 2 * len(sched.rounds)
+    assert events[0].noise_multiplier == pytest.approx(2.0 / math.sqrt(na.COUNT_RANGE_SHARE))
+    assert acc.epsilon(events, 1e-6, "rdp") == pytest.approx(acc.epsilon([acc.gaussian_event(2.0)], 1e-6, "rdp"))
+    assert sched.as_dict()["count_range_share"] == na.COUNT_RANGE_SHARE
+    assert na.Schedule.default(LogisticRegression(3)).count_range == 0.0
+    with pytest.raises(ValueError, match="sum to 1"):
+        na.Schedule(na.POISSON_ROUNDS, count_range=0.05)

@@ -150,6 +150,35 @@ def test_poisson_release_starts_from_dp_histograms_of_the_features_and_the_count
     assert "DP per-column histograms" in " ".join(res.output.split())  # the console wraps lines
 
 
+def test_default_poisson_release_clips_the_count_at_a_dp_quantile(tmp_path: Path, home: Path) -> None:
+    """Issue 37's twelfth rule: the default mechanism's Poisson release spends a declared share on
+    one Gaussian histogram of the count, whose noisy 99.9% quantile's bin edge (at most the
+    schema's bound) is the clip bound every round uses; the claim and the console say so, and
+    the events (the histogram's first) compose to the claimed epsilon."""
+    from dpsummary import accounting as A
+    from dpsummary import noise_aware
+    from dpsummary.artifact import read_artifact
+
+    data = _write_csv(tmp_path / "c.csv", 3000, target="count")
+    pol = tmp_path / "p.toml"
+    _policy(pol, n=3000, target_kind="count")
+    out = tmp_path / "r.json"
+    res = _release(str(data), "--epsilon", "0.5", "--policy", str(pol), "--out", str(out), "--size", "4")
+    assert res.exit_code == 0, res.output
+    _, claim, _ = read_artifact(out, allow_unsigned=True)
+    mech = claim["mechanism"]
+    assert mech["name"] == "noise-aware-newton"
+    cr = mech["count_range"]
+    sigma = mech["single_gaussian_noise_multiplier"]
+    assert cr["noise_multiplier"] == pytest.approx(sigma / noise_aware.COUNT_RANGE_SHARE ** 0.5)
+    assert 0.0 <= cr["clip_bound"] <= cr["schema_bound"] and mech["bounds"]["target_bound"] == cr["clip_bound"]
+    assert mech["schedule"]["count_range_share"] == noise_aware.COUNT_RANGE_SHARE
+    events = A.events_from_json(claim["events"])
+    eps = A.epsilon_rdp(events, claim["delta_accounting"])
+    assert eps == pytest.approx(claim["epsilon"]["rdp"], abs=1e-9) and eps <= 0.5
+    assert "count target" in " ".join(res.output.split())
+
+
 def test_linear_release_keeps_the_uniform_start_and_gives_the_share_to_optimisation(
     tmp_path: Path, home: Path
 ) -> None:

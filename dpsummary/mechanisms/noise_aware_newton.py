@@ -67,6 +67,16 @@ def noise_aware_summaries(plan: MechanismPlan, records: Any, size: int, generato
     # Gaussian's. A public rule (size and schema); the notes say when it applied.
     size = max(size, model.param_dim)
     feature_norm, target_bound = noise_aware.schema_bounds(tf)
+    count_clip = None
+    count_multiplier = schedule.count_range_multiplier(plan.noise_multiplier)
+    if count_multiplier is not None and tf.target_kind == "count":
+        # Module docstring of noise_aware, 11.: the count's clip bound from one more Gaussian
+        # mechanism (a histogram over public bins), then post-processing.
+        from ..postprocess.count_range import clip_bound, count_layout
+
+        layout = count_layout(tf.num_features, tf.target or "target", target_bound)
+        count_clip = clip_bound(records.noisy_marginals(layout, noise_multiplier=count_multiplier), target_bound)
+        target_bound = count_clip.bound
     bounds = noise_aware.public_bounds(model, feature_norm=feature_norm, target_bound=target_bound)
 
     def release(theta: torch.Tensor, score_bound: float, curvature_bound: float, s_mult: float, c_mult: float
@@ -103,12 +113,17 @@ def noise_aware_summaries(plan: MechanismPlan, records: Any, size: int, generato
         extra_notes.append(f"the noise-aware Gaussian is wider than the prior in {wider} direction(s), which no pseudocoreset "
                      "can carry (a weighted likelihood only narrows the prior): there the pseudocoreset's intervals are "
                      "narrower than the Gaussian's; the artifact also carries the Gaussian")
+    if count_clip is not None:
+        extra_notes.insert(0, count_clip.note())
     notes = [*result.notes, *extra_notes, f"pseudocoreset matched to the noise-aware Gaussian by {how} (symmetric KL {loss:.3g} nats"
              + (", a poor match: the artifact also carries the noise-aware Gaussian)" if loss > MATCH_KL_WARNING else ")")]
     return summary, {
         "gaussians": gaussians, "notes": notes,
         "noise_multipliers": [list(m) for m in result.noise_multipliers],
         "schedule": schedule.as_dict(), "bounds": {"feature_norm": feature_norm, "target_bound": target_bound},
+        "count_range": None if count_clip is None else {
+            "noise_multiplier": count_clip.noise_multiplier, "schema_bound": count_clip.schema_bound,
+            "clip_bound": count_clip.bound, "bin_above_noise": count_clip.surviving},
         "prior_mean": model.prior_mean.tolist(),
         "rounds": [{"score_bound": r.score_bound, "curvature_bound": r.curvature_bound} for r in result.rounds],
     }
@@ -154,7 +169,8 @@ class NoiseAwareNewton(GlmMechanism):
         ex = output.extra
         return {
             "name": self.name,
-            "description": ("rounds of DP Newton: at a public anchor (prior mean, then the previous round's "
+            "description": ("(for a count target, first one Gaussian histogram of the count over public bins, whose noisy "
+                            "99.9% quantile sets the count's clip bound) rounds of DP Newton: at a public anchor (prior mean, then the previous round's "
                             "noise-aware mean) the sums over ALL records of per-record log-likelihood scores "
                             "(clipped to L2 score_bound) and curvatures (upper triangle, diagonal included, clipped to L2 "
                             "curvature_bound and noised) are released by Gaussian mechanisms; the noise-aware "
@@ -166,9 +182,11 @@ class NoiseAwareNewton(GlmMechanism):
             "schedule": ex["schedule"],
             "bounds_rule": ("public, from the schema: feature L2 norm bound sqrt(sum over numeric columns of "
                             "their scaled range^2 + number of categorical columns), target bound from the "
-                            "target's declared range; per-model score/curvature bounds from "
-                            "Model.statistic_bounds"),
+                            "target's declared range (a count target's: the upper edge of the public 1-2-5 grid "
+                            "bin holding the noisy 99.9% quantile of one Gaussian histogram, capped there; "
+                            "count_range); per-model score/curvature bounds from Model.statistic_bounds"),
             "bounds": ex["bounds"],
+            "count_range": ex.get("count_range"),
             "rounds": ex["rounds"],
             # The released model's prior centre (summary.model.prior_mean): the model's prior mean,
             # or, with schedule.prior_centre "log-mean", the intercept at round 1's noisy log mean

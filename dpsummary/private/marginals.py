@@ -38,6 +38,10 @@ sensitivity is at most 1 and ``noise_std = noise_multiplier`` is exactly the mec
 public bounds) has no public bins; it is left out of the histograms and initialised from the
 public sampler, so it spends nothing.
 
+The same release serves the count target's clip bound of the default mechanism
+(:mod:`dpsummary.postprocess.count_range`): one column of kind ``"edges"``, the count's public
+1-2-5 grid edges, a record in exactly one bin, so ``K = 1`` and the same argument holds.
+
 """
 
 from __future__ import annotations
@@ -61,23 +65,36 @@ class ColumnBins:
     ``kind="numeric"``: coordinate ``start`` in ``[lower, upper]``; bins are [at lower,
     NUM_INTERIOR_BINS equal-width interior bins, at upper]. ``kind="categorical"``: coordinates
     ``start .. start + width - 1`` (one-hot); bins are the categories in order, then "none".
+    ``kind="edges"``: coordinate ``start``; bins ``(-inf, e_0], (e_0, e_1], ..., (e_last, inf)``
+    over the public, increasing ``edges`` (a value that is not a number falls in the last bin).
     """
 
     name: str
-    kind: Literal["numeric", "categorical"]
+    kind: Literal["numeric", "categorical", "edges"]
     start: int
     width: int
     lower: float = 0.0
     upper: float = 0.0
     #: The model-space target (a count with public bounds), not a feature column.
     target: bool = False
+    #: ``kind="edges"``: the public bin edges, increasing.
+    edges: tuple[float, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.kind == "edges" and (not self.edges or bool(np.any(np.diff(self.edges) <= 0))):
+            raise ValueError("edges must be non-empty and increasing")
 
     @property
     def num_bins(self) -> int:
+        if self.kind == "edges":
+            return len(self.edges) + 1
         return NUM_INTERIOR_BINS + 2 if self.kind == "numeric" else self.width + 1
 
     def record_bins(self, points: torch.Tensor) -> np.ndarray:
         """The bin of every record (exactly one each): a per-record function."""
+        if self.kind == "edges":
+            # searchsorted puts NaN after every edge: the last bin, still exactly one bin.
+            return np.searchsorted(np.asarray(self.edges), points[:, self.start].numpy(), side="left")
         if self.kind == "categorical":
             block = points[:, self.start : self.start + self.width].numpy()
             hot = block.argmax(axis=1)

@@ -230,3 +230,61 @@ def test_target_sampler_draws_the_targets_scale_and_features_ignore_it():
     assert "targets simulated from the model instead" in empty.describe()
     assert "rentals" not in empty.describe().partition("public box instead")[2]
     assert "features and targets" in m.describe()
+
+
+# ---- the count target's clip bound (dpsummary.postprocess.count_range) ------------------------
+def _counts(n: int, seed: int) -> torch.Tensor:
+    """Model-space points of a Poisson table: one feature, then the raw count."""
+    rng = np.random.default_rng(seed)
+    return torch.tensor(np.c_[rng.uniform(-1, 1, n), rng.poisson(5.0, n)], dtype=DTYPE)
+
+
+def test_count_edges_are_the_public_grid_below_the_bound():
+    from dpsummary.postprocess.count_range import count_edges
+
+    assert count_edges(10_000) == (0.0, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 2000.0, 5000.0)
+    assert count_edges(1.0) == (0.0,) and count_edges(7.0) == (0.0, 1.0, 2.0, 5.0)
+    with pytest.raises(ValueError, match="increasing"):
+        from dpsummary.private.marginals import ColumnBins
+
+        ColumnBins("y", "edges", 1, 1, edges=(0.0, 0.0))
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_count_histogram_puts_every_record_in_one_bin_and_has_sensitivity_one(seed):
+    from dpsummary.postprocess.count_range import count_layout
+
+    lay = count_layout(1, "y", 10_000)
+    pts = _counts(500, seed)
+    pts[0, 1] = float("nan")  # a value that is not a number still lands in exactly one bin
+    bins = lay.columns[0].record_bins(pts)
+    assert bins.min() >= 0 and bins.max() < lay.num_bins and lay.counts(pts).sum() == 500
+    assert bins[0] == lay.num_bins - 1
+    diff = (lay.counts(pts) - lay.counts(pts[:-1])) * lay.scale
+    assert np.count_nonzero(diff) == 1 and float(np.linalg.norm(diff)) <= 1.0
+    a, b = RecordingRandomness(3), RecordingRandomness(3)
+    PrivateRecords(pts[:-1], randomness=a).noisy_marginals(lay, noise_multiplier=2.0)
+    PrivateRecords(pts, randomness=b).noisy_marginals(lay, noise_multiplier=2.0)
+    assert float(np.linalg.norm(a.inputs[0] - b.inputs[0])) <= 1.0
+
+
+def test_clip_bound_is_the_edge_of_the_noisy_quantile_bin_capped_at_the_schema():
+    """Post-processing on given noisy counts: the bin holding the 99.9% quantile of the mass
+    above the noise threshold gives its upper edge; nothing above the noise keeps the schema's
+    bound; a quantile in the open top bin is the schema's bound."""
+    from dpsummary.postprocess.count_range import clip_bound, count_layout
+
+    lay = count_layout(1, "y", 10_000)  # 14 bins: (-inf, 0], (0, 1], (1, 2], (2, 5], (5, 10], ...
+    sigma = 1e-3 * lay.scale  # raw noise sd 1e-3: the threshold is a few thousandths of a record
+    counts = np.zeros(lay.num_bins)
+    counts[[3, 4, 5]] = [5000.0, 4000.0, 9.0]  # (2, 5], (5, 10], (10, 20]: 9 of 9,009 above 10 is 0.1%
+    clip = clip_bound(NoisyMarginals(lay, counts, sigma), 10_000)
+    assert clip.surviving and clip.bound == 10.0 and clip.schema_bound == 10_000
+    counts[5] = 20.0  # now more than 0.1% lie above 10
+    assert clip_bound(NoisyMarginals(lay, counts, sigma), 10_000).bound == 20.0
+    assert clip_bound(NoisyMarginals(lay, counts, sigma), 15.0).bound == 15.0  # capped at the schema
+    top = np.zeros(lay.num_bins)
+    top[-1] = 100.0  # all mass above the last edge
+    assert clip_bound(NoisyMarginals(lay, top, sigma), 10_000).bound == 10_000
+    none = clip_bound(NoisyMarginals(lay, np.full(lay.num_bins, -1.0), sigma), 10_000)
+    assert not none.surviving and none.bound == 10_000 and "no bin" in none.note()
