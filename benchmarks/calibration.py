@@ -593,6 +593,29 @@ def cached_reference(key: str, epsilon: float, delta: float) -> Reference | None
     return _REFERENCES.get((key, float(epsilon), float(delta)))
 
 
+def release_target_bound(schedule: Any, sigma: float, points: torch.Tensor, target_bound: float, randomness: Any,
+                         noise: torch.Generator | None = None) -> float:
+    """For the harnesses that call :func:`dpsummary.noise_aware.fit` directly: the target bound a
+    release of ``points`` (model space, the target last) uses, i.e. a count's clip bound when the
+    schedule spends on it (:func:`dpsummary.noise_aware.count_clip`, the release's own stage, its
+    histogram from ``randomness``, or from exact counts plus seeded Gaussian noise of the
+    mechanism's scale with ``noise``), else ``target_bound``."""
+    from dpsummary import noise_aware as na
+    from dpsummary.postprocess.marginals import NoisyMarginals
+    from dpsummary.private.mechanism import PrivateRecords
+
+    def histogram(layout: Any, multiplier: float) -> Any:
+        if noise is None:
+            return PrivateRecords(points, randomness=randomness).noisy_marginals(layout, noise_multiplier=multiplier)
+        counts = layout.counts(points)
+        draw = torch.randn(len(counts), generator=noise, dtype=torch.float64).numpy()
+        return NoisyMarginals(layout, counts + draw * multiplier / layout.scale, multiplier)
+
+    clip = na.count_clip(schedule, sigma=sigma, num_features=points.shape[1] - 1, target_name="target",
+                         target_bound=target_bound, histogram=histogram)
+    return target_bound if clip is None else float(clip.bound)
+
+
 def judge(posterior: Any, ref: Reference) -> dict[str, Any]:
     """:func:`dpsummary.metrics.trust_report` of ``posterior`` against ``ref`` (its floor and
     true parameter when it has them), plus the floor's own coverage (``floor_coverage``)."""

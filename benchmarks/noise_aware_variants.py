@@ -104,9 +104,11 @@ def _fit(model: Any, pts: torch.Tensor, fn: float, tb: float, epsilon: float, de
                                     score_noise_multiplier=sm, curvature_noise_multiplier=cm)
         return st.score, st.curvature
 
+    tb = cal.release_target_bound(sched, sigma, pts, tb, rnd)
     bounds = na.public_bounds(model, feature_norm=fn, target_bound=tb)
     return na.fit(model, release, bounds, schedule=sched, sigma=sigma, feature_norm=fn, target_bound=tb,
                   generator=torch.Generator().manual_seed(0))
+
 
 
 def _symmetric_noise(dim: int, tau: float, g: torch.Generator) -> torch.Tensor:

@@ -134,9 +134,10 @@ def fit(table: trust.Table, epsilon: float, schedule: na.Schedule | None = None,
         tri = tri + torch.randn(tri.shape[0], generator=noise, dtype=DTYPE) * (cm * cb)
         return score, symmetric_from_upper(tri, d)
 
-    bounds = na.public_bounds(table.model, feature_norm=table.feature_norm, target_bound=table.target_bound)
+    tb = calibration.release_target_bound(sched, sigma, table.train, table.target_bound, rnd, noise)
+    bounds = na.public_bounds(table.model, feature_norm=table.feature_norm, target_bound=tb)
     return na.fit(table.model, release, bounds, schedule=sched, sigma=sigma, feature_norm=table.feature_norm,
-                  target_bound=table.target_bound, generator=torch.Generator().manual_seed(0))
+                  target_bound=tb, generator=torch.Generator().manual_seed(0))
 
 
 def reference(table: trust.Table, res: na.NoiseAwareFit) -> calibration.Reference:

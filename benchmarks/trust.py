@@ -143,9 +143,10 @@ def noise_aware_fit(table: Table, epsilon: float, schedule: na.Schedule | None =
                                     score_noise_multiplier=sm, curvature_noise_multiplier=cm)
         return st.score, st.curvature
 
-    bounds = na.public_bounds(table.model, feature_norm=table.feature_norm, target_bound=table.target_bound)
+    tb = calibration.release_target_bound(sched, sigma, table.train, table.target_bound, rnd)
+    bounds = na.public_bounds(table.model, feature_norm=table.feature_norm, target_bound=tb)
     return na.fit(table.model, release, bounds, schedule=sched, sigma=sigma, feature_norm=table.feature_norm,
-                  target_bound=table.target_bound, generator=torch.Generator().manual_seed(0)), sigma
+                  target_bound=tb, generator=torch.Generator().manual_seed(0)), sigma
 
 
 def public_features(table: Table, size: int, g: torch.Generator) -> torch.Tensor:

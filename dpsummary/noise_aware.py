@@ -855,6 +855,24 @@ def fit(model: Model, release: ReleaseFn, bounds: BoundsFn, *, schedule: Schedul
                          converged=converged, model=model)
 
 
+def count_clip(schedule: Schedule, *, sigma: float, num_features: int, target_name: str, target_bound: float,
+               histogram: Callable[[Any, float], Any]) -> Any:
+    """The count target's clip bound (module docstring, 11.), or None when ``schedule`` spends
+    nothing on it: the public layout of :func:`dpsummary.postprocess.count_range.count_layout`,
+    ``histogram(layout, noise_multiplier)`` (the caller's Gaussian mechanism, e.g.
+    :meth:`~dpsummary.private.mechanism.PrivateRecords.noisy_marginals`; a
+    :class:`~dpsummary.postprocess.marginals.NoisyMarginals`) at the schedule's noise multiplier,
+    and its post-processing (a :class:`~dpsummary.postprocess.count_range.CountClip`). The one
+    place every caller of :func:`fit` (the release, the benchmarks) gets the bound from."""
+    multiplier = schedule.count_range_multiplier(sigma)
+    if multiplier is None:
+        return None
+    from .postprocess.count_range import clip_bound, count_layout
+
+    layout = count_layout(num_features, target_name, target_bound)
+    return clip_bound(histogram(layout, multiplier), target_bound)
+
+
 def public_bounds(model: Model, *, feature_norm: float, target_bound: float) -> BoundsFn:
     """The model's public per-record bounds for features of norm <= ``feature_norm``."""
     def bounds(theta: torch.Tensor) -> tuple[float, float]:

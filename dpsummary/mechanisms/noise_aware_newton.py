@@ -67,15 +67,12 @@ def noise_aware_summaries(plan: MechanismPlan, records: Any, size: int, generato
     # Gaussian's. A public rule (size and schema); the notes say when it applied.
     size = max(size, model.param_dim)
     feature_norm, target_bound = noise_aware.schema_bounds(tf)
-    count_clip = None
-    count_multiplier = schedule.count_range_multiplier(plan.noise_multiplier)
-    if count_multiplier is not None and tf.target_kind == "count":
-        # Module docstring of noise_aware, 11.: the count's clip bound from one more Gaussian
-        # mechanism (a histogram over public bins), then post-processing.
-        from ..postprocess.count_range import clip_bound, count_layout
-
-        layout = count_layout(tf.num_features, tf.target or "target", target_bound)
-        count_clip = clip_bound(records.noisy_marginals(layout, noise_multiplier=count_multiplier), target_bound)
+    # Module docstring of noise_aware, 11.: a count's clip bound from one more Gaussian mechanism
+    # (a histogram over public bins), then post-processing.
+    count_clip = None if tf.target_kind != "count" else noise_aware.count_clip(
+        schedule, sigma=plan.noise_multiplier, num_features=tf.num_features, target_name=tf.target or "target",
+        target_bound=target_bound, histogram=lambda layout, m: records.noisy_marginals(layout, noise_multiplier=m))
+    if count_clip is not None:
         target_bound = count_clip.bound
     bounds = noise_aware.public_bounds(model, feature_norm=feature_norm, target_bound=target_bound)
 
