@@ -503,9 +503,9 @@ def test_zero_config_logistic_reads_a_numeric_target_as_zero_one(tmp_path: Path,
     (other integers far above the noise of the released grid) is a charged refusal naming
     --positive-class. Failure rate: the 1/2 case fails to refuse only if the grid's noisy count
     of the 8,000 2s (noise sd about 1,000 here) falls 4 sds short: about 1e-5."""
-    rare = _numeric_target_csv(tmp_path / "rare.csv", 5000, ("0", "1"), 0.02, seed=7)
+    rare = _numeric_target_csv(tmp_path / "rare.csv", 20000, ("0", "1"), 0.005, seed=7)
     out = tmp_path / "rare.json"
-    res = _release(str(rare), "--epsilon", "0.3", "--model", "logistic", "--out", str(out), "--size", "4")
+    res = _release(str(rare), "--epsilon", "0.5", "--model", "logistic", "--out", str(out), "--size", "4")
     assert res.exit_code == 0, res.output
     assert "numeric target read as the classes 0 and 1" in " ".join(res.output.split())
     coded = _numeric_target_csv(tmp_path / "coded.csv", 20000, ("1", "2"), 0.4, seed=8)
