@@ -17,6 +17,7 @@ statistic bounds the bound implies, like any record outside the public box.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Final
 
@@ -31,7 +32,10 @@ CLIP_QUANTILE: Final = 0.999
 
 def count_edges(bound: float) -> tuple[float, ...]:
     """Public bin edges: 0, then the 1-2-5 steps strictly below ``bound`` (bins ``(-inf, 0]``,
-    ``(0, 1]``, ``(1, 2]``, ``(2, 5]``, ..., and everything above the last edge)."""
+    ``(0, 1]``, ``(1, 2]``, ``(2, 5]``, ..., and everything above the last edge). ``bound`` must be
+    finite (a schema's bounds are; a zero-configuration schema caps them at 1e9)."""
+    if not math.isfinite(bound):
+        raise ValueError("the count's bound must be finite")
     edges = [0.0]
     step = 1.0
     while True:

@@ -244,6 +244,9 @@ def test_count_edges_are_the_public_grid_below_the_bound():
 
     assert count_edges(10_000) == (0.0, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 2000.0, 5000.0)
     assert count_edges(1.0) == (0.0,) and count_edges(7.0) == (0.0, 1.0, 2.0, 5.0)
+    assert len(count_edges(1e9)) == 1 + 3 * 9
+    with pytest.raises(ValueError, match="finite"):
+        count_edges(float("inf"))
     with pytest.raises(ValueError, match="increasing"):
         from dpsummary.private.marginals import ColumnBins
 
