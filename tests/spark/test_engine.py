@@ -257,3 +257,22 @@ def test_stage1_sums_identical_to_local(spark: Any, tmp_path: Path, partitions: 
         src.noisy_record_count(noise_multiplier=3.0)
         assert recorder.inputs[0].tolist() == [float(tbl.num_rows)]
     local.close()
+
+
+def test_edges_histogram_identical_to_local(spark: Any, data: dict[str, Any]) -> None:
+    """The count clip's histogram (a layout of kind "edges", here over the 0/1 target and over x1's
+    model-space coordinate) gives Spark and the local engine the same pre-noise counts."""
+    from dpsummary.postprocess.count_range import count_layout
+    from dpsummary.private.marginals import ColumnBins, HistogramLayout
+
+    rows, _ = local_encoded([data["single"]], TF)
+    layouts = [count_layout(TF.num_features, "y", 1.0),
+               HistogramLayout((ColumnBins("x1", "edges", 0, 1, edges=(-0.5, 0.0, 0.5)),), 1)]
+    for layout in layouts:
+        local, remote = Recorder(), Recorder()
+        PrivateRecords(rows, randomness=local).noisy_marginals(layout, noise_multiplier=1.0)
+        enc = _source(spark, data["single"], remote).encode(TF, missing_numeric="impute", unseen_category="other")
+        enc.records.noisy_marginals(layout, noise_multiplier=1.0)
+        assert len(local.inputs) == len(remote.inputs) == 1
+        assert np.array_equal(local.inputs[0], remote.inputs[0])
+        assert float(local.inputs[0].sum()) > 0
