@@ -177,6 +177,10 @@ def test_default_poisson_release_clips_the_count_at_a_dp_quantile(tmp_path: Path
     eps = A.epsilon_rdp(events, claim["delta_accounting"])
     assert eps == pytest.approx(claim["epsilon"]["rdp"], abs=1e-9) and eps <= 0.5
     assert "count target" in " ".join(res.output.split())
+    shown = runner.invoke(app, ["inspect", str(out), "--key", str(home / "keys" / "dpsummary.pub")])
+    flat = " ".join(shown.output.split())
+    assert shown.exit_code == 0 and "count clip: 1 Gaussian histogram of the count" in flat
+    assert f"the {2 * len(mech['rounds']) + 1} releases compose to one Gaussian" in flat
 
 
 def test_linear_release_keeps_the_uniform_start_and_gives_the_share_to_optimisation(

@@ -58,6 +58,16 @@ def _noise_aware_rows(mech: dict[str, Any]) -> list[Row]:
         f"noise-aware-newton: {len(rounds)} rounds; each adds Gaussian noise once to the sums over every "
         "record (no sampling) of the clipped scores and of the clipped curvatures",
     )]
+    count = mech.get("count_range")
+    sched = mech.get("schedule") or {}
+    if isinstance(count, dict):
+        rows.append((
+            "count clip",
+            f"1 Gaussian histogram of the count over public bins, {_gaussian(count.get('noise_multiplier'), 1)} "
+            f"(share {_num(sched.get('count_range_share'))}): clip bound {_num(count.get('clip_bound'))} (the bin edge "
+            f"of its noisy {_num(100 * (sched.get('count_range_quantile') or 0))}% quantile; the schema's bound "
+            f"{_num(count.get('schema_bound'))})",
+        ))
     for i, bounds in enumerate(rounds):
         s_sigma, c_sigma = (list(sigmas[i]) + [None, None])[:2] if i < len(sigmas) else (None, None)
         share = f" (shares {', '.join(_num(x) for x in schedule[i])})" if i < len(schedule) else ""
@@ -66,7 +76,6 @@ def _noise_aware_rows(mech: dict[str, Any]) -> list[Row]:
             f"score: {_gaussian(s_sigma, bounds.get('score_bound'))}; "
             f"curvature: {_gaussian(c_sigma, bounds.get('curvature_bound'))}{share}",
         ))
-    sched = mech.get("schedule") or {}
     if sched.get("posterior") == "imputed":
         rows.append((
             "posterior",
@@ -79,7 +88,7 @@ def _noise_aware_rows(mech: dict[str, Any]) -> list[Row]:
     if isinstance(single, int | float):
         rows.append((
             "noise multiplier sigma",
-            f"{single:.4f}: the {2 * len(rounds)} releases compose to one Gaussian of this multiplier "
+            f"{single:.4f}: the {2 * len(rounds) + isinstance(count, dict)} releases compose to one Gaussian of this multiplier "
             "(share s: multiplier sigma / sqrt(s))",
         ))
     return rows
