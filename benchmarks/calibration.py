@@ -593,13 +593,13 @@ def cached_reference(key: str, epsilon: float, delta: float) -> Reference | None
     return _REFERENCES.get((key, float(epsilon), float(delta)))
 
 
-def release_target_bound(schedule: Any, sigma: float, points: torch.Tensor, target_bound: float, randomness: Any,
-                         noise: torch.Generator | None = None) -> float:
-    """For the harnesses that call :func:`dpsummary.noise_aware.fit` directly: the target bound a
-    release of ``points`` (model space, the target last) uses, i.e. a count's clip bound when the
-    schedule spends on it (:func:`dpsummary.noise_aware.count_clip`, the release's own stage, its
-    histogram from ``randomness``, or from exact counts plus seeded Gaussian noise of the
-    mechanism's scale with ``noise``), else ``target_bound``."""
+def release_bounds(schedule: Any, sigma: float, points: torch.Tensor, feature_norm: float, target_bound: float,
+                   randomness: Any, noise: torch.Generator | None = None) -> tuple[float, float]:
+    """For the harnesses that call :func:`dpsummary.noise_aware.fit` directly: the ``(feature_norm,
+    target_bound)`` a release of ``points`` (model space, the target last) uses, i.e. the data
+    ranges' clip bounds when the schedule spends on them (:func:`dpsummary.noise_aware.range_clips`,
+    the release's own stage, its histogram from ``randomness``, or from exact counts plus seeded
+    Gaussian noise of the mechanism's scale with ``noise``), else the schema's."""
     from dpsummary import noise_aware as na
     from dpsummary.postprocess.marginals import NoisyMarginals
     from dpsummary.private.mechanism import PrivateRecords
@@ -611,9 +611,12 @@ def release_target_bound(schedule: Any, sigma: float, points: torch.Tensor, targ
         draw = torch.randn(len(counts), generator=noise, dtype=torch.float64).numpy()
         return NoisyMarginals(layout, counts + draw * multiplier / layout.scale, multiplier)
 
-    clip = na.count_clip(schedule, sigma=sigma, num_features=points.shape[1] - 1, target_name="target",
-                         target_bound=target_bound, histogram=histogram)
-    return target_bound if clip is None else float(clip.bound)
+    clips = na.range_clips(schedule, sigma=sigma, num_features=points.shape[1] - 1, feature_norm=feature_norm,
+                           target_name="target", target_bound=target_bound, histogram=histogram)
+    if clips is None:
+        return feature_norm, target_bound
+    return (feature_norm if clips.feature is None else float(clips.feature.bound),
+            target_bound if clips.count is None else float(clips.count.bound))
 
 
 def judge(posterior: Any, ref: Reference) -> dict[str, Any]:

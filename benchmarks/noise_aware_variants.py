@@ -86,7 +86,16 @@ SCHEDULES: dict[str, Any] = {
     "G": lambda m: na.Schedule((*na.DEFAULT_ROUNDS[:-1], (0.3, 0.3)), posterior="imputed"),
     # Tenth rule: today's default with the log-odds anchor and the prior's intercept centred there.
     "P": lambda m: na.Schedule(na.DEFAULT_ROUNDS, posterior="imputed", anchor="log-odds", prior_centre="log-odds"),
+    # Thirteenth rule: today's default plus the features' norm clipped at a DP quantile, its share
+    # taken from the rounds in proportion.
+    "N": lambda m: _with_feature_range(na.Schedule.default(m), 0.05),
 }
+
+
+def _with_feature_range(sched: na.Schedule, share: float) -> na.Schedule:
+    factor = (1.0 - sched.count_range - share) / (1.0 - sched.count_range)
+    return dataclasses.replace(sched, rounds=tuple((s * factor, c * factor) for s, c in sched.rounds),
+                               feature_range=share)
 
 
 def _fit(model: Any, pts: torch.Tensor, fn: float, tb: float, epsilon: float, delta: float,
@@ -104,7 +113,7 @@ def _fit(model: Any, pts: torch.Tensor, fn: float, tb: float, epsilon: float, de
                                     score_noise_multiplier=sm, curvature_noise_multiplier=cm)
         return st.score, st.curvature
 
-    tb = cal.release_target_bound(sched, sigma, pts, tb, rnd)
+    fn, tb = cal.release_bounds(sched, sigma, pts, fn, tb, rnd)
     bounds = na.public_bounds(model, feature_norm=fn, target_bound=tb)
     return na.fit(model, release, bounds, schedule=sched, sigma=sigma, feature_norm=fn, target_bound=tb,
                   generator=torch.Generator().manual_seed(0))

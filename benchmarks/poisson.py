@@ -134,9 +134,9 @@ def fit(table: trust.Table, epsilon: float, schedule: na.Schedule | None = None,
         tri = tri + torch.randn(tri.shape[0], generator=noise, dtype=DTYPE) * (cm * cb)
         return score, symmetric_from_upper(tri, d)
 
-    tb = calibration.release_target_bound(sched, sigma, table.train, table.target_bound, rnd, noise)
-    bounds = na.public_bounds(table.model, feature_norm=table.feature_norm, target_bound=tb)
-    return na.fit(table.model, release, bounds, schedule=sched, sigma=sigma, feature_norm=table.feature_norm,
+    fn, tb = calibration.release_bounds(sched, sigma, table.train, table.feature_norm, table.target_bound, rnd, noise)
+    bounds = na.public_bounds(table.model, feature_norm=fn, target_bound=tb)
+    return na.fit(table.model, release, bounds, schedule=sched, sigma=sigma, feature_norm=fn,
                   target_bound=tb, generator=torch.Generator().manual_seed(0))
 
 

@@ -143,9 +143,9 @@ def noise_aware_fit(table: Table, epsilon: float, schedule: na.Schedule | None =
                                     score_noise_multiplier=sm, curvature_noise_multiplier=cm)
         return st.score, st.curvature
 
-    tb = calibration.release_target_bound(sched, sigma, table.train, table.target_bound, rnd)
-    bounds = na.public_bounds(table.model, feature_norm=table.feature_norm, target_bound=tb)
-    return na.fit(table.model, release, bounds, schedule=sched, sigma=sigma, feature_norm=table.feature_norm,
+    fn, tb = calibration.release_bounds(sched, sigma, table.train, table.feature_norm, table.target_bound, rnd)
+    bounds = na.public_bounds(table.model, feature_norm=fn, target_bound=tb)
+    return na.fit(table.model, release, bounds, schedule=sched, sigma=sigma, feature_norm=fn,
                   target_bound=tb, generator=torch.Generator().manual_seed(0)), sigma
 
 

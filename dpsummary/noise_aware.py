@@ -118,6 +118,17 @@ aware) posterior ``N((H + P)^-1 (s + H a + P mu0), (H + P)^-1)`` is returned for
     bounds use it. A record above it has its score clipped like a record outside the public box
     (a bias the 0.1% tail makes small: benchmarks/results/noise_aware_variants.md, twelfth rule).
 
+12. **The features' norm clipped at the data's** (issue 37's thirteenth rule,
+    ``Schedule.feature_range``). The score's and the curvature's sensitivities grow with the
+    largest feature norm the public box allows, which a curator's wide bounds put far above the
+    data (the suite's ``sim_correlated`` and ``sim_imbalanced``: the data's 99.9% norm is 0.11x
+    and 0.15x the box's). One more histogram, of the L2 norm of each record's model-space
+    features over public geometric bins below the box's norm (in the same Gaussian mechanism as
+    the count's histogram when there is one), sets the norm every round's bounds, trust region
+    and convergence check use: the upper edge of the bin holding its noisy 99.9% quantile
+    (:mod:`dpsummary.postprocess.count_range`). A record above it has its score and curvature
+    clipped, the same bias as the count's clip.
+
 Totality: whatever the noise draws, :func:`fit` returns finite Gaussians or raises
 :class:`NonFiniteFit` (a DP-decided outcome; the release turns it into a charged refusal).
 
@@ -204,9 +215,12 @@ class Schedule:
     #: target's clip bound (module docstring, 11.; :mod:`dpsummary.postprocess.count_range`), or 0
     #: (the schema's bound). Counts only (Poisson). Public.
     count_range: float = 0.0
+    #: The share of rho spent on the histogram of the features' L2 norm whose noisy quantile sets
+    #: the norm the rounds' bounds use (module docstring, 12.), or 0 (the schema's box). Public.
+    feature_range: float = 0.0
 
     def __post_init__(self) -> None:
-        flat = [w for pair in self.rounds for w in pair] + ([self.count_range] if self.count_range else [])
+        flat = [w for pair in self.rounds for w in pair] + [w for w in (self.count_range, self.feature_range) if w]
         if not self.rounds or any(not (w > 0) for w in flat) or abs(sum(flat) - 1.0) > 1e-9:
             raise ValueError("schedule shares must be positive and sum to 1")
         if self.anchor not in (None, "log-mean", "log-odds"):
@@ -246,14 +260,16 @@ class Schedule:
         """Per-round (score, curvature) noise multipliers for single-Gaussian calibration sigma."""
         return [(sigma / math.sqrt(s), sigma / math.sqrt(c)) for s, c in self.rounds]
 
-    def count_range_multiplier(self, sigma: float) -> float | None:
-        """The count histogram's noise multiplier (module docstring, 11.), or None without one."""
-        return sigma / math.sqrt(self.count_range) if self.count_range else None
+    def range_multiplier(self, sigma: float) -> float | None:
+        """The data-range histogram's noise multiplier (module docstring, 11. and 12.: the count's
+        and the feature norm's bins in one Gaussian mechanism), or None without one."""
+        share = self.count_range + self.feature_range
+        return sigma / math.sqrt(share) if share else None
 
     def events(self, sigma: float) -> list[Any]:
         """The accountant's events: one Gaussian event per released statistic (the count
         histogram's first, when the schedule has one)."""
-        first = self.count_range_multiplier(sigma)
+        first = self.range_multiplier(sigma)
         return ([] if first is None else [acc.gaussian_event(first)]) + [
             acc.gaussian_event(m) for pair in self.noise_multipliers(sigma) for m in pair]
 
@@ -286,6 +302,11 @@ class Schedule:
 
             out["count_range_share"] = self.count_range
             out["count_range_quantile"] = CLIP_QUANTILE
+        if self.feature_range:
+            from .postprocess.count_range import NORM_QUANTILE
+
+            out["feature_range_share"] = self.feature_range
+            out["feature_range_quantile"] = NORM_QUANTILE
         return out
 
 
@@ -855,22 +876,27 @@ def fit(model: Model, release: ReleaseFn, bounds: BoundsFn, *, schedule: Schedul
                          converged=converged, model=model)
 
 
-def count_clip(schedule: Schedule, *, sigma: float, num_features: int, target_name: str, target_bound: float,
-               histogram: Callable[[Any, float], Any]) -> Any:
-    """The count target's clip bound (module docstring, 11.), or None when ``schedule`` spends
-    nothing on it: the public layout of :func:`dpsummary.postprocess.count_range.count_layout`,
-    ``histogram(layout, noise_multiplier)`` (the caller's Gaussian mechanism, e.g.
-    :meth:`~dpsummary.private.mechanism.PrivateRecords.noisy_marginals`; a
+def range_clips(schedule: Schedule, *, sigma: float, num_features: int, feature_norm: float, target_name: str,
+                target_bound: float, histogram: Callable[[Any, float], Any]) -> Any:
+    """The data ranges the rounds clip at (module docstring, 11. and 12.), or None when
+    ``schedule`` spends nothing on them: the public layout of
+    :func:`dpsummary.postprocess.count_range.range_layout` (the feature norm's bins below
+    ``feature_norm`` with ``schedule.feature_range``, the count's below ``target_bound`` with
+    ``schedule.count_range``), ``histogram(layout, noise_multiplier)`` (the caller's Gaussian
+    mechanism, e.g. :meth:`~dpsummary.private.mechanism.PrivateRecords.noisy_marginals`; a
     :class:`~dpsummary.postprocess.marginals.NoisyMarginals`) at the schedule's noise multiplier,
-    and its post-processing (a :class:`~dpsummary.postprocess.count_range.CountClip`). The one
-    place every caller of :func:`fit` (the release, the benchmarks) gets the bound from."""
-    multiplier = schedule.count_range_multiplier(sigma)
+    and its post-processing (a :class:`~dpsummary.postprocess.count_range.RangeClips`). The one
+    place every caller of :func:`fit` (the release, the benchmarks) gets the bounds from."""
+    multiplier = schedule.range_multiplier(sigma)
     if multiplier is None:
         return None
-    from .postprocess.count_range import clip_bound, count_layout
+    from .postprocess.count_range import RangeClips, clip_bound, norm_clip, range_layout
 
-    layout = count_layout(num_features, target_name, target_bound)
-    return clip_bound(histogram(layout, multiplier), target_bound)
+    layout = range_layout(num_features, feature_bound=feature_norm if schedule.feature_range else None,
+                          count=(target_name, target_bound) if schedule.count_range else None)
+    noisy = histogram(layout, multiplier)
+    return RangeClips(norm_clip(noisy, feature_norm) if schedule.feature_range else None,
+                      clip_bound(noisy, target_bound) if schedule.count_range else None)
 
 
 def public_bounds(model: Model, *, feature_norm: float, target_bound: float) -> BoundsFn:

@@ -66,14 +66,20 @@ def noise_aware_summaries(plan: MechanismPlan, records: Any, size: int, generato
     # public mode, d 106 and 62; sim_small_wide, d 60) showed intervals other than its signed
     # Gaussian's. A public rule (size and schema); the notes say when it applied.
     size = max(size, model.param_dim)
-    feature_norm, target_bound = noise_aware.schema_bounds(tf)
-    # Module docstring of noise_aware, 11.: a count's clip bound from one more Gaussian mechanism
-    # (a histogram over public bins), then post-processing.
-    count_clip = None if tf.target_kind != "count" else noise_aware.count_clip(
-        schedule, sigma=plan.noise_multiplier, num_features=tf.num_features, target_name=tf.target or "target",
-        target_bound=target_bound, histogram=lambda layout, m: records.noisy_marginals(layout, noise_multiplier=m))
+    schema_norm, schema_target_bound = noise_aware.schema_bounds(tf)
+    feature_norm, target_bound = schema_norm, schema_target_bound
+    # Module docstring of noise_aware, 11. and 12.: the count's and the features' clip bounds from
+    # one more Gaussian mechanism (a histogram over public bins), then post-processing.
+    ranges = noise_aware.range_clips(
+        schedule, sigma=plan.noise_multiplier, num_features=tf.num_features, feature_norm=feature_norm,
+        target_name=tf.target or "target", target_bound=target_bound,
+        histogram=lambda layout, m: records.noisy_marginals(layout, noise_multiplier=m))
+    count_clip = None if ranges is None else ranges.count
+    norm_clip = None if ranges is None else ranges.feature
     if count_clip is not None:
         target_bound = count_clip.bound
+    if norm_clip is not None:
+        feature_norm = norm_clip.bound
     bounds = noise_aware.public_bounds(model, feature_norm=feature_norm, target_bound=target_bound)
 
     def release(theta: torch.Tensor, score_bound: float, curvature_bound: float, s_mult: float, c_mult: float
@@ -110,8 +116,8 @@ def noise_aware_summaries(plan: MechanismPlan, records: Any, size: int, generato
         extra_notes.append(f"the noise-aware Gaussian is wider than the prior in {wider} direction(s), which no pseudocoreset "
                      "can carry (a weighted likelihood only narrows the prior): there the pseudocoreset's intervals are "
                      "narrower than the Gaussian's; the artifact also carries the Gaussian")
-    if count_clip is not None:
-        extra_notes.insert(0, count_clip.note())
+    if ranges is not None:
+        extra_notes[:0] = ranges.notes()
     notes = [*result.notes, *extra_notes, f"pseudocoreset matched to the noise-aware Gaussian by {how} (symmetric KL {loss:.3g} nats"
              + (", a poor match: the artifact also carries the noise-aware Gaussian)" if loss > MATCH_KL_WARNING else ")")]
     return summary, {
@@ -121,6 +127,9 @@ def noise_aware_summaries(plan: MechanismPlan, records: Any, size: int, generato
         "count_range": None if count_clip is None else {
             "noise_multiplier": count_clip.noise_multiplier, "schema_bound": count_clip.schema_bound,
             "clip_bound": count_clip.bound, "bin_above_noise": count_clip.surviving},
+        "feature_range": None if norm_clip is None else {
+            "noise_multiplier": norm_clip.noise_multiplier, "schema_bound": norm_clip.schema_bound,
+            "clip_bound": norm_clip.bound, "bin_above_noise": norm_clip.surviving},
         "prior_mean": model.prior_mean.tolist(),
         "rounds": [{"score_bound": r.score_bound, "curvature_bound": r.curvature_bound} for r in result.rounds],
     }
@@ -184,6 +193,7 @@ class NoiseAwareNewton(GlmMechanism):
                             "count_range); per-model score/curvature bounds from Model.statistic_bounds"),
             "bounds": ex["bounds"],
             "count_range": ex.get("count_range"),
+            "feature_range": ex.get("feature_range"),
             "rounds": ex["rounds"],
             # The released model's prior centre (summary.model.prior_mean): the model's prior mean,
             # or, with schedule.prior_centre "log-mean", the intercept at round 1's noisy log mean

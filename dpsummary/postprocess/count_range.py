@@ -1,5 +1,5 @@
-"""The count target's clip bound from a DP histogram (the default mechanism's Poisson releases;
-:mod:`dpsummary.noise_aware`, module docstring 11.).
+"""The count target's and the feature norm's clip bounds from one DP histogram (the default
+mechanism's data ranges; :mod:`dpsummary.noise_aware`, module docstring 11. and 12.).
 
 Public planning and post-processing only: the bins (:func:`count_layout`: the 1-2-5 grid edges
 below the schema's upper bound ``B``, all public) and what the noisy histogram makes of the bound
@@ -13,6 +13,14 @@ empty bin survives with probability 1% over all bins) are zeroed; the bound is t
 the bin holding the :data:`CLIP_QUANTILE` quantile of what remains, capped at ``B``; ``B`` itself
 when no bin survives. Records above the bound are not dropped: their scores are clipped by the
 statistic bounds the bound implies, like any record outside the public box.
+
+The feature norm (issue 37's thirteenth rule, written before its run): the L2 norm of a record's
+model-space feature coordinates over public geometric bins below the schema's norm bound ``F``
+(:func:`norm_edges`: ``F 2^(-k/4)``, ``k = 32 .. 1``); the same threshold; the clip is the upper
+edge of the bin holding the :data:`NORM_QUANTILE` quantile of what remains, ``F`` when no bin
+survives. A record whose features' norm exceeds it has its score and curvature clipped by the
+statistic bounds the smaller norm implies. Both histograms, when a release has both, are one
+Gaussian mechanism (a record in one bin of each: ``K = 2``, :func:`range_layout`).
 """
 
 from __future__ import annotations
@@ -28,6 +36,11 @@ from .marginals import NoisyMarginals
 
 #: The noisy quantile of the count whose bin's upper edge is the clip bound (public).
 CLIP_QUANTILE: Final = 0.999
+#: The noisy quantile of the feature norm whose bin's upper edge is its clip bound (public).
+NORM_QUANTILE: Final = 0.999
+#: The feature norm's public bins: NORM_STEPS per halving, NORM_OCTAVES halvings below the bound.
+NORM_STEPS: Final = 4
+NORM_OCTAVES: Final = 8
 
 
 def count_edges(bound: float) -> tuple[float, ...]:
@@ -46,10 +59,38 @@ def count_edges(bound: float) -> tuple[float, ...]:
         step *= 10.0
 
 
+def norm_edges(bound: float) -> tuple[float, ...]:
+    """Public, increasing bin edges of the feature norm: ``bound 2^(-k / NORM_STEPS)`` for ``k =
+    NORM_STEPS * NORM_OCTAVES .. 1`` (bins ``(-inf, e_0], ..., (e_last, inf)``; the last bin's upper
+    edge is ``bound``). ``bound`` must be positive and finite."""
+    if not (bound > 0 and math.isfinite(bound)):
+        raise ValueError("the feature norm's bound must be positive and finite")
+    top = NORM_STEPS * NORM_OCTAVES
+    return tuple(float(bound) * 2.0 ** (-k / NORM_STEPS) for k in range(top, 0, -1))
+
+
+FEATURE_NORM: Final = "feature norm"
+
+
+def range_layout(num_features: int, *, feature_bound: float | None = None,
+                 count: tuple[str, float] | None = None) -> HistogramLayout:
+    """One histogram of the data ranges a release clips at: the feature norm (coordinates
+    ``0 .. num_features - 1``, when ``feature_bound`` is given) and the count target (coordinate
+    ``num_features``, the raw count, when ``count = (name, bound)`` is given)."""
+    columns = []
+    if feature_bound is not None:
+        columns.append(ColumnBins(FEATURE_NORM, "norm", 0, num_features, edges=norm_edges(feature_bound)))
+    if count is not None:
+        name, bound = count
+        columns.append(ColumnBins(name, "edges", num_features, 1, target=True, edges=count_edges(bound)))
+    if not columns:
+        raise ValueError("a range layout needs the feature norm or a count target")
+    return HistogramLayout(tuple(columns), num_features + (1 if count is not None else 0))
+
+
 def count_layout(num_features: int, name: str, bound: float) -> HistogramLayout:
-    """The histogram of the count target (model-space coordinate ``num_features``, the raw count)."""
-    column = ColumnBins(name, "edges", num_features, 1, target=True, edges=count_edges(bound))
-    return HistogramLayout((column,), num_features + 1)
+    """The histogram of the count target alone (model-space coordinate ``num_features``)."""
+    return range_layout(num_features, count=(name, bound))
 
 
 @dataclass(frozen=True)
@@ -70,13 +111,59 @@ class CountClip:
                 f"schema's bound is {self.schema_bound:g}): a record with a larger count has its score clipped")
 
 
+@dataclass(frozen=True)
+class NormClip:
+    """The feature norm's clip bound a release used, the schema's bound, and whether any bin rose
+    above the noise."""
+
+    bound: float
+    schema_bound: float
+    surviving: bool
+    noise_multiplier: float
+
+    def note(self) -> str:
+        if not self.surviving:
+            return (f"feature norm: no bin of its DP histogram rose above the noise (noise multiplier "
+                    f"{self.noise_multiplier:.4g}); its clip bound is the schema's {self.schema_bound:.4g}")
+        return (f"features clipped at L2 norm {self.bound:.4g} in model space (the upper edge of the public bin "
+                f"holding their norm's noisy {NORM_QUANTILE:.1%} quantile, noise multiplier {self.noise_multiplier:.4g}; "
+                f"the schema's box allows {self.schema_bound:.4g}): a record with a larger norm has its score and "
+                "curvature clipped")
+
+
+def _quantile_edge(mass: np.ndarray, edges: tuple[float, ...], top: float, quantile: float) -> float:
+    """The upper edge of the bin holding ``quantile`` of ``mass`` (``top`` for the last bin)."""
+    cumulative = np.cumsum(mass) / mass.sum()
+    k = int(np.searchsorted(cumulative, quantile, side="left"))
+    return float(edges[k]) if k < len(edges) else float(top)
+
+
 def clip_bound(noisy: NoisyMarginals, schema_bound: float) -> CountClip:
-    """The clip bound from the released histogram of :func:`count_layout` (post-processing)."""
-    (mass,) = noisy.masses()
-    (column,) = noisy.layout.columns
+    """The count's clip bound from the released histogram of :func:`range_layout` (post-processing)."""
+    ((column, mass),) = [(c, m) for c, m in zip(noisy.layout.columns, noisy.masses(), strict=True) if c.target]
     if mass is None:
         return CountClip(float(schema_bound), float(schema_bound), False, noisy.noise_multiplier)
-    cumulative = np.cumsum(mass) / mass.sum()
-    k = int(np.searchsorted(cumulative, CLIP_QUANTILE, side="left"))
-    upper = column.edges[k] if k < len(column.edges) else float(schema_bound)
-    return CountClip(min(float(upper), float(schema_bound)), float(schema_bound), True, noisy.noise_multiplier)
+    upper = _quantile_edge(mass, column.edges, schema_bound, CLIP_QUANTILE)
+    return CountClip(min(upper, float(schema_bound)), float(schema_bound), True, noisy.noise_multiplier)
+
+
+def norm_clip(noisy: NoisyMarginals, schema_bound: float) -> NormClip:
+    """The feature norm's clip bound from the released histogram of :func:`range_layout`."""
+    ((column, mass),) = [(c, m) for c, m in zip(noisy.layout.columns, noisy.masses(), strict=True)
+                         if c.kind == "norm"]
+    if mass is None:
+        return NormClip(float(schema_bound), float(schema_bound), False, noisy.noise_multiplier)
+    upper = _quantile_edge(mass, column.edges, schema_bound, NORM_QUANTILE)
+    return NormClip(min(upper, float(schema_bound)), float(schema_bound), True, noisy.noise_multiplier)
+
+
+@dataclass(frozen=True)
+class RangeClips:
+    """What a release's data-range stage decided: the feature norm's clip (or None) and the
+    count's (or None)."""
+
+    feature: NormClip | None
+    count: CountClip | None
+
+    def notes(self) -> list[str]:
+        return [c.note() for c in (self.feature, self.count) if c is not None]

@@ -40,7 +40,10 @@ public sampler, so it spends nothing.
 
 The same release serves the count target's clip bound of the default mechanism
 (:mod:`dpsummary.postprocess.count_range`): one column of kind ``"edges"``, the count's public
-1-2-5 grid edges, a record in exactly one bin, so ``K = 1`` and the same argument holds.
+1-2-5 grid edges, a record in exactly one bin, so ``K = 1`` and the same argument holds. So does
+the feature norm's clip bound (issue 37's thirteenth rule): one column of kind ``"norm"``, the L2
+norm of the record's model-space feature coordinates over public edges, a record in exactly one
+bin; both ranges together are one histogram with ``K = 2``.
 
 """
 
@@ -67,10 +70,12 @@ class ColumnBins:
     ``start .. start + width - 1`` (one-hot); bins are the categories in order, then "none".
     ``kind="edges"``: coordinate ``start``; bins ``(-inf, e_0], (e_0, e_1], ..., (e_last, inf)``
     over the public, increasing ``edges`` (a value that is not a number falls in the last bin).
+    ``kind="norm"``: the same bins over the L2 norm of coordinates ``start .. start + width - 1``
+    (a record's feature block).
     """
 
     name: str
-    kind: Literal["numeric", "categorical", "edges"]
+    kind: Literal["numeric", "categorical", "edges", "norm"]
     start: int
     width: int
     lower: float = 0.0
@@ -81,12 +86,12 @@ class ColumnBins:
     edges: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
-        if self.kind == "edges" and (not self.edges or bool(np.any(np.diff(self.edges) <= 0))):
+        if self.kind in ("edges", "norm") and (not self.edges or bool(np.any(np.diff(self.edges) <= 0))):
             raise ValueError("edges must be non-empty and increasing")
 
     @property
     def num_bins(self) -> int:
-        if self.kind == "edges":
+        if self.kind in ("edges", "norm"):
             return len(self.edges) + 1
         return NUM_INTERIOR_BINS + 2 if self.kind == "numeric" else self.width + 1
 
@@ -95,6 +100,9 @@ class ColumnBins:
         if self.kind == "edges":
             # searchsorted puts NaN after every edge: the last bin, still exactly one bin.
             return np.searchsorted(np.asarray(self.edges), points[:, self.start].numpy(), side="left")
+        if self.kind == "norm":
+            block = points[:, self.start : self.start + self.width].numpy()
+            return np.searchsorted(np.asarray(self.edges), np.linalg.norm(block, axis=1), side="left")
         if self.kind == "categorical":
             block = points[:, self.start : self.start + self.width].numpy()
             hot = block.argmax(axis=1)
