@@ -613,3 +613,56 @@ def test_poisson_default_spends_a_share_on_the_count_range_and_declares_it():
     assert na.Schedule.default(LogisticRegression(3)).count_range == 0.0
     with pytest.raises(ValueError, match="sum to 1"):
         na.Schedule(na.POISSON_ROUNDS, count_range=0.05)
+
+
+def test_feature_range_option_shares_one_histogram_with_the_count_range():
+    """The thirteenth rule's option (not a default): the feature norm's histogram joins the count's
+    in one Gaussian event at sigma / sqrt(both shares), first in the event list, and the shares
+    still compose to the single Gaussian of multiplier sigma."""
+    import dataclasses
+
+    from dpsummary.models import PoissonRegression
+
+    base = na.Schedule.default(PoissonRegression(3))
+    factor = (1.0 - base.count_range - 0.05) / (1.0 - base.count_range)
+    sched = dataclasses.replace(base, rounds=tuple((s * factor, c * factor) for s, c in base.rounds),
+                                feature_range=0.05)
+    events = sched.events(2.0)
+    assert len(events) == 1 + 2 * len(sched.rounds)
+    assert events[0].noise_multiplier == pytest.approx(2.0 / math.sqrt(na.COUNT_RANGE_SHARE + 0.05))
+    assert acc.epsilon(events, 1e-6, "rdp") == pytest.approx(acc.epsilon([acc.gaussian_event(2.0)], 1e-6, "rdp"))
+    assert sched.as_dict()["feature_range_share"] == 0.05
+    assert na.Schedule.default(LogisticRegression(3)).feature_range == 0.0
+    with pytest.raises(ValueError, match="sum to 1"):
+        dataclasses.replace(base, feature_range=0.05)
+
+
+def test_range_clips_reads_both_bounds_from_one_histogram():
+    """:func:`noise_aware.range_clips` hands the caller's mechanism one layout holding the norm's and
+    the count's bins and reads each clip from it; None when the schedule spends nothing."""
+    import dataclasses
+
+    from dpsummary.models import PoissonRegression
+    from dpsummary.postprocess.marginals import NoisyMarginals
+
+    sched = na.Schedule.default(PoissonRegression(2))
+    factor = (1.0 - sched.count_range - 0.05) / (1.0 - sched.count_range)
+    sched = dataclasses.replace(sched, rounds=tuple((s * factor, c * factor) for s, c in sched.rounds),
+                                feature_range=0.05)
+    rng = np.random.default_rng(0)
+    pts = torch.tensor(np.c_[rng.uniform(-0.1, 0.1, (2000, 2)), rng.poisson(3.0, 2000)], dtype=torch.float64)
+    seen = []
+
+    def exact(layout, multiplier):
+        seen.append((layout, multiplier))
+        return NoisyMarginals(layout, layout.counts(pts), multiplier)
+
+    clips = na.range_clips(sched, sigma=1e-3, num_features=2, feature_norm=math.sqrt(2), target_name="y",
+                           target_bound=1000.0, histogram=exact)
+    (layout, multiplier), = seen
+    assert [c.kind for c in layout.columns] == ["norm", "edges"] and layout.touches == 2
+    assert multiplier == pytest.approx(sched.range_multiplier(1e-3))
+    assert 0.1 < clips.feature.bound <= 0.2 and clips.count.bound in (10.0, 20.0)
+    assert len(clips.notes()) == 2
+    assert na.range_clips(na.Schedule.default(LogisticRegression(2)), sigma=1.0, num_features=2,
+                          feature_norm=1.0, target_name="y", target_bound=1.0, histogram=exact) is None

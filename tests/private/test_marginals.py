@@ -291,3 +291,74 @@ def test_clip_bound_is_the_edge_of_the_noisy_quantile_bin_capped_at_the_schema()
     assert clip_bound(NoisyMarginals(lay, top, sigma), 10_000).bound == 10_000
     none = clip_bound(NoisyMarginals(lay, np.full(lay.num_bins, -1.0), sigma), 10_000)
     assert not none.surviving and none.bound == 10_000 and "no bin" in none.note()
+
+
+# ---- the features' norm clip bound (issue 37's thirteenth rule) -------------------------------
+def test_norm_edges_halve_in_quarter_steps_below_the_bound():
+    from dpsummary.postprocess.count_range import NORM_OCTAVES, NORM_STEPS, norm_edges
+
+    edges = norm_edges(4.0)
+    assert len(edges) == NORM_STEPS * NORM_OCTAVES
+    assert edges[-1] == pytest.approx(4.0 * 2**-0.25) and edges[0] == pytest.approx(4.0 / 2**NORM_OCTAVES)
+    assert np.allclose(np.diff(np.log2(edges)), 1.0 / NORM_STEPS)
+    for bad in (0.0, -1.0, float("inf"), float("nan")):
+        with pytest.raises(ValueError, match="positive and finite"):
+            norm_edges(bad)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_range_histogram_puts_every_record_in_one_bin_per_column_and_has_sensitivity_one(seed):
+    """The feature norm's and the count's bins in one layout: a record in exactly one bin of each
+    (K = 2), so neighbouring count vectors differ in two coordinates by one each, and the scaled
+    difference (the mechanism's input) has L2 norm at most 1."""
+    from dpsummary.postprocess.count_range import range_layout
+
+    lay = range_layout(1, feature_bound=1.0, count=("y", 10_000))
+    assert lay.touches == 2 and [c.kind for c in lay.columns] == ["norm", "edges"]
+    pts = _counts(500, seed)
+    pts[0, 0] = float("nan")  # a feature that is not a number still lands in exactly one bin
+    norm_bins = lay.columns[0].record_bins(pts)
+    assert norm_bins[0] == lay.columns[0].num_bins - 1
+    expected = np.searchsorted(lay.columns[0].edges, np.abs(pts[1:, 0].numpy()), side="left")
+    assert np.array_equal(norm_bins[1:], expected)
+    assert [p.sum() for p in lay.split(lay.counts(pts))] == [500.0, 500.0]
+    diff = (lay.counts(pts) - lay.counts(pts[:-1])) * lay.scale
+    assert np.count_nonzero(diff) == 2 and float(np.linalg.norm(diff)) <= 1.0
+    a, b = RecordingRandomness(3), RecordingRandomness(3)
+    PrivateRecords(pts[:-1], randomness=a).noisy_marginals(lay, noise_multiplier=2.0)
+    PrivateRecords(pts, randomness=b).noisy_marginals(lay, noise_multiplier=2.0)
+    assert float(np.linalg.norm(a.inputs[0] - b.inputs[0])) <= 1.0
+
+
+def test_norm_bins_read_the_whole_feature_block():
+    from dpsummary.postprocess.count_range import range_layout
+
+    lay = range_layout(3, feature_bound=math.sqrt(3))
+    assert lay.num_features == 3 and lay.touches == 1
+    pts = torch.tensor([[0.0, 0.0, 0.0, 1.0], [1.0, 1.0, 1.0, 0.0], [0.3, -0.4, 0.0, 1.0]], dtype=DTYPE)
+    bins = lay.columns[0].record_bins(pts)
+    edges = np.asarray(lay.columns[0].edges)
+    assert bins[0] == 0 and bins[1] == len(edges)  # the box's corner lies above the last edge
+    assert edges[bins[2] - 1] < 0.5 <= edges[bins[2]]
+
+
+def test_norm_clip_is_the_edge_of_the_noisy_quantile_bin_and_capped_at_the_box():
+    from dpsummary.postprocess.count_range import norm_clip, range_layout
+
+    lay = range_layout(2, feature_bound=2.0, count=("y", 100))
+    norm_col, count_col = lay.columns
+    sigma = 1e-3 * lay.scale
+    counts = np.zeros(lay.num_bins)
+    counts[norm_col.num_bins + 2] = 10_000.0  # every count in (1, 2]
+    counts[[10, 11, 12]] = [5000.0, 4990.0, 10.0]  # 10 of 10,000 norms in bin 12: the 99.9% quantile in 11
+    clip = norm_clip(NoisyMarginals(lay, counts, sigma), 2.0)
+    assert clip.surviving and clip.bound == pytest.approx(norm_col.edges[11]) and clip.schema_bound == 2.0
+    assert "clipped at L2 norm" in clip.note()
+    counts[12] = 30.0  # now more than 0.1% lie in bin 12
+    assert norm_clip(NoisyMarginals(lay, counts, sigma), 2.0).bound == pytest.approx(norm_col.edges[12])
+    top = np.zeros(lay.num_bins)
+    top[norm_col.num_bins - 1] = 100.0  # every norm in the top bin: the box's bound
+    assert norm_clip(NoisyMarginals(lay, top, sigma), 2.0).bound == 2.0
+    none = norm_clip(NoisyMarginals(lay, np.full(lay.num_bins, -1.0), sigma), 2.0)
+    assert not none.surviving and none.bound == 2.0 and "no bin" in none.note()
+    assert count_col.target
