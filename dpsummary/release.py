@@ -436,6 +436,7 @@ def run_stage1(public: PublicPlan, source: Any) -> Released:
             est = source.estimate_schema(noise_multiplier=plan.schema_sigma, target=target,
                                          delta=public.delta_selection,
                                          target_classes=2 if public.req.model == "logistic" else None,
+                                         count_target=public.req.model == "poisson",
                                          public_target=public_target_spec(public))
         except DataError as exc:
             raise ChargedRefusal(str(exc)) from None

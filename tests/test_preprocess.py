@@ -307,6 +307,33 @@ def test_numeric_binary_target_is_public_zero_one(monkeypatch: pytest.MonkeyPatc
     assert any("read as the classes 0 and 1" in note for note in res.notes)
 
 
+def test_count_target_with_a_thin_grid_is_the_public_count_range(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With count_target (--model poisson) a numeric target whose noisy grid shows only the bin of
+    zero (or nothing) is the count [0, 1e9] by a public rule instead of a refusal; a grid that
+    shows a range gives the usual bounds (post-processing only; the noise is the identity)."""
+    identity_noise(monkeypatch)
+    t = _binary_table(400, 3)  # 397 zeros, 3 ones: the ones' bin stays below the floor
+    with pytest.raises(DataError, match="constant"):
+        estimate_schema(t, noise_multiplier=5.0, target="y", delta=1e-6, target_share=None)
+    res = estimate_schema(t, noise_multiplier=5.0, target="y", delta=1e-6, target_share=None, count_target=True)
+    spec = res.schema.column("y")
+    assert (spec.lower, spec.upper, spec.integer) == (0.0, schema_post.GRID_LIMIT, True)
+    assert target_kind(res.schema) == "count"
+    assert any("count target, bounds [0, 1e+09]" in note and "constant" in note for note in res.notes)
+    # A grid that shows the counts' range keeps the bounds read off it.
+    rng = np.random.default_rng(2)
+    wide = table({"x": [f"{v:.3f}" for v in rng.normal(size=3000)], "y": [str(v) for v in rng.poisson(20.0, 3000)]})
+    spec = estimate_schema(wide, noise_multiplier=0.5, target="y", delta=1e-6, count_target=True).schema.column("y")
+    assert spec.integer and spec.lower <= 10.0 and 20.0 <= spec.upper < 1e3
+
+
+def test_count_target_reaches_the_schema_mechanism() -> None:
+    mech = preprocess.SchemaMechanism.plan(["x", "y"], noise_multiplier=2.0, target="y", delta=1e-6,
+                                           count_target=True)
+    assert mech.count_target and not preprocess.SchemaMechanism.plan(
+        ["x", "y"], noise_multiplier=2.0, target="y", delta=1e-6).count_target
+
+
 def test_target_classes_caps_categorical_target(monkeypatch: pytest.MonkeyPatch) -> None:
     identity_noise(monkeypatch)
     n = 3000

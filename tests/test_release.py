@@ -519,6 +519,19 @@ def test_zero_config_logistic_reads_a_numeric_target_as_zero_one(tmp_path: Path,
     assert len(lines) == 1 and "--positive-class" in lines[0] and "other integers" in lines[0]
 
 
+def test_zero_config_poisson_reads_a_thin_count_grid_as_the_public_count_range(tmp_path: Path, home: Path) -> None:
+    """--model poisson reads a numeric target whose noisy grid shows only the bin of zero as the
+    count [0, 1e9] (a public rule) instead of refusing it as constant; the count stage then clips it
+    at a DP quantile. Failure rate: the twenty 1s' grid bin (noise sd about 80 here) must stay
+    below the target's floor (about 270), missed with probability below 1e-3."""
+    thin = _numeric_target_csv(tmp_path / "thin.csv", 20000, ("0", "1"), 0.001, seed=9)
+    out = tmp_path / "thin.json"
+    res = _release(str(thin), "--epsilon", "0.5", "--model", "poisson", "--out", str(out), "--size", "4")
+    assert res.exit_code == 0, res.output
+    shown = " ".join(res.output.split())
+    assert "count target, bounds [0, 1e+09]" in shown and "count target clipped at" in shown
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [

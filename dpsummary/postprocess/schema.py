@@ -20,6 +20,10 @@ Post-processing (no further privacy cost)
   of the lowest and highest surviving bins), rounded inwards (ceil / floor) for integer
   columns, capped at ``±1e9``;
 * categories: the values above ``tau_c``, the ``max_categories`` largest, sorted.
+* a count regression's target (``count_target``, public: ``--model poisson``): when its noisy
+  grid shows no bin above the noise, or only the bin of zero (a refusal before), it is the count
+  ``[0, GRID_LIMIT]``, a public range the default mechanism's count stage then clips at a DP
+  quantile; a grid that does show a range gives the bounds as for any numeric target;
 * a public class count (``target_classes``: 2 for logistic regression): a numeric target is
   read as the classes 0 and 1 (the public coding of a numeric logistic-regression response, as in
   R's ``glm`` and statsmodels' ``Logit``; a record with any other value is dropped by the
@@ -114,6 +118,7 @@ def schema_from_release(
     feature_threshold: float,
     max_categories: int,
     target_classes: int | None,
+    count_target: bool = False,
 ) -> PrivateSchemaResult:
     """The schema, notes and noisy record count from the released ``columns`` (in header order;
     post-processing only, see the module docstring). ``target``, ``events``, ``delta``,
@@ -159,6 +164,10 @@ def schema_from_release(
                 # bins): a lower floor, so a healthy minority class is not taken for noise (issue 13).
                 z = z_target if is_target else z_grid
                 spec, why = _numeric_spec(name, column.grid, z * s, integer, full_range=is_target, noise_sd=s)
+                if spec is None and is_target and count_target:
+                    # A count regression's target is a count (a public rule of the model): a grid
+                    # too thin to show its range gives the public range instead of a refusal.
+                    spec, why = _count_target(name, why)
         else:
             values = column.values
             cap = min(max_categories, target_classes) if is_target and target_classes else max_categories
@@ -210,6 +219,17 @@ def with_public_target(result: PrivateSchemaResult, target: ColumnSpec, header: 
             f"target {target.name!r}: binary, public: 0 = {listed!r}, 1 = any other non-missing value")
     target_kind(schema)  # the public spec must suit a binary model; raises DataError otherwise
     return dataclasses.replace(result, schema=schema, notes=[*result.notes, note])
+
+
+def _count_target(name: str, reason: str) -> tuple[ColumnSpec, str]:
+    """The public spec of a count regression's numeric target when its noisy grid gives no range
+    (``reason``: nothing above the noise, or only the bin of zero): integer in ``[0, GRID_LIMIT]``.
+    The default mechanism's count stage clips it at the bin edge of a DP quantile
+    (:mod:`dpsummary.postprocess.count_range`); a value that is not a non-negative integer is
+    dropped by the transform's total rule."""
+    spec = ColumnSpec(name=name, kind="numeric", lower=0.0, upper=GRID_LIMIT, integer=True)
+    return spec, (f"{name}: count target, bounds [0, {GRID_LIMIT:g}] (public: a count regression reads a numeric target "
+                  f"as a count; its noisy grid gave no range: {reason})")
 
 
 #: The fix a refused zero-configuration target names (a yes/no target needs only its class).

@@ -463,11 +463,15 @@ class SchemaMechanism:
     #: noised or released, and one record touches ``2 (C - 1)`` coordinates), the other columns
     #: share the sensitivity evenly, and the spec is put into the schema as given.
     public_target: Any = None
+    #: The requested model is a count regression (public): a numeric target whose noisy grid
+    #: gives no range is read as a count in ``[0, GRID_LIMIT]`` (:mod:`dpsummary.postprocess.schema`).
+    count_target: bool = False
 
     @classmethod
     def plan(cls, header: list[str] | tuple[str, ...], *, noise_multiplier: float, target: str | None, delta: float,
              max_categories: int = 50, target_classes: int | None = None,
-             target_share: float | None = DEFAULT_TARGET_SHARE, public_target: Any = None) -> SchemaMechanism:
+             target_share: float | None = DEFAULT_TARGET_SHARE, public_target: Any = None,
+             count_target: bool = False) -> SchemaMechanism:
         """Validate the public parameters (``target``: ``None`` for the last column, ``NO_TARGET``
         for none, else a column name; ``public_target``: the target's public spec or ``None``) and
         resolve the target."""
@@ -497,7 +501,7 @@ class SchemaMechanism:
                 raise DataError("the table has no feature column besides the target")
             target_share, target_classes = None, None
         mech = cls(cols, tgt, float(noise_multiplier), float(delta), target_share, int(max_categories),
-                   target_classes, public_target)
+                   target_classes, public_target, bool(count_target))
         mech.scale(mech.estimated[0])  # validates target_share now, not on an executor
         return mech
 
@@ -587,7 +591,7 @@ class SchemaMechanism:
             events=[dp_accounting.dp_event.GaussianDpEvent(self.noise_multiplier)],
             noise_multiplier=self.noise_multiplier, delta=self.delta, touches=self.touches,
             target_share=self.target_share, feature_threshold=tau, max_categories=self.max_categories,
-            target_classes=self.target_classes,
+            target_classes=self.target_classes, count_target=self.count_target,
         )
         if self.public_target is None:
             return result
@@ -604,6 +608,7 @@ def estimate_schema(
     target_classes: int | None = None,
     target_share: float | None = DEFAULT_TARGET_SHARE,
     public_target: Any = None,
+    count_target: bool = False,
 ) -> PrivateSchemaResult:
     """Estimate a schema with one Gaussian mechanism (see the module docstring for the proof).
 
@@ -625,6 +630,10 @@ def estimate_schema(
     neighbour has still passes with probability at most ``delta / C`` (module docstring);
     ranking the survivors is post-processing, so the argument is unchanged.
 
+    ``count_target``: the requested model is a count regression (PUBLIC): a numeric target whose
+    noisy grid shows no bin above the noise, or only the bin of zero, is the count ``[0, 1e9]``
+    (the default mechanism's count stage then clips it at a DP quantile) instead of a refusal.
+
     ``public_target``: the target's PUBLIC :class:`~dpsummary.data.ColumnSpec`
     (``--positive-class``): its column is left out of the count vector (the proof is the one
     above on the other ``C - 1`` columns: no count of the target column is noised or released -
@@ -640,7 +649,8 @@ def estimate_schema(
     """
     mech = SchemaMechanism.plan(list(table.header), noise_multiplier=noise_multiplier, target=target, delta=delta,
                                 max_categories=max_categories, target_classes=target_classes,
-                                target_share=target_share, public_target=public_target)
+                                target_share=target_share, public_target=public_target,
+                                count_target=count_target)
     if isinstance(table, SchemaCounts):
         return _estimate_streaming(mech, table)
     if mech.public_target is not None:  # the public target's column is never counted

@@ -89,13 +89,14 @@ class _EncodePass:
 
 
 def release_schema(counts: Any, *, noise_multiplier: float, target: str | None, delta: float,
-                   target_classes: int | None, public_target: Any = None) -> Any:
+                   target_classes: int | None, public_target: Any = None, count_target: bool = False) -> Any:
     """DP schema estimation on exact :class:`~dpsummary.private.preprocess.SchemaCounts` (any
     engine's pass): the one Gaussian mechanism and partition selection of
     :func:`~dpsummary.private.preprocess.estimate_schema`, with the release's target rule
     (the target left out when its spec is public, ``public_target``; else an even noise share
     when ``target_classes`` is given: a numeric target is then read as 0/1, a categorical one
-    keeps its ``target_classes`` largest values)."""
+    keeps its ``target_classes`` largest values; ``count_target``: the model is a count
+    regression, whose numeric target is a count by a public rule when its grid shows too little)."""
     from .preprocess import estimate_schema
 
     if public_target is not None:
@@ -104,7 +105,8 @@ def release_schema(counts: Any, *, noise_multiplier: float, target: str | None, 
     if target_classes is not None:
         return estimate_schema(counts, noise_multiplier=noise_multiplier, target=target, delta=delta,
                                target_classes=target_classes, target_share=None)
-    return estimate_schema(counts, noise_multiplier=noise_multiplier, target=target, delta=delta)
+    return estimate_schema(counts, noise_multiplier=noise_multiplier, target=target, delta=delta,
+                           count_target=count_target)
 
 
 class PrivateSource:
@@ -175,17 +177,22 @@ class PrivateSource:
         return float(SystemRandomness().gaussian(count, noise_std=noise_multiplier, clip_norm=1.0)[0])
 
     def estimate_schema(self, *, noise_multiplier: float, target: str | None, delta: float,
-                        target_classes: int | None = None, public_target: Any = None) -> Any:
+                        target_classes: int | None = None, public_target: Any = None,
+                        count_target: bool = False) -> Any:
         """DP schema estimation (one Gaussian mechanism plus partition selection at ``delta``),
         on counts accumulated in one streaming pass (:class:`~dpsummary.private.preprocess.SchemaCounts`).
         ``target_classes`` (public: 2 when the requested model is logistic) gives the target an
         even noise share and its classes by a public rule (numeric: 0/1; categorical: the two
         largest noisy values; benchmarks/results/schema_refusal_rate.md);
         otherwise the target gets its own share of the noise budget. ``public_target``: the
-        target's public spec (``--positive-class``); its column is then not estimated at all."""
+        target's public spec (``--positive-class``); its column is then not estimated at all.
+        ``count_target`` (public: the requested model is Poisson): a numeric target whose noisy
+        grid shows nothing usable is a count in ``[0, 1e9]`` instead of a refusal
+        (:mod:`dpsummary.postprocess.schema`)."""
         self._scan_stage1(schema=True)
         return release_schema(self._schema_counts, noise_multiplier=noise_multiplier, target=target, delta=delta,
-                              target_classes=target_classes, public_target=public_target)
+                              target_classes=target_classes, public_target=public_target,
+                              count_target=count_target)
 
     # ---- stage 2: records in model space ----------------------------------------------------
     def encode(self, transform: Transform, *, missing_numeric: str, unseen_category: str) -> EncodedSource:

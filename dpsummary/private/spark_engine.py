@@ -567,7 +567,8 @@ class SparkSource:
         return counts
 
     def estimate_schema(self, *, noise_multiplier: float, target: str | None, delta: float,
-                        target_classes: int | None = None, public_target: Any = None) -> Any:
+                        target_classes: int | None = None, public_target: Any = None,
+                        count_target: bool = False) -> Any:
         """DP schema estimation on Spark: the local engine's mechanism (the same
         :class:`~dpsummary.private.preprocess.SchemaMechanism`, with the release's target rule of
         :func:`~dpsummary.private.source.release_schema`) with its value part distributed.
@@ -591,7 +592,7 @@ class SparkSource:
         mech = SchemaMechanism.plan(self._header, noise_multiplier=noise_multiplier, target=target, delta=delta,
                                     target_classes=target_classes,
                                     target_share=None if target_classes is not None else DEFAULT_TARGET_SHARE,
-                                    public_target=public_target)
+                                    public_target=public_target, count_target=count_target)
         rows = _collect_rows(self._stage1_totals().mapInArrow(ValueSelection(mech), SELECTED_SCHEMA))
         self._rows, result = release_selected(mech, rows)
         return result
