@@ -453,6 +453,16 @@ def _sym(m: torch.Tensor) -> torch.Tensor:
     return 0.5 * (m + m.T)
 
 
+def prior_precision(model: Model) -> torch.Tensor:
+    """The prior's precision matrix: ``I / prior_scale^2`` (every model of the package), or the
+    model's ``prior_precision_matrix`` when it has one (a non-isotropic Gaussian prior, e.g. the
+    analyst's prior carried into a reparametrised working frame; benchmarks/prototypes)."""
+    full = getattr(model, "prior_precision_matrix", None)
+    if full is not None:
+        return full.detach().to(DTYPE)
+    return torch.eye(model.param_dim, dtype=DTYPE) / model.prior_scale**2
+
+
 def noise_aware_posterior(
     model: Model, release: RoundRelease, *, passes: int = 2, start: str = "raw",
     prior_mean: torch.Tensor | None = None,
@@ -466,7 +476,7 @@ def noise_aware_posterior(
         raise ValueError("start must be 'raw' or 'anchor'")
     d = model.param_dim
     eye = torch.eye(d, dtype=DTYPE)
-    prior_prec = eye / model.prior_scale**2
+    prior_prec = prior_precision(model)
     mu0 = model.prior_mean if prior_mean is None else prior_mean.detach().to(DTYPE)
     a = release.anchor
     h = psd_part(release.curvature)
@@ -525,6 +535,7 @@ def imputed_posterior(
     # lam^2 / (lam + v) + 1/s^2 with v the score noise variance, so one eigendecomposition per
     # draw gives it exactly (the same formula as noise_aware_posterior with tau = 0, O(d^3) once).
     prior_var = model.prior_scale**2
+    full_prior = getattr(model, "prior_precision_matrix", None)
     mu0 = (model.prior_mean if prior_mean is None else prior_mean).detach().to(DTYPE)
     score_var = release.score_noise_std**2
     a, s = release.anchor, release.score
@@ -538,10 +549,20 @@ def imputed_posterior(
         lam = vals.clamp(min=0.0)  # the PSD part
         denom = lam + score_var
         gain = torch.where(denom > 0, lam / torch.where(denom > 0, denom, 1.0), torch.zeros_like(lam))
-        precision = lam * gain + 1.0 / prior_var
-        rhs = gain * (vecs.T @ s + lam * (vecs.T @ a)) + (vecs.T @ mu0) / prior_var
-        mean = vecs @ (rhs / precision)
-        cov = (vecs / precision) @ vecs.T
+        if full_prior is None:
+            precision = lam * gain + 1.0 / prior_var
+            rhs = gain * (vecs.T @ s + lam * (vecs.T @ a)) + (vecs.T @ mu0) / prior_var
+            mean = vecs @ (rhs / precision)
+            cov = (vecs / precision) @ vecs.T
+        else:  # a non-isotropic prior: the same posterior, solved in full (O(d^3) per draw)
+            p_full = full_prior.detach().to(DTYPE)
+            prec_full = _sym((vecs * (lam * gain)) @ vecs.T + p_full)
+            rhs_full = vecs @ (gain * (vecs.T @ s + lam * (vecs.T @ a))) + p_full @ mu0
+            try:
+                cov = torch.linalg.inv(prec_full)
+            except RuntimeError:
+                continue
+            mean = cov @ rhs_full
         if bool(torch.isfinite(mean).all()) and bool(torch.isfinite(cov).all()):
             means.append(mean)
             cov_sum += cov

@@ -666,3 +666,40 @@ def test_range_clips_reads_both_bounds_from_one_histogram():
     assert len(clips.notes()) == 2
     assert na.range_clips(na.Schedule.default(LogisticRegression(2)), sigma=1.0, num_features=2,
                           feature_norm=1.0, target_name="y", target_bound=1.0, histogram=exact) is None
+
+
+def test_a_non_isotropic_prior_gives_the_same_posteriors_as_the_isotropic_path():
+    """``prior_precision_matrix`` (a model attribute; the working-frame prototype's prior): equal
+    to ``I / s^2`` it reproduces the isotropic fast path exactly; a general one matches the
+    per-draw general formula (noise_aware_posterior with the curvature known) draw by draw."""
+    d = 4
+    g = torch.Generator().manual_seed(3)
+    a = torch.randn(200, d, generator=g, dtype=torch.float64)
+    rel = na.RoundRelease(anchor=torch.randn(d, generator=g, dtype=torch.float64) * 0.3,
+                          score=torch.randn(d, generator=g, dtype=torch.float64) * 10, curvature=a.T @ a * 0.05,
+                          score_bound=3.0, curvature_bound=2.0, score_noise_std=5.0, curvature_noise_std=3.0)
+    iso = LogisticRegression(d - 1)
+    same = LogisticRegression(d - 1)
+    same.prior_precision_matrix = torch.eye(d, dtype=torch.float64)
+    for fn in (lambda m: na.noise_aware_posterior(m, rel)[0],
+               lambda m: na.imputed_posterior(m, rel, generator=torch.Generator().manual_seed(2), draws=25)):
+        x, y = fn(iso), fn(same)
+        assert torch.allclose(x.mean, y.mean, atol=1e-10) and torch.allclose(x.cov, y.cov, atol=1e-10)
+    t = torch.eye(d, dtype=torch.float64)
+    t[0, 1:] = -1.0
+    full = LogisticRegression(d - 1)
+    full.prior_precision_matrix = torch.linalg.inv(t @ t.T)
+    assert torch.allclose(na.prior_precision(full), full.prior_precision_matrix)
+    mixed = na.imputed_posterior(full, rel, generator=torch.Generator().manual_seed(4), draws=25)
+    g2 = torch.Generator().manual_seed(4)
+    means, covs = [], []
+    for _ in range(25):
+        h = na.psd_part(rel.curvature + na.symmetric_noise(d, rel.curvature_noise_std, g2))
+        post, _ = na.noise_aware_posterior(full, dataclasses.replace(rel, curvature=h, curvature_noise_std=0.0))
+        means.append(post.mean)
+        covs.append(post.cov)
+    stacked = torch.stack(means)
+    assert torch.allclose(mixed.mean, stacked.mean(0), atol=1e-9)
+    assert torch.allclose(mixed.cov, torch.stack(covs).mean(0) + torch.cov(stacked.T), atol=1e-9)
+    assert not torch.allclose(mixed.mean, na.imputed_posterior(iso, rel, generator=torch.Generator().manual_seed(4),
+                                                               draws=25).mean, atol=1e-3)
