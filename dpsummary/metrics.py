@@ -176,8 +176,11 @@ class IdealisedFloor:
     not honesty (its prior shrinkage can pull coverage below 0.9).
 
     ``sd`` per-coordinate posterior sd; ``width_ratio`` median sd / sd_full; ``effects_found``
-    and ``coverage`` means over ``draws`` noise draws; ``noise_multiplier`` sigma;
-    ``sensitivity`` R. Curator-only (computed from the records)."""
+    and ``coverage`` means over ``draws`` noise draws; ``wrong_sign`` the mean number of
+    wrong-sign effects per draw (intervals excluding 0 on the side opposite to the full-data mean,
+    :func:`trust_report`'s definition): where the prior's shrinkage flips a weakly identified
+    coordinate, the floor makes them too; ``noise_multiplier`` sigma; ``sensitivity`` R.
+    Curator-only (computed from the records)."""
 
     sd: torch.Tensor
     width_ratio: float
@@ -186,6 +189,7 @@ class IdealisedFloor:
     noise_multiplier: float
     sensitivity: float
     draws: int
+    wrong_sign: float = 0.0
 
 
 def data_hessian(model: Model, points: torch.Tensor, theta: torch.Tensor) -> torch.Tensor:
@@ -233,11 +237,13 @@ def idealised_floor(
     means = rhs @ cov  # cov symmetric: (cov @ rhs^T)^T
     sd_f = torch.sqrt(torch.diagonal(full_post.cov))
     truth_eff = effects(full_post.mean, sd_f)
-    found = ((effects(means, sd.expand_as(means)) == truth_eff) & (truth_eff != 0)).sum(1).to(DTYPE)
+    drawn_eff = effects(means, sd.expand_as(means))
+    found = ((drawn_eff == truth_eff) & (truth_eff != 0)).sum(1).to(DTYPE)
+    wrong = ((drawn_eff != 0) & (drawn_eff == -torch.sign(full_post.mean))).sum(1).to(DTYPE)
     covered = ((means - full_post.mean).abs() <= Z95 * sd).to(DTYPE).mean(1)
     return IdealisedFloor(sd=sd, width_ratio=float((sd / sd_f).median()), effects_found=float(found.mean()),
                           coverage=float(covered.mean()), noise_multiplier=float(sigma), sensitivity=r,
-                          draws=draws)
+                          draws=draws, wrong_sign=float(wrong.mean()))
 
 
 def trust_report(

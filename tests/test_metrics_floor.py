@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+import pytest
 import torch
 
 from dpsummary import accounting as acc
@@ -112,3 +114,22 @@ def test_report_floor_from_claim() -> None:
     direct = idealised_floor(model, pts, full, epsilon=0.5, delta=1e-6, generator=torch.Generator().manual_seed(0))
     assert torch.allclose(fl.sd, direct.sd) and fl.effects_found == direct.effects_found
     assert _floor(model, pts, full, {"delta": 1e-6}, seed=0) is None
+
+
+def test_floor_counts_the_wrong_sign_effects_its_prior_shrinkage_makes():
+    """Two features correlated 0.99 with effects of opposite sign (the calibration suite's
+    sim_correlated in miniature): the full-data mean's small positive coefficient sits beside a
+    large negative one, and the floor's noisy posterior, shrunk along their poorly identified
+    difference, puts it confidently below 0 in every draw; without noise it makes none."""
+    rng = np.random.default_rng(0)
+    n = 5000
+    z1, z2 = rng.normal(size=n), rng.normal(size=n)
+    x2 = 0.99 * z1 + math.sqrt(1 - 0.99**2) * z2
+    y = (rng.uniform(size=n) < 1 / (1 + np.exp(-(0.5 + 2.6 * z1 - 4.7 * x2)))).astype(float)
+    pts = torch.tensor(np.c_[z1 / 4, x2 / 4, y], dtype=torch.float64)
+    model = LogisticRegression(2)
+    full = full_posterior(model, pts)
+    assert float(full.mean[1]) > 0 > float(full.mean[2])
+    noisy = idealised_floor(model, pts, full, epsilon=1.0, delta=1e-6)
+    assert noisy.wrong_sign == pytest.approx(1.0)
+    assert idealised_floor(model, pts, full, epsilon=1e4, delta=1e-6).wrong_sign == 0.0
