@@ -182,6 +182,7 @@ def test_calibration_harness_runs_one_cell_and_reports(tmp_path: Path) -> None:
     assert (row["table"], row["mode"], row["param_dim"], row["n_rows"]) == ("sim_tiny", "public", "4", "2000")
     for col in ("coverage", "floor_coverage", "gaussian_coverage"):  # the default mechanism's Gaussian rides along
         assert 0.0 <= float(row[col]) <= 1.0
+    assert float(row["floor_wrong_sign"]) >= 0.0
     assert float(row["width_ratio"]) > 0 and float(row["floor_width_ratio"]) >= 1.0 - 1e-9
     md, png = tmp_path / "cal.md", tmp_path / "cal.png"
     proc = subprocess.run([sys.executable, script, "report", str(out), str(md), "--plot", str(png)],
@@ -195,6 +196,40 @@ def test_calibration_harness_runs_one_cell_and_reports(tmp_path: Path) -> None:
     bad = subprocess.run([sys.executable, script, "run", "--tables", "no_such_table", "--out", str(tmp_path / "x.csv")],
                          capture_output=True, text=True, timeout=120, env=env, cwd=ROOT)
     assert bad.returncode != 0 and bad.stderr.startswith("error: unknown table") and "Traceback" not in bad.stderr
+
+
+def test_calibration_report_names_cells_whose_wrong_signs_the_floor_makes_too(tmp_path: Path) -> None:
+    """A cell that covers above its threshold but has wrong-sign effects stays DISHONEST; when the
+    idealised floor expects at least one in every other run the report says so; the per-cell
+    table shows the floor's expected count (blank for rows judged before it was recorded)."""
+    cal = _calibration()
+    fields = list(cal.FIELDS)  # type: ignore[attr-defined]
+    rows = []
+    for table, floor_wrong in (("sim_correlated", "1.0"), ("sim_rare", "0.0"), ("sim_exact", "")):
+        for run in range(4):
+            row = dict.fromkeys(fields, "")
+            row.update(table=table, kind="sim", model="logistic", mode="public", epsilon="1.0",
+                       mechanism="noise-aware-newton", run=str(run), outcome="released", param_dim="9",
+                       coverage="0.95", floor_coverage="0.97", effects_wrong_sign="1" if run == 0 else "0",
+                       width_ratio="1.2", floor_width_ratio="1.1", width_vs_floor="1.09", effects_full="3",
+                       effects_found="2", floor_effects_found="2.5", floor_wrong_sign=floor_wrong, code="x")
+            rows.append(row)
+    out = tmp_path / "c.csv"
+    with out.open("w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=fields)
+        w.writeheader()
+        w.writerows(rows)
+    cs = cal.cells(rows)  # type: ignore[attr-defined]
+    assert {k[0]: c.verdict for k, c in cs.items()} == dict.fromkeys(("sim_correlated", "sim_rare", "sim_exact"),
+                                                                     "DISHONEST")
+    assert {k[0]: c.floor_wrong for k, c in cs.items()} == {"sim_correlated": 4.0, "sim_rare": 0.0, "sim_exact": None}
+    md = tmp_path / "c.md"
+    cal.report(out, md)  # type: ignore[attr-defined]
+    text = md.read_text()
+    flagged = next(line for line in text.splitlines() if line.startswith("Cells not honest only by wrong-sign"))
+    assert "sim_correlated public eps 1 noise-aware-newton (1 against the floor's 4.0)" in flagged
+    assert "sim_rare" not in flagged and "sim_exact" not in flagged
+    assert "| 0.90 | 1 | 4.0 | 1.2x |" in text and "| 0.90 | 1 | - | 1.2x |" in text
 
 
 def test_calibration_results_file_from_an_earlier_harness_is_upgraded(tmp_path: Path) -> None:
