@@ -498,21 +498,3 @@ def test_logistic_numeric_target_is_integer_whatever_the_fraction_noise() -> Non
     assert spec.integer and (spec.lower, spec.upper) == (0.0, 1.0) and target_kind(res.schema) == "binary"
     res_free = schema_from_release({"x": feature, "y": target}, target_classes=None, **common)
     assert not res_free.schema.column("y").integer
-
-
-def test_quantile_bounds_ignore_a_bin_that_barely_crossed_the_threshold() -> None:
-    """Issue 37's fourteenth rule: a feature's 1%/99% bounds read each surviving bin's mass above
-    the threshold, so an empty bin that crossed it by noise (about 4 sds, here over 1% of the rows)
-    does not stretch a 0/1 column's box to its far edge; a real far bin well above the threshold
-    still does."""
-    grid = np.zeros(NUM_GRID_BINS)
-    grid[NUM_GRID_BINS - 1] = 2000.0  # exact zero
-    grid[schema_post.ONE_BIN] = 1500.0  # (0.5, 1]
-    far = int(np.searchsorted(GRID_EDGES, 1e6))  # the bin (5e5, 1e6]
-    floor, s = 160.0, 40.0
-    grid[far] = floor + 5.0  # 4.6% of the rows, 5 records above the threshold
-    spec, _ = schema_post._numeric_spec("x", grid, floor, True, full_range=False, noise_sd=s)
-    assert spec is not None and (spec.lower, spec.upper) == (0.0, 1.0)
-    grid[far] = floor + 400.0  # a real far bin: 400 records above the threshold, 11% of the mass above it
-    spec, _ = schema_post._numeric_spec("x", grid, floor, True, full_range=False, noise_sd=s)
-    assert spec is not None and spec.upper == 1e6

@@ -16,10 +16,8 @@ Post-processing (no further privacy cost)
 * bounds: grid bins with noisy count below ``z s_c`` are zeroed (``z`` chosen so that, over
   all grid bins of all feature columns, an empty bin survives with probability below 1%; the
   target has its own 1% over its 83 bins, ``TARGET_FALSE_BIN_PROB``); the bounds are
-  the outer edges of the bins holding the 1% and 99% quantiles of the surviving bins' mass above
-  the threshold (``noisy - z s_c``: an empty bin that crossed the threshold weighs almost nothing;
-  issue 37's fourteenth rule) (for the target: of the lowest and highest surviving bins), rounded
-  inwards (ceil / floor) for integer
+  the outer edges of the bins holding the 1% and 99% quantiles of what remains (for the target:
+  of the lowest and highest surviving bins), rounded inwards (ceil / floor) for integer
   columns, capped at ``±1e9``;
 * categories: the values above ``tau_c``, the ``max_categories`` largest, sorted.
 * a count regression's target (``count_target``, public: ``--model poisson``): when its noisy
@@ -306,12 +304,7 @@ def _numeric_spec(
         nz = np.flatnonzero(mass > 0)
         lo_bin, hi_bin = order[int(nz[0])], order[int(nz[-1])]
     else:
-        # Issue 37's fourteenth rule: the quantiles read each surviving bin's mass above the
-        # threshold, so an empty bin that crossed it (1% of releases over all bins) weighs almost
-        # nothing instead of the threshold's whole mass, which on a few-thousand-row table is over
-        # 1% of the rows and gave a 0/1 column a box of [0, 2e6].
-        excess = np.where(grid > floor, grid - floor, 0.0)[order]
-        cum = np.cumsum(excess) / float(excess.sum())
+        cum = np.cumsum(mass) / total
         lo_bin = order[int(np.searchsorted(cum, LOWER_QUANTILE, side="left"))]
         hi_bin = order[min(int(np.searchsorted(cum, UPPER_QUANTILE, side="left")), len(order) - 1)]
     lower, _ = _bin_edges(lo_bin)
