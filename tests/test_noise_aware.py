@@ -379,23 +379,36 @@ def test_imputed_posterior_is_the_mixture_of_per_draw_noise_aware_posteriors():
     """The eigenbasis shortcut in imputed_posterior is exact: the same draws through the general
     formula (noise_aware_posterior with the curvature known) give the same mixture."""
     d = 5
-    g = torch.Generator().manual_seed(7)
-    a = torch.randn(300, d, generator=g, dtype=torch.float64)
-    rel = na.RoundRelease(anchor=torch.randn(d, generator=g, dtype=torch.float64) * 0.3,
-                          score=torch.randn(d, generator=g, dtype=torch.float64) * 10, curvature=a.T @ a * 0.05,
-                          score_bound=3.0, curvature_bound=2.0, score_noise_std=5.0, curvature_noise_std=3.0)
+    rel = _random_release(d, 7, 300)
     model = LogisticRegression(d - 1)
     fast = na.imputed_posterior(model, rel, generator=torch.Generator().manual_seed(1), draws=30)
-    g2 = torch.Generator().manual_seed(1)
+    mean, cov = _per_draw_mixture(model, rel, seed=1, draws=30)
+    assert torch.allclose(fast.mean, mean, atol=1e-12) and torch.allclose(fast.cov, cov, atol=1e-12)
+
+
+def _random_release(d: int, seed: int, rows: int) -> na.RoundRelease:
+    """A round's release with a random PSD curvature (``rows`` random design rows) and noise."""
+    g = torch.Generator().manual_seed(seed)
+    a = torch.randn(rows, d, generator=g, dtype=torch.float64)
+    return na.RoundRelease(anchor=torch.randn(d, generator=g, dtype=torch.float64) * 0.3,
+                           score=torch.randn(d, generator=g, dtype=torch.float64) * 10, curvature=a.T @ a * 0.05,
+                           score_bound=3.0, curvature_bound=2.0, score_noise_std=5.0, curvature_noise_std=3.0)
+
+
+def _per_draw_mixture(model, rel: na.RoundRelease, *, seed: int, draws: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The imputed posterior by the general formula: the same curvature draws as
+    :func:`noise_aware.imputed_posterior` with ``seed``, each through noise_aware_posterior with the
+    curvature known, moment-matched."""
+    d = rel.curvature.shape[0]
+    g = torch.Generator().manual_seed(seed)
     means, covs = [], []
-    for _ in range(30):
-        h = na.psd_part(rel.curvature + na.symmetric_noise(d, rel.curvature_noise_std, g2))
+    for _ in range(draws):
+        h = na.psd_part(rel.curvature + na.symmetric_noise(d, rel.curvature_noise_std, g))
         post, _ = na.noise_aware_posterior(model, dataclasses.replace(rel, curvature=h, curvature_noise_std=0.0))
         means.append(post.mean)
         covs.append(post.cov)
     stacked = torch.stack(means)
-    assert torch.allclose(fast.mean, stacked.mean(0), atol=1e-12)
-    assert torch.allclose(fast.cov, torch.stack(covs).mean(0) + torch.cov(stacked.T), atol=1e-12)
+    return stacked.mean(0), torch.stack(covs).mean(0) + torch.cov(stacked.T)
 
 
 # ---- issue 37, seventh rule: the expansion's error integrated out ------------------------------
@@ -673,11 +686,7 @@ def test_a_non_isotropic_prior_gives_the_same_posteriors_as_the_isotropic_path()
     to ``I / s^2`` it reproduces the isotropic fast path exactly; a general one matches the
     per-draw general formula (noise_aware_posterior with the curvature known) draw by draw."""
     d = 4
-    g = torch.Generator().manual_seed(3)
-    a = torch.randn(200, d, generator=g, dtype=torch.float64)
-    rel = na.RoundRelease(anchor=torch.randn(d, generator=g, dtype=torch.float64) * 0.3,
-                          score=torch.randn(d, generator=g, dtype=torch.float64) * 10, curvature=a.T @ a * 0.05,
-                          score_bound=3.0, curvature_bound=2.0, score_noise_std=5.0, curvature_noise_std=3.0)
+    rel = _random_release(d, 3, 200)
     iso = LogisticRegression(d - 1)
     same = LogisticRegression(d - 1)
     same.prior_precision_matrix = torch.eye(d, dtype=torch.float64)
@@ -691,15 +700,7 @@ def test_a_non_isotropic_prior_gives_the_same_posteriors_as_the_isotropic_path()
     full.prior_precision_matrix = torch.linalg.inv(t @ t.T)
     assert torch.allclose(na.prior_precision(full), full.prior_precision_matrix)
     mixed = na.imputed_posterior(full, rel, generator=torch.Generator().manual_seed(4), draws=25)
-    g2 = torch.Generator().manual_seed(4)
-    means, covs = [], []
-    for _ in range(25):
-        h = na.psd_part(rel.curvature + na.symmetric_noise(d, rel.curvature_noise_std, g2))
-        post, _ = na.noise_aware_posterior(full, dataclasses.replace(rel, curvature=h, curvature_noise_std=0.0))
-        means.append(post.mean)
-        covs.append(post.cov)
-    stacked = torch.stack(means)
-    assert torch.allclose(mixed.mean, stacked.mean(0), atol=1e-9)
-    assert torch.allclose(mixed.cov, torch.stack(covs).mean(0) + torch.cov(stacked.T), atol=1e-9)
+    mean, cov = _per_draw_mixture(full, rel, seed=4, draws=25)
+    assert torch.allclose(mixed.mean, mean, atol=1e-9) and torch.allclose(mixed.cov, cov, atol=1e-9)
     assert not torch.allclose(mixed.mean, na.imputed_posterior(iso, rel, generator=torch.Generator().manual_seed(4),
                                                                draws=25).mean, atol=1e-3)

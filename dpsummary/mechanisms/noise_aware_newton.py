@@ -66,8 +66,7 @@ def noise_aware_summaries(plan: MechanismPlan, records: Any, size: int, generato
     # public mode, d 106 and 62; sim_small_wide, d 60) showed intervals other than its signed
     # Gaussian's. A public rule (size and schema); the notes say when it applied.
     size = max(size, model.param_dim)
-    schema_norm, schema_target_bound = noise_aware.schema_bounds(tf)
-    feature_norm, target_bound = schema_norm, schema_target_bound
+    feature_norm, target_bound = noise_aware.schema_bounds(tf)
     # Module docstring of noise_aware, 11. and 12.: the count's and the features' clip bounds from
     # one more Gaussian mechanism (a histogram over public bins), then post-processing.
     ranges = noise_aware.range_clips(
@@ -124,12 +123,8 @@ def noise_aware_summaries(plan: MechanismPlan, records: Any, size: int, generato
         "gaussians": gaussians, "notes": notes,
         "noise_multipliers": [list(m) for m in result.noise_multipliers],
         "schedule": schedule.as_dict(), "bounds": {"feature_norm": feature_norm, "target_bound": target_bound},
-        "count_range": None if count_clip is None else {
-            "noise_multiplier": count_clip.noise_multiplier, "schema_bound": count_clip.schema_bound,
-            "clip_bound": count_clip.bound, "bin_above_noise": count_clip.surviving},
-        "feature_range": None if norm_clip is None else {
-            "noise_multiplier": norm_clip.noise_multiplier, "schema_bound": norm_clip.schema_bound,
-            "clip_bound": norm_clip.bound, "bin_above_noise": norm_clip.surviving},
+        "count_range": None if count_clip is None else count_clip.claim(),
+        "feature_range": None if norm_clip is None else norm_clip.claim(),
         "prior_mean": model.prior_mean.tolist(),
         "rounds": [{"score_bound": r.score_bound, "curvature_bound": r.curvature_bound} for r in result.rounds],
     }

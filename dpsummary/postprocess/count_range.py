@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, Literal
 
 import numpy as np
 
@@ -94,67 +94,60 @@ def count_layout(num_features: int, name: str, bound: float) -> HistogramLayout:
 
 
 @dataclass(frozen=True)
-class CountClip:
-    """The clip bound a release used, the schema's bound, and whether any bin rose above the noise."""
+class Clip:
+    """One clip bound a release used (``kind``: ``"count"``, the count target's, or ``"norm"``, the
+    features' L2 norm), the schema's bound, and whether any bin of its histogram rose above the noise."""
 
+    kind: Literal["count", "norm"]
     bound: float
     schema_bound: float
     surviving: bool
     noise_multiplier: float
 
-    def note(self) -> str:
-        if not self.surviving:
-            return (f"count target: no bin of its DP histogram rose above the noise (noise multiplier "
-                    f"{self.noise_multiplier:.4g}); its clip bound is the schema's {self.schema_bound:g}")
-        return (f"count target clipped at {self.bound:g} (the upper edge of the public grid bin holding its noisy "
-                f"{CLIP_QUANTILE:.1%} quantile, one Gaussian mechanism, noise multiplier {self.noise_multiplier:.4g}; the "
-                f"schema's bound is {self.schema_bound:g}): a record with a larger count has its score clipped")
-
-
-@dataclass(frozen=True)
-class NormClip:
-    """The feature norm's clip bound a release used, the schema's bound, and whether any bin rose
-    above the noise."""
-
-    bound: float
-    schema_bound: float
-    surviving: bool
-    noise_multiplier: float
+    def claim(self) -> dict[str, float | bool]:
+        """The claim's record of this clip (docs/FORMAT.md: ``count_range`` / ``feature_range``)."""
+        return {"noise_multiplier": self.noise_multiplier, "schema_bound": self.schema_bound,
+                "clip_bound": self.bound, "bin_above_noise": self.surviving}
 
     def note(self) -> str:
+        count = self.kind == "count"
         if not self.surviving:
-            return (f"feature norm: no bin of its DP histogram rose above the noise (noise multiplier "
-                    f"{self.noise_multiplier:.4g}); its clip bound is the schema's {self.schema_bound:.4g}")
+            schema = f"{self.schema_bound:g}" if count else f"{self.schema_bound:.4g}"
+            return (f"{'count target' if count else 'feature norm'}: no bin of its DP histogram rose above the noise "
+                    f"(noise multiplier {self.noise_multiplier:.4g}); its clip bound is the schema's {schema}")
+        if count:
+            return (f"count target clipped at {self.bound:g} (the upper edge of the public grid bin holding its noisy "
+                    f"{CLIP_QUANTILE:.1%} quantile, one Gaussian mechanism, noise multiplier {self.noise_multiplier:.4g}; "
+                    f"the schema's bound is {self.schema_bound:g}): a record with a larger count has its score clipped")
         return (f"features clipped at L2 norm {self.bound:.4g} in model space (the upper edge of the public bin "
                 f"holding their norm's noisy {NORM_QUANTILE:.1%} quantile, noise multiplier {self.noise_multiplier:.4g}; "
                 f"the schema's box allows {self.schema_bound:.4g}): a record with a larger norm has its score and "
                 "curvature clipped")
 
 
-def _quantile_edge(mass: np.ndarray, edges: tuple[float, ...], top: float, quantile: float) -> float:
-    """The upper edge of the bin holding ``quantile`` of ``mass`` (``top`` for the last bin)."""
+def _clip(noisy: NoisyMarginals, schema_bound: float, kind: Literal["count", "norm"]) -> Clip:
+    """The ``kind`` clip from the released histogram of :func:`range_layout` (post-processing): the
+    upper edge of the bin holding the noisy quantile of what survived the threshold, capped at
+    ``schema_bound``; ``schema_bound`` itself when no bin survived."""
+    want = "edges" if kind == "count" else "norm"
+    ((column, mass),) = [(c, m) for c, m in zip(noisy.layout.columns, noisy.masses(), strict=True) if c.kind == want]
+    top = float(schema_bound)
+    if mass is None:
+        return Clip(kind, top, top, False, noisy.noise_multiplier)
     cumulative = np.cumsum(mass) / mass.sum()
-    k = int(np.searchsorted(cumulative, quantile, side="left"))
-    return float(edges[k]) if k < len(edges) else float(top)
+    k = int(np.searchsorted(cumulative, CLIP_QUANTILE if kind == "count" else NORM_QUANTILE, side="left"))
+    upper = float(column.edges[k]) if k < len(column.edges) else top
+    return Clip(kind, min(upper, top), top, True, noisy.noise_multiplier)
 
 
-def clip_bound(noisy: NoisyMarginals, schema_bound: float) -> CountClip:
-    """The count's clip bound from the released histogram of :func:`range_layout` (post-processing)."""
-    ((column, mass),) = [(c, m) for c, m in zip(noisy.layout.columns, noisy.masses(), strict=True) if c.target]
-    if mass is None:
-        return CountClip(float(schema_bound), float(schema_bound), False, noisy.noise_multiplier)
-    upper = _quantile_edge(mass, column.edges, schema_bound, CLIP_QUANTILE)
-    return CountClip(min(upper, float(schema_bound)), float(schema_bound), True, noisy.noise_multiplier)
+def clip_bound(noisy: NoisyMarginals, schema_bound: float) -> Clip:
+    """The count's clip bound from the released histogram of :func:`range_layout`."""
+    return _clip(noisy, schema_bound, "count")
 
 
-def norm_clip(noisy: NoisyMarginals, schema_bound: float) -> NormClip:
+def norm_clip(noisy: NoisyMarginals, schema_bound: float) -> Clip:
     """The feature norm's clip bound from the released histogram of :func:`range_layout`."""
-    ((column, mass),) = [(c, m) for c, m in zip(noisy.layout.columns, noisy.masses(), strict=True)
-                         if c.kind == "norm"]
-    if mass is None:
-        return NormClip(float(schema_bound), float(schema_bound), False, noisy.noise_multiplier)
-    upper = _quantile_edge(mass, column.edges, schema_bound, NORM_QUANTILE)
-    return NormClip(min(upper, float(schema_bound)), float(schema_bound), True, noisy.noise_multiplier)
+    return _clip(noisy, schema_bound, "norm")
 
 
 @dataclass(frozen=True)
@@ -162,8 +155,8 @@ class RangeClips:
     """What a release's data-range stage decided: the feature norm's clip (or None) and the
     count's (or None)."""
 
-    feature: NormClip | None
-    count: CountClip | None
+    feature: Clip | None
+    count: Clip | None
 
     def notes(self) -> list[str]:
         return [c.note() for c in (self.feature, self.count) if c is not None]

@@ -239,6 +239,17 @@ def _counts(n: int, seed: int) -> torch.Tensor:
     return torch.tensor(np.c_[rng.uniform(-1, 1, n), rng.poisson(5.0, n)], dtype=DTYPE)
 
 
+def _neighbours_differ_by_at_most_one(lay, pts, *, touched):
+    """Removing the last record changes ``touched`` coordinates of the count vector, and the
+    scaled vector (the mechanism's input, as the mechanism sees it) by at most 1 in L2."""
+    diff = (lay.counts(pts) - lay.counts(pts[:-1])) * lay.scale
+    assert np.count_nonzero(diff) == touched and float(np.linalg.norm(diff)) <= 1.0
+    a, b = RecordingRandomness(3), RecordingRandomness(3)
+    PrivateRecords(pts[:-1], randomness=a).noisy_marginals(lay, noise_multiplier=2.0)
+    PrivateRecords(pts, randomness=b).noisy_marginals(lay, noise_multiplier=2.0)
+    assert float(np.linalg.norm(a.inputs[0] - b.inputs[0])) <= 1.0
+
+
 def test_count_edges_are_the_public_grid_below_the_bound():
     from dpsummary.postprocess.count_range import count_edges
 
@@ -263,12 +274,7 @@ def test_count_histogram_puts_every_record_in_one_bin_and_has_sensitivity_one(se
     bins = lay.columns[0].record_bins(pts)
     assert bins.min() >= 0 and bins.max() < lay.num_bins and lay.counts(pts).sum() == 500
     assert bins[0] == lay.num_bins - 1
-    diff = (lay.counts(pts) - lay.counts(pts[:-1])) * lay.scale
-    assert np.count_nonzero(diff) == 1 and float(np.linalg.norm(diff)) <= 1.0
-    a, b = RecordingRandomness(3), RecordingRandomness(3)
-    PrivateRecords(pts[:-1], randomness=a).noisy_marginals(lay, noise_multiplier=2.0)
-    PrivateRecords(pts, randomness=b).noisy_marginals(lay, noise_multiplier=2.0)
-    assert float(np.linalg.norm(a.inputs[0] - b.inputs[0])) <= 1.0
+    _neighbours_differ_by_at_most_one(lay, pts, touched=1)
 
 
 def test_clip_bound_is_the_edge_of_the_noisy_quantile_bin_capped_at_the_schema():
@@ -322,12 +328,7 @@ def test_range_histogram_puts_every_record_in_one_bin_per_column_and_has_sensiti
     expected = np.searchsorted(lay.columns[0].edges, np.abs(pts[1:, 0].numpy()), side="left")
     assert np.array_equal(norm_bins[1:], expected)
     assert [p.sum() for p in lay.split(lay.counts(pts))] == [500.0, 500.0]
-    diff = (lay.counts(pts) - lay.counts(pts[:-1])) * lay.scale
-    assert np.count_nonzero(diff) == 2 and float(np.linalg.norm(diff)) <= 1.0
-    a, b = RecordingRandomness(3), RecordingRandomness(3)
-    PrivateRecords(pts[:-1], randomness=a).noisy_marginals(lay, noise_multiplier=2.0)
-    PrivateRecords(pts, randomness=b).noisy_marginals(lay, noise_multiplier=2.0)
-    assert float(np.linalg.norm(a.inputs[0] - b.inputs[0])) <= 1.0
+    _neighbours_differ_by_at_most_one(lay, pts, touched=2)
 
 
 def test_norm_bins_read_the_whole_feature_block():
