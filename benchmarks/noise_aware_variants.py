@@ -55,6 +55,10 @@ from dpsummary.gaussian import DTYPE, GaussianPosterior  # noqa: E402
 COUNT_SHARE = 0.10 / (0.10 + 0.05 + 0.75)
 
 
+#: The model's prior scale the replays use (``--prior-scale``; the eighteenth rule's candidate).
+PRIOR_SCALE: list[float] = [1.0]
+
+
 def _table(name: str) -> tuple[Any, torch.Tensor, float, float]:
     from dpsummary.data import Schema, Transform, read_csv
     from dpsummary.models import get_model_class
@@ -64,7 +68,7 @@ def _table(name: str) -> tuple[Any, torch.Tensor, float, float]:
     schema = Schema.model_validate(cal.public_schema(spec, path))
     tf = Transform.from_schema(schema)
     pts = tf.to_points(read_csv(path)).to(DTYPE)
-    model = get_model_class(spec.model)(tf.num_features)
+    model = get_model_class(spec.model)(tf.num_features, prior_scale=PRIOR_SCALE[0])
     fn, tb = na.schema_bounds(tf)
     return model, pts, fn, tb
 
@@ -244,7 +248,7 @@ def run(table: str, epsilons: list[float], runs: int, out: Path, *, schedules: l
     delta = 0.1 / spec.n_max if spec.n_max else 1e-11
     rows = []
     for eps in epsilons:
-        ref = cal.reference(model, pts, epsilon=eps, delta=delta, key=f"variants:{table}")
+        ref = cal.reference(model, pts, epsilon=eps, delta=delta, key=f"variants:{table}:prior{PRIOR_SCALE[0]:g}")
         true_eigs = torch.linalg.eigvalsh(data_hessian(model, pts, ref.full.mean))
         for r, sched in ((r, sched) for r in range(runs) for sched in (schedules or ["default"])):
             fit = _fit(model, pts, fn, tb, eps, delta, sched)
@@ -365,9 +369,11 @@ def main() -> None:
     p.add_argument("--schedules", default="default", help=f"comma-separated, of {', '.join(SCHEDULES)}")
     p.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated, of {', '.join(VARIANTS)}")
     p.add_argument("--summary", action="store_true", help="only print the table of an existing --out")
+    p.add_argument("--prior-scale", type=float, default=1.0, help="the model's prior sd (eighteenth rule)")
     p.add_argument("--paired-curvature-bound", action="store_true",
                    help="compare the Frobenius and the released-triangle curvature bound on the same noise draws")
     a = p.parse_args()
+    PRIOR_SCALE[0] = a.prior_scale
     if a.summary:
         summary(a.out)
     elif a.paired_curvature_bound:
