@@ -15,9 +15,7 @@ Post-processing (no further privacy cost)
 * integer: the noisy non-integer count is below ``max(3 s, 1% of the numbers)``;
 * bounds: grid bins with noisy count below ``z s_c`` are zeroed (``z`` chosen so that, over
   all grid bins of all feature columns, an empty bin survives with probability below 1%; the
-  target has its own 1% over its 83 bins, ``TARGET_FALSE_BIN_PROB``); for a feature, a surviving
-  bin alone in its decade whose count is within one noise sd of the threshold is zeroed too when
-  another bin survived (a false bin's profile: :func:`_drop_isolated_marginal`); the bounds are
+  target has its own 1% over its 83 bins, ``TARGET_FALSE_BIN_PROB``); the bounds are
   the outer edges of the bins holding the 1% and 99% quantiles of what remains (for the target:
   of the lowest and highest surviving bins), rounded inwards (ceil / floor) for integer
   columns, capped at ``±1e9``;
@@ -290,31 +288,6 @@ def _binary_numeric_target(name: str, grid: np.ndarray, *, noise_sd: float) -> t
                   f"count from the released grid, noise sd {outside_sd:,.0f})")
 
 
-#: A surviving grid bin with no other surviving bin within this many positions on the line (a
-#: decade of the 1-2-5 grid) is isolated (sixteenth rule, benchmarks/results/noise_aware_variants.md).
-ISOLATION_BINS: Final = 3
-#: ... and marginal when its noisy count is below the threshold plus this many noise sds.
-MARGINAL_SDS: Final = 1.0
-
-
-def _drop_isolated_marginal(mass: np.ndarray, floor: float, noise_sd: float) -> np.ndarray:
-    """``mass`` (thresholded, in line order) with every isolated, marginal surviving bin zeroed,
-    when another bin survives (module docstring). A false bin (an empty bin whose noise crossed
-    the threshold of about 4 sds) overshoots it by about a quarter sd and sits alone: on a small
-    table its whole mass can exceed 1% of the rows and become a quantile bound (a 0/1 column's
-    box of [0, 2e6]). A real bin alone in its decade is dropped only when its noisy count is
-    within one sd of the threshold, a few noise sds of records."""
-    alive = np.flatnonzero(mass > 0)
-    if alive.size < 2:
-        return mass
-    out = mass.copy()
-    for k in alive:
-        near = alive[(alive != k) & (np.abs(alive - k) <= ISOLATION_BINS)]
-        if near.size == 0 and mass[k] < floor + MARGINAL_SDS * noise_sd:
-            out[k] = 0.0
-    return out if out.sum() > 0 else mass
-
-
 def _numeric_spec(
     name: str, grid: np.ndarray, floor: float, integer: bool, *, full_range: bool, noise_sd: float = 0.0,
 ) -> tuple[ColumnSpec | None, str]:
@@ -324,8 +297,6 @@ def _numeric_spec(
     zero_at = int(np.searchsorted(GRID_EDGES, 0.0, side="right"))  # bin [0, 1e-4)
     order = list(range(zero_at)) + [ZERO_BIN] + list(range(zero_at, ZERO_BIN))
     mass = kept[order]
-    if not full_range:
-        mass = _drop_isolated_marginal(mass, floor, noise_sd)
     total = float(mass.sum())
     if total <= 0:
         return None, "no numeric bin rose above the noise"
