@@ -7,7 +7,10 @@ zero-configuration policy) at the release's own calibration (the record count's 
 Gaussians sized as ``dpsummary.release`` sizes them from the policy's budget split and delta),
 with OS-entropy noise (:func:`dpsummary.private.preprocess.estimate_schema`). The released grid
 histograms are post-processed twice, with the rule and without it (the same noise: a paired
-comparison), and each numeric feature's bounds are compared with the column's data range.
+comparison), and each numeric feature's bounds are compared with the column's data range. The
+product's own post-processing (the "without" side) also warns, in a feature's note, when a bound
+was set by a lone marginal bin that widens the box over 10x (:func:`dpsummary.postprocess.schema._suspect_bounds`):
+the last two columns count those releases and how many of them are blown.
 
     python benchmarks/schema_bounds.py --tables azpro,default,wells --epsilons 0.3,1,3 --runs 300 --candidate Y
     python benchmarks/schema_bounds.py --tables sim_small_wide,sim_exact,sim_rare,sim_imbalanced --runs 300
@@ -150,7 +153,8 @@ def run(spec: cal.TableSpec, epsilon: float, runs: int, exempt: bool) -> dict[st
 
     preprocess.schema_from_release = capture  # type: ignore[assignment]
     plain = post._numeric_spec
-    counts = {"without": 0, "with": 0, "refused_without": 0, "refused_with": 0, "changed": 0, "harmful": 0}
+    counts = {"without": 0, "with": 0, "refused_without": 0, "refused_with": 0, "changed": 0, "harmful": 0,
+              "warned": 0, "blown_warned": 0}
     examples: list[str] = []
     try:
         for _ in range(runs):
@@ -173,6 +177,10 @@ def run(spec: cal.TableSpec, epsilon: float, runs: int, exempt: bool) -> dict[st
                     continue
                 found = blown(result.schema, ranges)
                 counts[variant] += bool(found)
+                if variant == "without":  # the product's own post-processing: its warning
+                    warned = any("warning: its" in note for note in result.notes)
+                    counts["warned"] += warned
+                    counts["blown_warned"] += warned and bool(found)
                 bounds[variant] = result.schema
                 if found and variant == "without" and len(examples) < 3:
                     examples.append("blown without the candidate: " + "; ".join(found))
@@ -200,13 +208,14 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=300)
     ap.add_argument("--candidate", choices=("Y", "Y'"), default="Y'")
     a = ap.parse_args()
-    print("| table | epsilon | runs | schema noise multiplier | blown boxes without the candidate | with it | schemas it changed | of them clipping > 1% more | refused without | with |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("| table | epsilon | runs | schema noise multiplier | blown boxes without the candidate | with it | schemas it changed | of them clipping > 1% more | refused without | with | releases warned (product) | blown and warned |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for name in a.tables.split(","):
         for eps in (float(e) for e in a.epsilons.split(",")):
             r = run(cal.TABLES[name], eps, a.runs, exempt=a.candidate == "Y'")
             print(f"| {name} | {eps:g} | {r['runs']} | {r['noise_multiplier']:.3g} | {r['without']} | {r['with']} | "
-                  f"{r['changed']} | {r['harmful']} | {r['refused_without']} | {r['refused_with']} |", flush=True)
+                  f"{r['changed']} | {r['harmful']} | {r['refused_without']} | {r['refused_with']} | {r['warned']} | "
+                  f"{r['blown_warned']} |", flush=True)
             for ex in r["examples"]:
                 print(f"  {ex}", file=sys.stderr)
 

@@ -498,3 +498,31 @@ def test_logistic_numeric_target_is_integer_whatever_the_fraction_noise() -> Non
     assert spec.integer and (spec.lower, spec.upper) == (0.0, 1.0) and target_kind(res.schema) == "binary"
     res_free = schema_from_release({"x": feature, "y": target}, target_classes=None, **common)
     assert not res_free.schema.column("y").integer
+
+
+def test_a_bound_set_by_a_lone_marginal_grid_bin_is_flagged_not_dropped() -> None:
+    """Zero configuration's feature bounds keep every bin above the threshold (dropping lone bins
+    clipped real columns: noise_aware_variants.md, sixteenth and seventeenth rules), but a bound
+    set by one bin alone in its decade, within one noise sd of the threshold, that widens the box
+    more than 10x (a false bin's profile) carries a warning naming the fix; a real 0/1 column, a
+    zero-inflated column and a lone bin well above the threshold do not."""
+    from dpsummary.postprocess.schema import ZERO_BIN, _numeric_spec
+
+    one = int(np.searchsorted(GRID_EDGES, 1.0))  # the bin (0.5, 1]
+    far = int(np.searchsorted(GRID_EDGES, 1e8))  # the bin (5e7, 1e8]
+    floor, sd = 40.0, 10.0
+    grid = np.zeros(NUM_GRID_BINS)
+    grid[ZERO_BIN], grid[one] = 1500.0, 1000.0
+    spec, note = _numeric_spec("b", grid, floor, True, full_range=False, noise_sd=sd)
+    assert spec is not None and (spec.lower, spec.upper) == (0.0, 1.0) and "warning" not in note
+    grid[far] = floor + 0.5 * sd  # just over the threshold, over 1% of the mass, alone
+    spec, note = _numeric_spec("b", grid, floor, True, full_range=False, noise_sd=sd)
+    assert spec is not None and spec.upper == 1e8  # kept: the release does not drop it
+    assert "warning: its upper bound" in note and "declare the column's bounds" in note
+    grid[far] = floor + 3 * sd  # clearly above the threshold: a real bin, no warning
+    assert "warning" not in _numeric_spec("b", grid, floor, True, full_range=False, noise_sd=sd)[1]
+    zeros = np.zeros(NUM_GRID_BINS)  # a zero-inflated column: exact zeros and values 100-2000
+    zeros[ZERO_BIN] = floor + 0.5 * sd
+    for edge in (200.0, 500.0, 1000.0, 2000.0):
+        zeros[int(np.searchsorted(GRID_EDGES, edge))] = 2000.0
+    assert "warning" not in _numeric_spec("z", zeros, floor, False, full_range=False, noise_sd=sd)[1]

@@ -18,7 +18,10 @@ Post-processing (no further privacy cost)
   target has its own 1% over its 83 bins, ``TARGET_FALSE_BIN_PROB``); the bounds are
   the outer edges of the bins holding the 1% and 99% quantiles of what remains (for the target:
   of the lowest and highest surviving bins), rounded inwards (ceil / floor) for integer
-  columns, capped at ``±1e9``;
+  columns, capped at ``±1e9``; a feature's note warns when a bound was set by one bin alone in
+  its decade whose count is within one noise sd of the threshold and that widens the box more
+  than 10x (a false bin's profile, :func:`_suspect_bounds`; the bin is kept, since dropping such
+  bins clipped real columns);
 * categories: the values above ``tau_c``, the ``max_categories`` largest, sorted.
 * a count regression's target (``count_target``, public: ``--model poisson``): when its noisy
   grid shows no bin above the noise, or only the bin of zero (a refusal before), it is the count
@@ -309,6 +312,7 @@ def _numeric_spec(
         hi_bin = order[min(int(np.searchsorted(cum, UPPER_QUANTILE, side="left")), len(order) - 1)]
     lower, _ = _bin_edges(lo_bin)
     _, upper = _bin_edges(hi_bin)
+    suspect = [] if full_range else _suspect_bounds(mass, order, lo_bin, hi_bin, floor, noise_sd)
     # Values in the grid bins outside [lo_bin, hi_bin] are clipped to the bounds: their number,
     # summed from the released noisy grid counts (post-processing, no new budget), tells the
     # curator whether to give public bounds instead. Floored at 0: the sum is noisy.
@@ -331,12 +335,49 @@ def _numeric_spec(
         how += ", widened to unit width (constant column)"
     spec = ColumnSpec(name=name, kind="numeric", lower=lower, upper=upper, integer=integer)
     kind = "integer" if integer else "real"
+    warning = "" if not suspect else (
+        f"; warning: its {' and '.join(suspect)} bound comes from one grid bin alone in its decade whose noisy count "
+        "is within one noise sd of the threshold, and it widens the box more than "
+        f"{SUSPECT_WIDENING:g}x: it may be noise, which puts the column's values in a sliver of the box (about 1 "
+        "zero-configuration release in 250 on small tables); declare the column's bounds in the policy's schema")
     return (
         spec,
         f"{name}: numeric ({kind}), bounds [{lower:g}, {upper:g}] from {how} on a public grid; values outside "
         f"are clipped to them: about {outside:,.0f} (noisy count from the released grid, noise sd {outside_sd:,.0f}; "
-        "public bounds in the policy's schema avoid this)",
+        "public bounds in the policy's schema avoid this)" + warning,
     )
+
+
+#: A quantile bound is flagged when the bin that sets it is alone within this many positions of
+#: the line (a decade of the 1-2-5 grid), its noisy count is within one noise sd of the threshold,
+#: and the box is more than SUSPECT_WIDENING times wider with it than without it: the profile of
+#: a false bin (an empty bin whose noise crossed the threshold), which on a small table can carry
+#: over 1% of the rows (benchmarks/results/noise_aware_variants.md, sixteenth and seventeenth
+#: rules: dropping such bins clips real columns, so the release keeps them and says so).
+SUSPECT_ISOLATION: Final = 3
+SUSPECT_WIDENING: Final = 10.0
+
+
+def _suspect_bounds(mass: np.ndarray, order: list[int], lo_bin: int, hi_bin: int, floor: float,
+                    noise_sd: float) -> list[str]:
+    """Which of the bounds ("lower", "upper") a possibly false grid bin set (see
+    :data:`SUSPECT_WIDENING`). ``mass`` is the thresholded grid in line order (``order``).
+    Post-processing of released counts; it only adds a warning to the note."""
+    alive = np.flatnonzero(mass > 0)
+    out = []
+    for side, k in (("lower", lo_bin), ("upper", hi_bin)):
+        at = order.index(k)
+        others = alive[alive != at]
+        if others.size == 0 or np.abs(others - at).min() <= SUSPECT_ISOLATION:
+            continue
+        if not mass[at] < floor + noise_sd:
+            continue
+        # The span of every surviving bin, with and without this one (at least 1: a 0/1 column's).
+        span_with = _bin_edges(order[int(alive[-1])])[1] - _bin_edges(order[int(alive[0])])[0]
+        span_without = max(_bin_edges(order[int(others[-1])])[1] - _bin_edges(order[int(others[0])])[0], 1.0)
+        if span_with > SUSPECT_WIDENING * span_without:
+            out.append(side)
+    return out
 
 
 def _categorical_spec(
