@@ -57,6 +57,8 @@ COUNT_SHARE = 0.10 / (0.10 + 0.05 + 0.75)
 
 #: The model's prior scale the replays use (``--prior-scale``; the eighteenth rule's candidate).
 PRIOR_SCALE: list[float] = [1.0]
+#: ``--paired``: the schedules of one run share their noise draws (seeded; benchmarks only).
+PAIRED: list[bool] = [False]
 
 
 def _table(name: str) -> tuple[Any, torch.Tensor, float, float]:
@@ -103,14 +105,14 @@ def _with_feature_range(sched: na.Schedule, share: float) -> na.Schedule:
 
 
 def _fit(model: Any, pts: torch.Tensor, fn: float, tb: float, epsilon: float, delta: float,
-         schedule: str = "default") -> na.NoiseAwareFit:
+         schedule: str = "default", randomness: Any = None) -> na.NoiseAwareFit:
     from dpsummary.private.mechanism import SystemRandomness
     from dpsummary.private.score_stats import noisy_score_statistics
 
     sched = SCHEDULES[schedule](model)
     count = acc.gaussian_event(acc.calibrate_part(target_epsilon=COUNT_SHARE * epsilon, delta=delta))
     sigma, _ = na.calibrate(sched, target_epsilon=epsilon, delta=delta, prior_events=[count])
-    rnd = SystemRandomness()
+    rnd = SystemRandomness() if randomness is None else randomness
 
     def release(theta: torch.Tensor, sb: float, cb: float, sm: float, cm: float) -> tuple[torch.Tensor, torch.Tensor]:
         st = noisy_score_statistics(pts, rnd, model, theta, score_bound=sb, curvature_bound=cb,
@@ -251,7 +253,11 @@ def run(table: str, epsilons: list[float], runs: int, out: Path, *, schedules: l
         ref = cal.reference(model, pts, epsilon=eps, delta=delta, key=f"variants:{table}:prior{PRIOR_SCALE[0]:g}")
         true_eigs = torch.linalg.eigvalsh(data_hessian(model, pts, ref.full.mean))
         for r, sched in ((r, sched) for r in range(runs) for sched in (schedules or ["default"])):
-            fit = _fit(model, pts, fn, tb, eps, delta, sched)
+            # --paired: every schedule of run r draws the same standard-normal noise (a seeded
+            # stand-in for OS entropy), so schedules that differ in their anchors are compared on
+            # the same noise (the twenty-third rule); otherwise OS entropy, independent per fit.
+            fit = _fit(model, pts, fn, tb, eps, delta, sched,
+                       randomness=_SeededNoise(10_000 * r + int(1000 * eps)) if PAIRED[0] else None)
             last = fit.rounds[-1]
             m = fit.model or model
             u = fit.posterior.mean - last.anchor
@@ -370,10 +376,13 @@ def main() -> None:
     p.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated, of {', '.join(VARIANTS)}")
     p.add_argument("--summary", action="store_true", help="only print the table of an existing --out")
     p.add_argument("--prior-scale", type=float, default=1.0, help="the model's prior sd (eighteenth rule)")
+    p.add_argument("--paired", action="store_true",
+                   help="the schedules of a run share their (seeded) noise draws, for comparing anchor changes")
     p.add_argument("--paired-curvature-bound", action="store_true",
                    help="compare the Frobenius and the released-triangle curvature bound on the same noise draws")
     a = p.parse_args()
     PRIOR_SCALE[0] = a.prior_scale
+    PAIRED[0] = a.paired
     if a.summary:
         summary(a.out)
     elif a.paired_curvature_bound:
