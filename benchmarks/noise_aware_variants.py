@@ -95,6 +95,10 @@ SCHEDULES: dict[str, Any] = {
     # Thirteenth rule: today's default plus the features' norm clipped at a DP quantile, its share
     # taken from the rounds in proportion.
     "N": lambda m: _with_feature_range(na.Schedule.default(m), 0.05),
+    # Twenty-second and twenty-third rules: today's logistic default with the log-odds anchor
+    # alone (Poisson: its own default).
+    "L": lambda m: (dataclasses.replace(na.Schedule.default(m), anchor="log-odds") if m.name == "logistic"
+                    else na.Schedule.default(m)),
 }
 
 
