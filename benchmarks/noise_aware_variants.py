@@ -6,8 +6,9 @@ Each run replays the default mechanism in process on one table of the calibratio
 and judge), at the calibration a public-schema release with a private record count gets (the
 count's Gaussian sized by :func:`dpsummary.accounting.calibrate_part` at the packaged default's
 count share, then the schedule calibrated under RDP to the whole epsilon with the count as prior
-event), with real OS-entropy noise. It keeps every round's DP outputs, so post-processing
-variants are judged on the SAME noisy releases:
+event), with real OS-entropy noise (``--paired``: seeded noise shared by the schedules of a run,
+so schedules are compared on the same draws). It keeps every round's DP outputs, so
+post-processing variants are judged on the SAME noisy releases:
 
 * ``plug-in`` - today's posterior (:func:`dpsummary.noise_aware.noise_aware_posterior`: the
   noisy curvature plugged in, its noise's effect on the score through ``E u``);
@@ -55,13 +56,7 @@ from dpsummary.gaussian import DTYPE, GaussianPosterior  # noqa: E402
 COUNT_SHARE = 0.10 / (0.10 + 0.05 + 0.75)
 
 
-#: The model's prior scale the replays use (``--prior-scale``; the eighteenth rule's candidate).
-PRIOR_SCALE: list[float] = [1.0]
-#: ``--paired``: the schedules of one run share their noise draws (seeded; benchmarks only).
-PAIRED: list[bool] = [False]
-
-
-def _table(name: str) -> tuple[Any, torch.Tensor, float, float]:
+def _table(name: str, prior_scale: float = 1.0) -> tuple[Any, torch.Tensor, float, float]:
     from dpsummary.data import Schema, Transform, read_csv
     from dpsummary.models import get_model_class
 
@@ -70,7 +65,7 @@ def _table(name: str) -> tuple[Any, torch.Tensor, float, float]:
     schema = Schema.model_validate(cal.public_schema(spec, path))
     tf = Transform.from_schema(schema)
     pts = tf.to_points(read_csv(path)).to(DTYPE)
-    model = get_model_class(spec.model)(tf.num_features, prior_scale=PRIOR_SCALE[0])
+    model = get_model_class(spec.model)(tf.num_features, prior_scale=prior_scale)
     fn, tb = na.schema_bounds(tf)
     return model, pts, fn, tb
 
@@ -246,22 +241,24 @@ FIELDS = ["table", "epsilon", "run", "schedule", "variant", "coverage", "width_r
 
 
 def run(table: str, epsilons: list[float], runs: int, out: Path, *, schedules: list[str] | None = None,
-        variants: list[str] | None = None) -> None:
+        variants: list[str] | None = None, prior_scale: float = 1.0, paired: bool = False) -> None:
+    """Replay ``runs`` releases per epsilon and schedule and judge every variant on them.
+    ``prior_scale``: the model's prior sd (eighteenth rule); ``paired``: every schedule of run r
+    draws the same standard-normal noise (a seeded stand-in for OS entropy, so schedules that
+    differ in their anchors are compared on the same noise; twenty-third rule), else OS entropy,
+    independent per fit."""
     from dpsummary.metrics import data_hessian
 
-    model, pts, fn, tb = _table(table)
+    model, pts, fn, tb = _table(table, prior_scale)
     spec = cal.TABLES[table]
     delta = 0.1 / spec.n_max if spec.n_max else 1e-11
     rows = []
     for eps in epsilons:
-        ref = cal.reference(model, pts, epsilon=eps, delta=delta, key=f"variants:{table}:prior{PRIOR_SCALE[0]:g}")
+        ref = cal.reference(model, pts, epsilon=eps, delta=delta, key=f"variants:{table}:prior{prior_scale:g}")
         true_eigs = torch.linalg.eigvalsh(data_hessian(model, pts, ref.full.mean))
         for r, sched in ((r, sched) for r in range(runs) for sched in (schedules or ["default"])):
-            # --paired: every schedule of run r draws the same standard-normal noise (a seeded
-            # stand-in for OS entropy), so schedules that differ in their anchors are compared on
-            # the same noise (the twenty-third rule); otherwise OS entropy, independent per fit.
             fit = _fit(model, pts, fn, tb, eps, delta, sched,
-                       randomness=_SeededNoise(10_000 * r + int(1000 * eps)) if PAIRED[0] else None)
+                       randomness=_SeededNoise(10_000 * r + int(1000 * eps)) if paired else None)
             last = fit.rounds[-1]
             m = fit.model or model
             u = fit.posterior.mean - last.anchor
@@ -385,15 +382,14 @@ def main() -> None:
     p.add_argument("--paired-curvature-bound", action="store_true",
                    help="compare the Frobenius and the released-triangle curvature bound on the same noise draws")
     a = p.parse_args()
-    PRIOR_SCALE[0] = a.prior_scale
-    PAIRED[0] = a.paired
     if a.summary:
         summary(a.out)
     elif a.paired_curvature_bound:
         paired_curvature_bound(a.table, [float(e) for e in a.epsilons.split(",")], a.runs)
     else:
         run(a.table, [float(e) for e in a.epsilons.split(",")], a.runs, a.out,
-            schedules=a.schedules.split(","), variants=a.variants.split(","))
+            schedules=a.schedules.split(","), variants=a.variants.split(","), prior_scale=a.prior_scale,
+            paired=a.paired)
 
 
 if __name__ == "__main__":

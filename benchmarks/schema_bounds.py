@@ -29,7 +29,6 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import calibration as cal  # noqa: E402
 
-from dpsummary import accounting as acc  # noqa: E402
 from dpsummary.postprocess import schema as post  # noqa: E402
 from dpsummary.private import preprocess  # noqa: E402
 
@@ -58,14 +57,14 @@ def candidate(exempt: bool) -> Any:
         if not full_range:
             alive = [i for i, k in enumerate(order) if grid[k] > floor]
             if len(alive) >= 2:
-                grid = grid.copy()
+                pruned = grid.copy()
                 for i in alive:
                     k = order[i]
                     lonely = not any(j != i and abs(j - i) <= ISOLATION_BINS for j in alive)
                     if k not in spared and lonely and grid[k] < floor + MARGINAL_SDS * noise_sd:
-                        grid[k] = 0.0
-                if not (grid > floor).any():
-                    return original(name, grid, floor, integer, full_range=full_range, noise_sd=noise_sd)
+                        pruned[k] = 0.0
+                if (pruned > floor).any():  # never every bin: then the grid as released
+                    grid = pruned
         return original(name, grid, floor, integer, full_range=full_range, noise_sd=noise_sd)
 
     return numeric_spec
@@ -80,11 +79,10 @@ HARM_SHARE = 0.01
 
 def calibration(spec: cal.TableSpec, epsilon: float) -> tuple[float, float]:
     """The schema Gaussian's noise multiplier and the partition-selection delta of a
-    zero-configuration release of ``spec`` at ``epsilon`` (as ``dpsummary.release`` plans it)."""
-    from dp_accounting import dp_event as dpe
-
+    zero-configuration release of ``spec`` at ``epsilon`` (``dpsummary.release``'s own stage-1
+    calibration, :func:`dpsummary.release.stage1_noise`, on the suite's policy)."""
     from dpsummary import policy as pmod
-    from dpsummary.release import DELTA_SELECTION_SHARE
+    from dpsummary.release import DELTA_SELECTION_SHARE, stage1_noise
 
     path = cal.table_csv(spec)
     with tempfile.TemporaryDirectory() as tmp:
@@ -92,10 +90,9 @@ def calibration(spec: cal.TableSpec, epsilon: float) -> tuple[float, float]:
     split = pol.budget_split.normalised(count=True, preprocessing=True, initialisation=True)
     delta_total = pol.resolve_delta(None)
     selection = DELTA_SELECTION_SHARE * delta_total
-    delta = delta_total - selection
-    count = acc.calibrate_part(target_epsilon=split["count"] * epsilon, delta=delta)
-    schema = acc.calibrate_part(target_epsilon=(split["count"] + split["preprocessing"]) * epsilon, delta=delta,
-                                prior_events=[dpe.GaussianDpEvent(count)])
+    _, schema, _ = stage1_noise(split, epsilon=epsilon, delta=delta_total - selection, count_public=False,
+                                schema_public=False)
+    assert schema is not None
     return schema, selection
 
 

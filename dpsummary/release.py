@@ -340,8 +340,6 @@ def plan_public(req: ReleaseRequest, say: NoticeFn) -> PublicPlan:
         raise ReleaseError(f"target column {req.target!r} is not in the data's header")
 
     # Every public refusal above is decided; the accountants (dp_accounting, scipy) load here.
-    from dp_accounting import dp_event as dpe
-
     from . import accounting as acc
     from .ledger import Ledger
 
@@ -359,17 +357,9 @@ def plan_public(req: ReleaseRequest, say: NoticeFn) -> PublicPlan:
     delta_selection = 0.0 if schema_public else DELTA_SELECTION_SHARE * delta_total
     delta = delta_total - delta_selection
     events: list[Any] = []
-    count_sigma = schema_sigma = None
     try:
-        if not count_public:
-            count_sigma = acc.calibrate_part(target_epsilon=split["count"] * req.epsilon, delta=delta)
-            events.append(dpe.GaussianDpEvent(count_sigma))
-        if not schema_public:
-            schema_sigma = acc.calibrate_part(
-                target_epsilon=(split["count"] + split["preprocessing"]) * req.epsilon,
-                delta=delta, prior_events=events,
-            )
-            events.append(dpe.GaussianDpEvent(schema_sigma))
+        count_sigma, schema_sigma, events = stage1_noise(split, epsilon=req.epsilon, delta=delta,
+                                                         count_public=count_public, schema_public=schema_public)
         # The parts are sized by the Gaussian's exact privacy profile (accounting.calibrate_part),
         # which certifies any epsilon; the
         # accountant of record must still certify the whole release. A plain Gaussian at the whole
@@ -484,6 +474,28 @@ def public_target_spec(public: PublicPlan) -> Any:
         return None
     name = public.req.target if public.req.target is not None else public.header[-1]
     return ColumnSpec(name=name, kind="categorical", categories=[cls], other_class=True, positive=cls)
+
+
+def stage1_noise(split: dict[str, float], *, epsilon: float, delta: float, count_public: bool,
+                 schema_public: bool) -> tuple[float | None, float | None, list[Any]]:
+    """Stage 1's noise multipliers (record count, DP schema; None when public) and their events,
+    from public values only: each part calibrated as the cumulative composed epsilon of the
+    budget split's shares (:func:`dpsummary.accounting.calibrate_part`). Raises ``ValueError``
+    when a part cannot be calibrated."""
+    from dp_accounting import dp_event as dpe
+
+    from . import accounting as acc
+
+    events: list[Any] = []
+    count_sigma = schema_sigma = None
+    if not count_public:
+        count_sigma = acc.calibrate_part(target_epsilon=split["count"] * epsilon, delta=delta)
+        events.append(dpe.GaussianDpEvent(count_sigma))
+    if not schema_public:
+        schema_sigma = acc.calibrate_part(target_epsilon=(split["count"] + split["preprocessing"]) * epsilon,
+                                          delta=delta, prior_events=events)
+        events.append(dpe.GaussianDpEvent(schema_sigma))
+    return count_sigma, schema_sigma, events
 
 
 # ---- stage 2 plan: the mechanism's, from public or released values --------------------------
