@@ -94,6 +94,10 @@ SCHEDULES: dict[str, Any] = {
     # alone (Poisson: its own default).
     "L": lambda m: (dataclasses.replace(na.Schedule.default(m), anchor="log-odds") if m.name == "logistic"
                     else na.Schedule.default(m)),
+    # Twenty-fourth rule: today's logistic default with the last round's split chosen by the
+    # preposterior analysis (Poisson: its own default).
+    "S": lambda m: (dataclasses.replace(na.Schedule.default(m), last_split="preposterior") if m.name == "logistic"
+                    else na.Schedule.default(m)),
 }
 
 
@@ -237,7 +241,8 @@ VARIANTS = {"plug-in": lambda m, rs, g, fn: na.noise_aware_posterior(m, rs[-1])[
             "curvature-pooled": curvature_pooled, "weighted": weighted, "debiased": debiased}
 FIELDS = ["table", "epsilon", "run", "schedule", "variant", "coverage", "width_ratio", "floor_width_ratio", "floor_coverage",
           "effects_found", "floor_effects_found", "effects_wrong_sign", "mean_error_sd_max", "anchor_distance",
-          "score_var", "curvature_term", "min_true_eig", "noise_edge", "converged", "imputation_ess"]
+          "score_var", "curvature_term", "min_true_eig", "noise_edge", "converged", "imputation_ess",
+          "last_score_fraction"]
 
 
 def run(table: str, epsilons: list[float], runs: int, out: Path, *, schedules: list[str] | None = None,
@@ -275,6 +280,8 @@ def run(table: str, epsilons: list[float], runs: int, out: Path, *, schedules: l
                     "min_true_eig": float(true_eigs[0]),
                     "noise_edge": 2 * math.sqrt(pts.shape[1] - 1) * last.curvature_noise_std,
                     "converged": fit.converged, "imputation_ess": _DIAG.get("ess", ""),
+                    "last_score_fraction": round(fit.noise_multipliers[-1][1] ** 2 / (
+                        fit.noise_multipliers[-1][0] ** 2 + fit.noise_multipliers[-1][1] ** 2), 4),
                 })
             print(f"{table} eps {eps} run {r} schedule {sched}: " + ", ".join(
                 f"{x['variant']} cov {x['coverage']:.2f} w {x['width_ratio']:.2f}" for x in rows[-len(chosen):]),

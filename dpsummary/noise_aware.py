@@ -131,6 +131,18 @@ aware) posterior ``N((H + P)^-1 (s + H a + P mu0), (H + P)^-1)`` is returned for
     failed on the simulations (one honest cell fewer; ``sim_correlated`` at 0.3 widened 47%), and
     on real public schemas the box's corners are where the records are (0/1 columns map to +-1).
 
+13. **The last round's split chosen from the rounds before it** (issue 37's twenty-fourth rule,
+    ``Schedule.last_split``). More curvature budget in the last round narrows the tables whose
+    released curvature's noise is the bottleneck (rare indicators: the NAPSU-MQ problem, whose
+    release at epsilon 0.3 would be 2.9x the full-data width with its curvature exact instead of
+    4.2x) and widens those whose score's noise is (large N, few features). Before the last round,
+    :func:`preposterior_split` simulates it under each candidate split (:data:`LAST_SPLITS`) from
+    the previous round's released curvature and picks the one whose imputed posterior is expected
+    narrowest. The candidates' two Gaussians compose to the same one Gaussian (RDP and PLD), so
+    the accountant's event is that Gaussian whichever is chosen (:meth:`Schedule.events`), and
+    the choice is post-processing of DP outputs (adaptive composition with a fixed privacy
+    profile).
+
 Totality: whatever the noise draws, :func:`fit` returns finite Gaussians or raises
 :class:`NonFiniteFit` (a DP-decided outcome; the release turns it into a charged refusal).
 
@@ -220,6 +232,12 @@ class Schedule:
     #: The share of rho spent on the histogram of the features' L2 norm whose noisy quantile sets
     #: the norm the rounds' bounds use (module docstring, 12.), or 0 (the schema's box). Public.
     feature_range: float = 0.0
+    #: How the last round's share is split between its score and its curvature: None (as
+    #: ``rounds[-1]`` says) or ``"preposterior"`` (chosen among :data:`LAST_SPLITS` from the
+    #: earlier rounds' DP outputs, :func:`preposterior_split`; module docstring, 13.). The
+    #: candidates compose to the same Gaussian, so the accountant's event does not depend on the
+    #: choice. Public.
+    last_split: str | None = None
 
     def __post_init__(self) -> None:
         flat = [w for pair in self.rounds for w in pair] + [w for w in (self.count_range, self.feature_range) if w]
@@ -241,6 +259,8 @@ class Schedule:
             raise ValueError("posterior must be 'plug-in' or 'imputed'")
         if self.expansion not in (None, "box", "data"):
             raise ValueError("expansion must be None, 'box' or 'data'")
+        if self.last_split not in (None, "preposterior") or (self.last_split is not None and len(self.rounds) < 2):
+            raise ValueError("last_split must be None or 'preposterior' (with at least two rounds)")
 
     @classmethod
     def default(cls, model: Model) -> Schedule:
@@ -268,12 +288,30 @@ class Schedule:
         share = self.count_range + self.feature_range
         return sigma / math.sqrt(share) if share else None
 
+    def last_round_multipliers(self, sigma: float) -> list[tuple[float, float]]:
+        """The last round's candidate (score, curvature) noise multipliers: its own with a fixed
+        split, else one per :data:`LAST_SPLITS` score fraction of its total share. Every
+        candidate composes to the Gaussian of multiplier ``sigma / sqrt(total)``."""
+        score, curvature = self.rounds[-1]
+        if self.last_split is None:
+            return [(sigma / math.sqrt(score), sigma / math.sqrt(curvature))]
+        total = score + curvature
+        return [(sigma / math.sqrt(f * total), sigma / math.sqrt((1.0 - f) * total)) for f in LAST_SPLITS]
+
     def events(self, sigma: float) -> list[Any]:
         """The accountant's events: one Gaussian event per released statistic (the count
-        histogram's first, when the schedule has one)."""
+        histogram's first, when the schedule has one); with a chosen last split (module
+        docstring, 13.) the last round's two Gaussians as the one Gaussian they compose to,
+        whichever split is chosen (RDP orders add, Gaussian PLDs compose to a Gaussian)."""
         first = self.range_multiplier(sigma)
+        pairs = self.noise_multipliers(sigma)
+        if self.last_split is not None:
+            last = [acc.gaussian_event(sigma / math.sqrt(sum(self.rounds[-1])))]
+            pairs = pairs[:-1]
+        else:
+            last = []
         return ([] if first is None else [acc.gaussian_event(first)]) + [
-            acc.gaussian_event(m) for pair in self.noise_multipliers(sigma) for m in pair]
+            acc.gaussian_event(m) for pair in pairs for m in pair] + last
 
     def as_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"rounds": [list(r) for r in self.rounds]}
@@ -309,6 +347,9 @@ class Schedule:
 
             out["feature_range_share"] = self.feature_range
             out["feature_range_quantile"] = NORM_QUANTILE
+        if self.last_split is not None:
+            out["last_split"] = self.last_split
+            out["last_split_score_fractions"] = list(LAST_SPLITS)
         return out
 
 
@@ -407,6 +448,9 @@ class NoiseAwareFit:
     #: The model the posterior is for: the caller's, or (``Schedule.prior_centre``) the same
     #: likelihood with its prior re-centred. Summaries and artifacts must carry this one.
     model: Model | None = None
+    #: The schedule as run: the caller's, or (``Schedule.last_split``) the same with the last
+    #: round's shares as chosen. Artifacts must carry this one.
+    schedule: Schedule | None = None
 
 
 #: ``release(theta, score_bound, curvature_bound, score_noise_multiplier,
@@ -579,6 +623,58 @@ def imputed_posterior(
     except RuntimeError as exc:
         raise NonFiniteFit("the imputed posterior covariance is not positive definite") from exc
     return _checked(GaussianPosterior(stacked.mean(0), tril))
+
+
+#: ``Schedule.last_split = "preposterior"`` (module docstring, 13.; issue 37's twenty-fourth
+#: rule, written before its run): the last round's candidate splits as the score's fraction of
+#: its total share (the default's 0.45:0.15, then 0.375:0.225 and 0.3:0.3), the preposterior's
+#: draws of the true curvature, the imputations per simulated release, and its fixed seed
+#: (post-processing randomness, public). All public.
+LAST_SPLITS: tuple[float, ...] = (0.75, 0.625, 0.5)
+PREPOSTERIOR_DRAWS = 8
+PREPOSTERIOR_IMPUTATIONS = 32
+PREPOSTERIOR_SEED = 37
+
+
+def preposterior_split(model: Model, previous: RoundRelease, *, anchor: torch.Tensor, bounds: tuple[float, float],
+                       candidates: Sequence[tuple[float, float]]) -> tuple[int, list[float]]:
+    """Which of ``candidates`` (the last round's (score, curvature) noise multipliers) is
+    expected to give the narrowest released posterior, judged from the round before it (module
+    docstring, 13.): :data:`PREPOSTERIOR_DRAWS` draws of the true curvature from its flat-prior
+    posterior given ``previous``'s released curvature (as :func:`imputed_posterior` draws it);
+    for each draw and candidate a simulated last release at ``anchor`` taken as the mode (score:
+    the candidate's score noise alone; curvature: the draw plus the candidate's curvature noise)
+    and its imputed posterior's summed log marginal sds; the mean over draws. Common random
+    numbers across candidates, a fixed public seed. Returns the index of the smallest (ties: the
+    first) and every candidate's value. Post-processing of DP outputs and public values: costs no
+    privacy, and the candidates compose to the same Gaussian, so the choice reveals nothing the
+    accountant does not already charge."""
+    g = torch.Generator().manual_seed(PREPOSTERIOR_SEED)
+    dim = previous.curvature.shape[0]
+    score_bound, curvature_bound = bounds
+    truths = [psd_part(_sym(previous.curvature + symmetric_noise(dim, previous.curvature_noise_std, g)))
+              for _ in range(PREPOSTERIOR_DRAWS)]
+    unit_curvature = [symmetric_noise(dim, 1.0, g) for _ in range(PREPOSTERIOR_DRAWS)]
+    unit_score = [torch.randn(dim, generator=g, dtype=DTYPE) for _ in range(PREPOSTERIOR_DRAWS)]
+    seeds = [int(torch.randint(2**31 - 1, (1,), generator=g)) for _ in range(PREPOSTERIOR_DRAWS)]
+    values: list[float] = []
+    for s_mult, c_mult in candidates:
+        score_sd, tau = s_mult * score_bound, c_mult * curvature_bound
+        total = 0.0
+        for truth, e, xi, seed in zip(truths, unit_curvature, unit_score, seeds, strict=True):
+            simulated = RoundRelease(anchor=anchor, score=score_sd * xi, curvature=truth + tau * e,
+                                     score_bound=score_bound, curvature_bound=curvature_bound,
+                                     score_noise_std=score_sd, curvature_noise_std=tau)
+            try:
+                post = imputed_posterior(model, simulated, generator=torch.Generator().manual_seed(seed),
+                                         draws=PREPOSTERIOR_IMPUTATIONS)
+            except NonFiniteFit:
+                total = math.inf
+                break
+            total += 0.5 * float(torch.log(torch.diagonal(post.cov)).sum())
+        values.append(total / PREPOSTERIOR_DRAWS if math.isfinite(total) else math.inf)
+    best = min(range(len(candidates)), key=lambda i: (values[i], i))
+    return best, values
 
 
 #: ``Schedule.pool``: earlier rounds whose anchor changes the linear predictor of any record of
@@ -840,7 +936,20 @@ def fit(model: Model, release: ReleaseFn, bounds: BoundsFn, *, schedule: Schedul
     raises :class:`NonFiniteFit`."""
     multipliers = schedule.noise_multipliers(sigma)
     state = init(model)
+    split_note = None
     for k, mult in enumerate(multipliers):
+        if k == len(multipliers) - 1 and schedule.last_split is not None:
+            # Module docstring, 13.: the last round's split from the rounds before it.
+            candidates = schedule.last_round_multipliers(sigma)
+            best, _ = preposterior_split(model, state.rounds[-1], anchor=state.anchor, bounds=bounds(state.anchor),
+                                         candidates=candidates)
+            mult = candidates[best]
+            multipliers = [*multipliers[:-1], mult]
+            total = sum(schedule.rounds[-1])
+            schedule = dataclasses.replace(schedule, rounds=(
+                *schedule.rounds[:-1], (LAST_SPLITS[best] * total, (1.0 - LAST_SPLITS[best]) * total)))
+            split_note = (f"the last round's share split {LAST_SPLITS[best]:.0%} score, {1 - LAST_SPLITS[best]:.0%} "
+                          "curvature, chosen from the earlier rounds' released curvature (post-processing, no privacy cost)")
         state = step(state, model, release, bounds, mult, schedule=schedule, feature_norm=feature_norm,
                      target_bound=target_bound)
         if k == 0 and schedule.prior_centre is not None:
@@ -873,6 +982,8 @@ def fit(model: Model, release: ReleaseFn, bounds: BoundsFn, *, schedule: Schedul
         f"{MECHANISM}: {len(multipliers)} round(s) of noisy score and curvature sums, noise-aware "
         "Gaussian posterior (Kulkarni et al. 2021 style) by post-processing",
     ]
+    if split_note is not None:
+        notes.append(split_note)
     # The posterior is a quadratic expansion at the last anchor; if the last round still moved
     # the estimate by many posterior sds, the rounds had not converged and the expansion may not
     # hold there (e.g. Poisson with large counts, whose intercept is far from the prior mean).
@@ -896,7 +1007,7 @@ def fit(model: Model, release: ReleaseFn, bounds: BoundsFn, *, schedule: Schedul
         )
     return NoiseAwareFit(posterior=posterior, raw_posterior=raw, rounds=list(state.rounds),
                          noise_multipliers=multipliers, notes=notes, last_step_sds=moved,
-                         converged=converged, model=model)
+                         converged=converged, model=model, schedule=schedule)
 
 
 def range_clips(schedule: Schedule, *, sigma: float, num_features: int, feature_norm: float, target_name: str,

@@ -704,3 +704,71 @@ def test_a_non_isotropic_prior_gives_the_same_posteriors_as_the_isotropic_path()
     assert torch.allclose(mixed.mean, mean, atol=1e-9) and torch.allclose(mixed.cov, cov, atol=1e-9)
     assert not torch.allclose(mixed.mean, na.imputed_posterior(iso, rel, generator=torch.Generator().manual_seed(4),
                                                                draws=25).mean, atol=1e-3)
+
+
+@pytest.mark.parametrize("accountant", ["rdp", "pld"])
+def test_a_chosen_last_split_is_declared_as_the_one_gaussian_every_candidate_composes_to(accountant):
+    """Module docstring 13.: with ``last_split`` the last round is declared as one Gaussian event
+    at sigma / sqrt(its total share), and every candidate split's two Gaussians compose to exactly
+    that privacy loss, so the ledger does not depend on the choice."""
+    import dataclasses
+
+    base = na.Schedule.default(LogisticRegression(3))
+    sched = dataclasses.replace(base, last_split="preposterior")
+    events = sched.events(2.0)
+    assert len(events) == 2 * (len(sched.rounds) - 1) + 1
+    assert events[-1].noise_multiplier == pytest.approx(2.0 / math.sqrt(sum(sched.rounds[-1])))
+    target = acc.epsilon(events, 1e-6, accountant)
+    assert target == pytest.approx(acc.epsilon([acc.gaussian_event(2.0)], 1e-6, accountant), rel=1e-4)
+    candidates = sched.last_round_multipliers(2.0)
+    assert len(candidates) == len(na.LAST_SPLITS)
+    for s_mult, c_mult in candidates:
+        fixed = [acc.gaussian_event(m) for pair in [*base.noise_multipliers(2.0)[:-1], (s_mult, c_mult)] for m in pair]
+        assert acc.epsilon(fixed, 1e-6, accountant) == pytest.approx(target, rel=1e-4)
+    assert sched.as_dict()["last_split"] == "preposterior"
+    with pytest.raises(ValueError, match="last_split"):
+        na.Schedule(((0.5, 0.5),), last_split="preposterior")
+
+
+def test_preposterior_split_gives_the_curvature_more_where_its_noise_is_the_bottleneck():
+    """Where the previous round's curvature dwarfs its noise the score's noise sets the width and
+    the default split (the first candidate) is kept; where two directions' curvature is of the
+    noise's size, a split with more curvature budget is chosen. Deterministic (fixed public seed)."""
+    import dataclasses
+
+    model = LogisticRegression(2)
+    sched = dataclasses.replace(na.Schedule.default(model), last_split="preposterior")
+    candidates = sched.last_round_multipliers(1.0)
+    zero = torch.zeros(3, dtype=torch.float64)
+
+    def previous(diag):
+        return na.RoundRelease(anchor=zero, score=zero, curvature=torch.diag(torch.tensor(diag, dtype=torch.float64)),
+                               score_bound=1.8, curvature_bound=2.0, score_noise_std=1.8 / math.sqrt(0.05),
+                               curvature_noise_std=2.0 / math.sqrt(0.1))
+
+    clear, values = na.preposterior_split(model, previous([5000.0, 5000.0, 5000.0]), anchor=zero, bounds=(1.8, 2.0),
+                                          candidates=candidates)
+    assert clear == 0 and all(math.isfinite(v) for v in values)
+    buried, _ = na.preposterior_split(model, previous([5000.0, 30.0, 30.0]), anchor=zero, bounds=(1.8, 2.0),
+                                      candidates=candidates)
+    assert buried > 0
+    again, values_again = na.preposterior_split(model, previous([5000.0, 5000.0, 5000.0]), anchor=zero,
+                                                bounds=(1.8, 2.0), candidates=candidates)
+    assert (again, values_again) == (clear, values)
+
+
+def test_fit_with_a_chosen_last_split_uses_a_candidate_and_says_so():
+    import dataclasses
+
+    model = LogisticRegression(2)
+    sched = dataclasses.replace(na.Schedule.default(model), last_split="preposterior")
+    pts, _ = _table(model, 3000, 11)
+    bounds = na.public_bounds(model, feature_norm=math.sqrt(2), target_bound=1.0)
+    res = na.fit(model, _release_fn(pts, model, np.random.default_rng(11)), bounds, schedule=sched, sigma=0.5,
+                 feature_norm=math.sqrt(2), generator=torch.Generator().manual_seed(11))
+    assert tuple(res.noise_multipliers[-1]) in [tuple(c) for c in sched.last_round_multipliers(0.5)]
+    assert res.noise_multipliers[:-1] == sched.noise_multipliers(0.5)[:-1]
+    assert any("last round's share split" in n for n in res.notes)
+    assert res.schedule is not None and sum(res.schedule.rounds[-1]) == pytest.approx(sum(sched.rounds[-1]))
+    assert res.schedule.noise_multipliers(0.5)[-1] == pytest.approx(res.noise_multipliers[-1])
+    assert bool(torch.isfinite(res.posterior.cov).all())

@@ -122,7 +122,7 @@ def noise_aware_summaries(plan: MechanismPlan, records: Any, size: int, generato
     return summary, {
         "gaussians": gaussians, "notes": notes,
         "noise_multipliers": [list(m) for m in result.noise_multipliers],
-        "schedule": schedule.as_dict(), "bounds": {"feature_norm": feature_norm, "target_bound": target_bound},
+        "schedule": (result.schedule or schedule).as_dict(), "bounds": {"feature_norm": feature_norm, "target_bound": target_bound},
         "count_range": None if count_clip is None else count_clip.claim(),
         "feature_range": None if norm_clip is None else norm_clip.claim(),
         "prior_mean": model.prior_mean.tolist(),
