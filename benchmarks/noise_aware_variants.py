@@ -98,6 +98,12 @@ SCHEDULES: dict[str, Any] = {
     # preposterior analysis (Poisson: its own default).
     "S": lambda m: (dataclasses.replace(na.Schedule.default(m), last_split="preposterior") if m.name == "logistic"
                     else na.Schedule.default(m)),
+    # Twenty-fifth rule: placement rounds merged into the last once the anchor has settled (R),
+    # and with the preposterior split (RS).
+    "R": lambda m: (dataclasses.replace(na.Schedule.default(m), merge_rounds=True) if m.name == "logistic"
+                    else na.Schedule.default(m)),
+    "RS": lambda m: (dataclasses.replace(na.Schedule.default(m), merge_rounds=True, last_split="preposterior")
+                     if m.name == "logistic" else na.Schedule.default(m)),
 }
 
 
@@ -242,7 +248,7 @@ VARIANTS = {"plug-in": lambda m, rs, g, fn: na.noise_aware_posterior(m, rs[-1])[
 FIELDS = ["table", "epsilon", "run", "schedule", "variant", "coverage", "width_ratio", "floor_width_ratio", "floor_coverage",
           "effects_found", "floor_effects_found", "effects_wrong_sign", "mean_error_sd_max", "anchor_distance",
           "score_var", "curvature_term", "min_true_eig", "noise_edge", "converged", "imputation_ess",
-          "last_score_fraction"]
+          "rounds_run", "last_score_fraction"]
 
 
 def run(table: str, epsilons: list[float], runs: int, out: Path, *, schedules: list[str] | None = None,
@@ -280,6 +286,7 @@ def run(table: str, epsilons: list[float], runs: int, out: Path, *, schedules: l
                     "min_true_eig": float(true_eigs[0]),
                     "noise_edge": 2 * math.sqrt(pts.shape[1] - 1) * last.curvature_noise_std,
                     "converged": fit.converged, "imputation_ess": _DIAG.get("ess", ""),
+                    "rounds_run": len(fit.rounds),
                     "last_score_fraction": round(fit.noise_multipliers[-1][1] ** 2 / (
                         fit.noise_multipliers[-1][0] ** 2 + fit.noise_multipliers[-1][1] ** 2), 4),
                 })

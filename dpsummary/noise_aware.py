@@ -143,6 +143,15 @@ aware) posterior ``N((H + P)^-1 (s + H a + P mu0), (H + P)^-1)`` is returned for
     the choice is post-processing of DP outputs (adaptive composition with a fixed privacy
     profile).
 
+14. **Placement rounds merged once the anchor has settled** (issue 37's twenty-fifth rule,
+    ``Schedule.merge_rounds``). The placement rounds' statistics never reach the released
+    posterior; once a round's step to the next anchor moves the linear predictor by at most
+    :data:`MERGE_RMS_ETA` (curvature-weighted rms, :func:`rms_eta`), the rounds left are run as one
+    last round at that anchor with the sum of their shares. Every path spends the same total rho
+    in Gaussians, so rounds 2.. are declared as the one Gaussian they compose to (fully adaptive
+    composition for Gaussian DP, Smith and Thakurta 2022; Renyi filters, Feldman and Zrnic 2021),
+    and the decision is post-processing of DP outputs.
+
 Totality: whatever the noise draws, :func:`fit` returns finite Gaussians or raises
 :class:`NonFiniteFit` (a DP-decided outcome; the release turns it into a charged refusal).
 
@@ -238,6 +247,10 @@ class Schedule:
     #: candidates compose to the same Gaussian, so the accountant's event does not depend on the
     #: choice. Public.
     last_split: str | None = None
+    #: Whether the placement rounds left are merged into the last round once the anchor has
+    #: settled (:data:`MERGE_RMS_ETA`; module docstring, 14.). Rounds 2.. are then declared as the
+    #: one Gaussian they compose to, whatever the path. Public.
+    merge_rounds: bool = False
 
     def __post_init__(self) -> None:
         flat = [w for pair in self.rounds for w in pair] + [w for w in (self.count_range, self.feature_range) if w]
@@ -261,6 +274,8 @@ class Schedule:
             raise ValueError("expansion must be None, 'box' or 'data'")
         if self.last_split not in (None, "preposterior") or (self.last_split is not None and len(self.rounds) < 2):
             raise ValueError("last_split must be None or 'preposterior' (with at least two rounds)")
+        if self.merge_rounds and len(self.rounds) < 2:
+            raise ValueError("merge_rounds needs at least two rounds")
 
     @classmethod
     def default(cls, model: Model) -> Schedule:
@@ -288,11 +303,11 @@ class Schedule:
         share = self.count_range + self.feature_range
         return sigma / math.sqrt(share) if share else None
 
-    def last_round_multipliers(self, sigma: float) -> list[tuple[float, float]]:
-        """The last round's candidate (score, curvature) noise multipliers: its own with a fixed
-        split, else one per :data:`LAST_SPLITS` score fraction of its total share. Every
-        candidate composes to the Gaussian of multiplier ``sigma / sqrt(total)``."""
-        score, curvature = self.rounds[-1]
+    def split_candidates(self, sigma: float, shares: tuple[float, float]) -> list[tuple[float, float]]:
+        """A last round's candidate (score, curvature) noise multipliers for its ``shares``: its
+        own with a fixed split, else one per :data:`LAST_SPLITS` score fraction of its total
+        share. Every candidate composes to the Gaussian of multiplier ``sigma / sqrt(total)``."""
+        score, curvature = shares
         if self.last_split is None:
             return [(sigma / math.sqrt(score), sigma / math.sqrt(curvature))]
         total = score + curvature
@@ -300,18 +315,23 @@ class Schedule:
 
     def events(self, sigma: float) -> list[Any]:
         """The accountant's events: one Gaussian event per released statistic (the count
-        histogram's first, when the schedule has one); with a chosen last split (module
-        docstring, 13.) the last round's two Gaussians as the one Gaussian they compose to,
-        whichever split is chosen (RDP orders add, Gaussian PLDs compose to a Gaussian)."""
+        histogram's first, when the schedule has one). Where the path is chosen from DP outputs
+        the adaptive part is declared as the one Gaussian it composes to whatever is chosen (RDP
+        orders add, Gaussian PLDs compose to a Gaussian; fully adaptive composition for Gaussian
+        DP, Smith and Thakurta 2022): rounds 2.. with ``merge_rounds`` (module docstring, 14.),
+        else the last round with a chosen split (13.)."""
         first = self.range_multiplier(sigma)
         pairs = self.noise_multipliers(sigma)
-        if self.last_split is not None:
-            last = [acc.gaussian_event(sigma / math.sqrt(sum(self.rounds[-1])))]
-            pairs = pairs[:-1]
-        else:
-            last = []
+        adaptive = 0
+        if self.merge_rounds:
+            adaptive = len(self.rounds) - 1
+        elif self.last_split is not None:
+            adaptive = 1
+        fixed = pairs[:len(pairs) - adaptive]
+        block = [acc.gaussian_event(sigma / math.sqrt(sum(sum(r) for r in self.rounds[len(pairs) - adaptive:])))
+                 ] if adaptive else []
         return ([] if first is None else [acc.gaussian_event(first)]) + [
-            acc.gaussian_event(m) for pair in pairs for m in pair] + last
+            acc.gaussian_event(m) for pair in fixed for m in pair] + block
 
     def as_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"rounds": [list(r) for r in self.rounds]}
@@ -350,6 +370,9 @@ class Schedule:
         if self.last_split is not None:
             out["last_split"] = self.last_split
             out["last_split_score_fractions"] = list(LAST_SPLITS)
+        if self.merge_rounds:
+            out["merge_rounds"] = True
+            out["merge_rms_eta"] = MERGE_RMS_ETA
         return out
 
 
@@ -631,6 +654,11 @@ def imputed_posterior(
 #: draws of the true curvature, the imputations per simulated release, and its fixed seed
 #: (post-processing randomness, public). All public.
 LAST_SPLITS: tuple[float, ...] = (0.75, 0.625, 0.5)
+#: ``Schedule.merge_rounds`` (module docstring, 14.; issue 37's twenty-fifth rule, written before
+#: its run): the placement rounds left are merged into the last once a round's step moves the
+#: linear predictor by at most this curvature-weighted rms change (the ninth rule's
+#: ``POOL_RMS_ETA``). Public.
+MERGE_RMS_ETA = 0.25
 PREPOSTERIOR_DRAWS = 8
 PREPOSTERIOR_IMPUTATIONS = 32
 PREPOSTERIOR_SEED = 37
@@ -934,29 +962,44 @@ def fit(model: Model, release: ReleaseFn, bounds: BoundsFn, *, schedule: Schedul
     schedules with an ``anchor`` rule or a ``trust_eta``; ``generator`` (non-private, post-
     processing only) by a schedule whose ``posterior`` is ``"imputed"``. Total: returns finite Gaussians or
     raises :class:`NonFiniteFit`."""
-    multipliers = schedule.noise_multipliers(sigma)
     state = init(model)
-    split_note = None
-    for k, mult in enumerate(multipliers):
-        if k == len(multipliers) - 1 and schedule.last_split is not None:
+    extra_notes: list[str] = []
+    left = list(schedule.rounds)  # the rounds still to run, as (score, curvature) shares of rho
+    used: list[tuple[float, float]] = []
+    multipliers: list[tuple[float, float]] = []
+    while left:
+        shares = left.pop(0)
+        mult = (sigma / math.sqrt(shares[0]), sigma / math.sqrt(shares[1]))
+        if not left and schedule.last_split is not None:
             # Module docstring, 13.: the last round's split from the rounds before it.
-            candidates = schedule.last_round_multipliers(sigma)
+            candidates = schedule.split_candidates(sigma, shares)
             best, _ = preposterior_split(model, state.rounds[-1], anchor=state.anchor, bounds=bounds(state.anchor),
                                          candidates=candidates)
-            mult = candidates[best]
-            multipliers = [*multipliers[:-1], mult]
-            total = sum(schedule.rounds[-1])
-            schedule = dataclasses.replace(schedule, rounds=(
-                *schedule.rounds[:-1], (LAST_SPLITS[best] * total, (1.0 - LAST_SPLITS[best]) * total)))
-            split_note = (f"the last round's share split {LAST_SPLITS[best]:.0%} score, {1 - LAST_SPLITS[best]:.0%} "
-                          "curvature, chosen from the earlier rounds' released curvature (post-processing, no privacy cost)")
+            mult, total = candidates[best], sum(shares)
+            shares = (LAST_SPLITS[best] * total, (1.0 - LAST_SPLITS[best]) * total)
+            extra_notes.append(f"the last round's share split {LAST_SPLITS[best]:.0%} score, {1 - LAST_SPLITS[best]:.0%} "
+                               "curvature, chosen from the earlier rounds' released curvature (post-processing, no "
+                               "privacy cost)")
         state = step(state, model, release, bounds, mult, schedule=schedule, feature_norm=feature_norm,
                      target_bound=target_bound)
-        if k == 0 and schedule.prior_centre is not None:
+        used.append(shares)
+        multipliers.append(mult)
+        if len(used) == 1 and schedule.prior_centre is not None:
             # Module docstring, 5.: every later posterior (the anchors' and the released one) is
             # taken under N(round 1's log-mean or log-odds anchor, prior_scale^2 I), a function of
             # round 1's DP outputs.
             model = model.with_prior_mean(state.anchor)
+        if schedule.merge_rounds and len(left) >= 2:
+            # Module docstring, 14.: once the anchor has settled, the placement rounds left are
+            # spent on the last round instead (post-processing of round k's DP outputs).
+            moved = rms_eta(state.rounds[-1], state.anchor - state.rounds[-1].anchor)
+            if moved is not None and moved <= MERGE_RMS_ETA:
+                extra_notes.append(f"the anchor settled after round {len(used)} (rms change of the linear predictor "
+                                   f"{moved:.2f} <= {MERGE_RMS_ETA:g}): the {len(left)} rounds left were spent as one "
+                                   "last round (post-processing, no privacy cost)")
+                left = [(sum(x for x, _ in left), sum(c for _, c in left))]
+    if used != list(schedule.rounds):
+        schedule = dataclasses.replace(schedule, rounds=tuple(used))
     final = state.rounds[-1]
     if schedule.pool:
         if feature_norm is None:
@@ -982,8 +1025,7 @@ def fit(model: Model, release: ReleaseFn, bounds: BoundsFn, *, schedule: Schedul
         f"{MECHANISM}: {len(multipliers)} round(s) of noisy score and curvature sums, noise-aware "
         "Gaussian posterior (Kulkarni et al. 2021 style) by post-processing",
     ]
-    if split_note is not None:
-        notes.append(split_note)
+    notes.extend(extra_notes)
     # The posterior is a quadratic expansion at the last anchor; if the last round still moved
     # the estimate by many posterior sds, the rounds had not converged and the expansion may not
     # hold there (e.g. Poisson with large counts, whose intercept is far from the prior mean).

@@ -720,7 +720,7 @@ def test_a_chosen_last_split_is_declared_as_the_one_gaussian_every_candidate_com
     assert events[-1].noise_multiplier == pytest.approx(2.0 / math.sqrt(sum(sched.rounds[-1])))
     target = acc.epsilon(events, 1e-6, accountant)
     assert target == pytest.approx(acc.epsilon([acc.gaussian_event(2.0)], 1e-6, accountant), rel=1e-4)
-    candidates = sched.last_round_multipliers(2.0)
+    candidates = sched.split_candidates(2.0, sched.rounds[-1])
     assert len(candidates) == len(na.LAST_SPLITS)
     for s_mult, c_mult in candidates:
         fixed = [acc.gaussian_event(m) for pair in [*base.noise_multipliers(2.0)[:-1], (s_mult, c_mult)] for m in pair]
@@ -738,7 +738,7 @@ def test_preposterior_split_gives_the_curvature_more_where_its_noise_is_the_bott
 
     model = LogisticRegression(2)
     sched = dataclasses.replace(na.Schedule.default(model), last_split="preposterior")
-    candidates = sched.last_round_multipliers(1.0)
+    candidates = sched.split_candidates(1.0, sched.rounds[-1])
     zero = torch.zeros(3, dtype=torch.float64)
 
     def previous(diag):
@@ -766,9 +766,50 @@ def test_fit_with_a_chosen_last_split_uses_a_candidate_and_says_so():
     bounds = na.public_bounds(model, feature_norm=math.sqrt(2), target_bound=1.0)
     res = na.fit(model, _release_fn(pts, model, np.random.default_rng(11)), bounds, schedule=sched, sigma=0.5,
                  feature_norm=math.sqrt(2), generator=torch.Generator().manual_seed(11))
-    assert tuple(res.noise_multipliers[-1]) in [tuple(c) for c in sched.last_round_multipliers(0.5)]
+    assert tuple(res.noise_multipliers[-1]) in [tuple(c) for c in sched.split_candidates(0.5, sched.rounds[-1])]
     assert res.noise_multipliers[:-1] == sched.noise_multipliers(0.5)[:-1]
     assert any("last round's share split" in n for n in res.notes)
     assert res.schedule is not None and sum(res.schedule.rounds[-1]) == pytest.approx(sum(sched.rounds[-1]))
     assert res.schedule.noise_multipliers(0.5)[-1] == pytest.approx(res.noise_multipliers[-1])
     assert bool(torch.isfinite(res.posterior.cov).all())
+
+
+@pytest.mark.parametrize("accountant", ["rdp", "pld"])
+def test_merged_rounds_are_declared_as_the_one_gaussian_every_path_composes_to(accountant):
+    """Module docstring 14.: with ``merge_rounds`` rounds 2.. are declared as one Gaussian at sigma
+    / sqrt(their total share), whichever rounds are merged at run time; the whole still composes to
+    the schedule's single Gaussian."""
+    import dataclasses
+
+    sched = dataclasses.replace(na.Schedule.default(LogisticRegression(3)), merge_rounds=True)
+    events = sched.events(2.0)
+    assert len(events) == 3
+    assert events[-1].noise_multiplier == pytest.approx(2.0 / math.sqrt(sum(sum(r) for r in sched.rounds[1:])))
+    assert acc.epsilon(events, 1e-6, accountant) == pytest.approx(
+        acc.epsilon([acc.gaussian_event(2.0)], 1e-6, accountant), rel=1e-4)
+    assert sched.as_dict()["merge_rounds"] is True
+
+
+def test_fit_merges_the_rounds_left_once_the_anchor_has_settled():
+    """A table with no effects and a balanced class: the prior mean is the mode, so round 1's step
+    is tiny and the four rounds left run as one with the sum of their shares; the schedule as run
+    says so and its shares still sum to 1. Without the option every round runs."""
+    import dataclasses
+
+    model = LogisticRegression(2)
+    g = torch.Generator().manual_seed(5)
+    pts = model.simulate(torch.zeros(3, dtype=torch.float64), 20_000, g,
+                         features=torch.rand(20_000, 2, generator=g, dtype=torch.float64) * 2 - 1)
+    bounds = na.public_bounds(model, feature_norm=math.sqrt(2), target_bound=1.0)
+    base = na.Schedule.default(model)
+    sched = dataclasses.replace(base, merge_rounds=True)
+    res = na.fit(model, _release_fn(pts, model, np.random.default_rng(5)), bounds, schedule=sched, sigma=0.5,
+                 feature_norm=math.sqrt(2), generator=torch.Generator().manual_seed(5))
+    assert len(res.rounds) == 2
+    assert res.schedule is not None and res.schedule.rounds[0] == base.rounds[0]
+    assert res.schedule.rounds[1] == pytest.approx((sum(s for s, _ in base.rounds[1:]), sum(c for _, c in base.rounds[1:])))
+    assert res.noise_multipliers[1] == pytest.approx(res.schedule.noise_multipliers(0.5)[1])
+    assert any("anchor settled after round 1" in n for n in res.notes)
+    plain = na.fit(model, _release_fn(pts, model, np.random.default_rng(5)), bounds, schedule=base, sigma=0.5,
+                   feature_norm=math.sqrt(2), generator=torch.Generator().manual_seed(5))
+    assert len(plain.rounds) == len(base.rounds) and plain.schedule == base
