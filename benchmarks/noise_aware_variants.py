@@ -239,12 +239,36 @@ def debiased(m: Any, rounds: list[na.RoundRelease], g: torch.Generator, fn: floa
     return GaussianPosterior(stacked.mean(0), torch.linalg.cholesky(0.5 * (cov + cov.T)))
 
 
+def soft(m: Any, rounds: list[na.RoundRelease], g: torch.Generator, fn: float) -> GaussianPosterior:
+    """The twenty-sixth rule's candidate (results/noise_aware_variants.md): the imputed posterior
+    with each draw's eigenvalues lowered by a pure-noise draw's mean positive eigenvalue,
+    ``8 s sqrt(d) / (3 pi)`` with ``s = sqrt(2) tau``, clamped at 0."""
+    rel = rounds[-1]
+    dim = rel.curvature.shape[0]
+    prior_var = m.prior_scale**2
+    mu0, a, s, v = m.prior_mean.to(DTYPE), rel.anchor, rel.score, rel.score_noise_std**2
+    kappa = 8.0 * math.sqrt(2.0) * rel.curvature_noise_std * math.sqrt(dim) / (3.0 * math.pi)
+    means, cov_sum = [], torch.zeros(dim, dim, dtype=DTYPE)
+    for _ in range(na.IMPUTATIONS):
+        draw = rel.curvature + na.symmetric_noise(dim, rel.curvature_noise_std, g)
+        ell, q = torch.linalg.eigh(0.5 * (draw + draw.T))
+        lam = (ell - kappa).clamp(min=0.0)
+        gain = lam / (lam + v)
+        prec = lam * gain + 1.0 / prior_var
+        means.append(q @ ((gain * (q.T @ s + lam * (q.T @ a)) + (q.T @ mu0) / prior_var) / prec))
+        cov_sum += (q / prec) @ q.T
+    stacked = torch.stack(means)
+    cov = cov_sum / len(means) + torch.cov(stacked.T)
+    return GaussianPosterior(stacked.mean(0), torch.linalg.cholesky(0.5 * (cov + cov.T)))
+
+
 #: Post-processing variants of one fit: ``(model, the fit's rounds, generator, feature norm)``.
 VARIANTS = {"plug-in": lambda m, rs, g, fn: na.noise_aware_posterior(m, rs[-1])[0],
             "imputed": lambda m, rs, g, fn: imputed(m, rs[-1], g),
             "lowered": lambda m, rs, g, fn: lowered(m, rs[-1], g),
             "expansion-box": expansion("box"), "expansion-data": expansion("data"), "pooled": pooled,
-            "curvature-pooled": curvature_pooled, "weighted": weighted, "debiased": debiased}
+            "curvature-pooled": curvature_pooled, "weighted": weighted, "debiased": debiased,
+            "soft": soft}
 FIELDS = ["table", "epsilon", "run", "schedule", "variant", "coverage", "width_ratio", "floor_width_ratio", "floor_coverage",
           "effects_found", "floor_effects_found", "effects_wrong_sign", "mean_error_sd_max", "anchor_distance",
           "score_var", "curvature_term", "min_true_eig", "noise_edge", "converged", "imputation_ess",
