@@ -262,13 +262,19 @@ def soft(m: Any, rounds: list[na.RoundRelease], g: torch.Generator, fn: float) -
     return GaussianPosterior(stacked.mean(0), torch.linalg.cholesky(0.5 * (cov + cov.T)))
 
 
+def trace(m: Any, rounds: list[na.RoundRelease], g: torch.Generator, fn: float) -> GaussianPosterior:
+    """The twenty-seventh rule's candidate: :func:`dpsummary.noise_aware.imputed_posterior` with
+    each draw projected onto the PSD matrices of its own trace."""
+    return na.imputed_posterior(m, rounds[-1], generator=g, keep_trace=True)
+
+
 #: Post-processing variants of one fit: ``(model, the fit's rounds, generator, feature norm)``.
 VARIANTS = {"plug-in": lambda m, rs, g, fn: na.noise_aware_posterior(m, rs[-1])[0],
             "imputed": lambda m, rs, g, fn: imputed(m, rs[-1], g),
             "lowered": lambda m, rs, g, fn: lowered(m, rs[-1], g),
             "expansion-box": expansion("box"), "expansion-data": expansion("data"), "pooled": pooled,
             "curvature-pooled": curvature_pooled, "weighted": weighted, "debiased": debiased,
-            "soft": soft}
+            "soft": soft, "trace": trace}
 FIELDS = ["table", "epsilon", "run", "schedule", "variant", "coverage", "width_ratio", "floor_width_ratio", "floor_coverage",
           "effects_found", "floor_effects_found", "effects_wrong_sign", "mean_error_sd_max", "anchor_distance",
           "score_var", "curvature_term", "min_true_eig", "noise_edge", "converged", "imputation_ess",

@@ -588,9 +588,33 @@ def symmetric_noise(dim: int, tau: float, generator: torch.Generator) -> torch.T
     return upper + torch.triu(upper, 1).T
 
 
+def trace_kept_spectrum(vals: torch.Tensor) -> torch.Tensor:
+    """Eigenvalues of the nearest (Frobenius) PSD matrix with the same trace as the symmetric
+    matrix of eigenvalues ``vals``: ``max(vals - kappa, 0)`` at the ``kappa >= 0`` that makes them
+    sum to ``sum(vals)`` (all 0 when that sum is not positive; ``kappa = 0`` when the positive part
+    already sums to no more). Taking the plain PSD part adds the negative eigenvalues' magnitude
+    to the trace, which a noise-dominated draw has in abundance (issue 37's twenty-seventh rule)."""
+    total = float(vals.sum())
+    positive = vals.clamp(min=0.0)
+    if total <= 0.0 or not math.isfinite(total):
+        return torch.zeros_like(vals)
+    if float(positive.sum()) <= total:
+        return positive
+    # sum(max(v - kappa, 0)) is piecewise linear and decreasing in kappa: solve on the sorted values.
+    desc = torch.sort(vals, descending=True).values
+    csum = torch.cumsum(desc, 0)
+    kappa = 0.0
+    for k in range(desc.shape[0]):
+        candidate = (float(csum[k]) - total) / (k + 1)
+        if candidate >= 0.0 and (k + 1 == desc.shape[0] or candidate >= float(desc[k + 1])) and candidate <= float(desc[k]):
+            kappa = candidate
+            break
+    return (vals - kappa).clamp(min=0.0)
+
+
 def imputed_posterior(
     model: Model, release: RoundRelease, *, generator: torch.Generator, draws: int = IMPUTATIONS,
-    prior_mean: torch.Tensor | None = None,
+    prior_mean: torch.Tensor | None = None, keep_trace: bool = False,
 ) -> GaussianPosterior:
     """The noise-aware posterior with the released curvature's noise integrated out (module
     docstring, 7.): ``draws`` draws of the true curvature from its flat-prior posterior given the
@@ -615,7 +639,8 @@ def imputed_posterior(
     for _ in range(draws):
         draw = _sym(release.curvature + symmetric_noise(dim, release.curvature_noise_std, generator))
         vals, vecs = torch.linalg.eigh(draw)
-        lam = vals.clamp(min=0.0)  # the PSD part
+        # The PSD part, or (``keep_trace``) the nearest PSD matrix with the draw's own trace.
+        lam = trace_kept_spectrum(vals) if keep_trace else vals.clamp(min=0.0)
         denom = lam + score_var
         gain = torch.where(denom > 0, lam / torch.where(denom > 0, denom, 1.0), torch.zeros_like(lam))
         if full_prior is None:
