@@ -29,6 +29,9 @@ Usage::
 
     python benchmarks/noise_aware_variants.py --table napsu_adult --epsilons 0.1,0.3,0.5,1 --runs 12 \\
         --out benchmarks/results/noise_aware_variants.csv
+    # a rule's checks on two arms of the same runs (a variant, or schedule/variant):
+    python benchmarks/noise_aware_variants.py --compare imputed trace \\
+        --out benchmarks/results/noise_aware_trace.csv
 """
 
 from __future__ import annotations
@@ -411,6 +414,97 @@ def summary(path: Path) -> None:
               f"{statistics.median(float(x['curvature_term']) / float(x['score_var']) for x in rs):.2f} |")
 
 
+@dataclasses.dataclass(frozen=True)
+class CellVerdict:
+    """One (table, epsilon) cell of one arm, judged as the calibration suite judges a cell: honest
+    when its median coverage is at least 0.9 (or the idealised floor's median coverage - 0.05 where
+    that is lower) and no run shows a wrong-sign effect."""
+
+    coverage: float
+    threshold: float
+    wrong_signs: int
+    width: float
+    floor_width: float
+    effects: float
+    floor_effects: float
+    runs: int
+
+    @property
+    def honest(self) -> bool:
+        return self.coverage >= self.threshold - 1e-9 and self.wrong_signs == 0
+
+
+def cell_verdicts(rows: list[dict[str, str]], arm: str) -> dict[tuple[str, float], CellVerdict]:
+    """The cells of one arm of a variants CSV: ``arm`` names a variant (today's default schedule)
+    or a schedule (``schedule/variant``, as :func:`summary` prints it)."""
+    cells: dict[tuple[str, float], list[dict[str, str]]] = {}
+    for row in rows:
+        name = row["variant"] if row.get("schedule", "default") == "default" else f"{row['schedule']}/{row['variant']}"
+        if name == arm:
+            cells.setdefault((row["table"], float(row["epsilon"])), []).append(row)
+
+    def med(rs: list[dict[str, str]], key: str) -> float:
+        return statistics.median(float(x[key]) for x in rs)
+
+    out = {}
+    for key, rs in cells.items():
+        floor_cov = med(rs, "floor_coverage")
+        out[key] = CellVerdict(med(rs, "coverage"), 0.9 if floor_cov >= 0.9 else floor_cov - 0.05,
+                               sum(int(float(x["effects_wrong_sign"])) for x in rs), med(rs, "width_ratio"),
+                               med(rs, "floor_width_ratio"), med(rs, "effects_found"), med(rs, "floor_effects_found"),
+                               len(rs))
+    return out
+
+
+def compare(paths: list[Path], baseline: str, candidate: str) -> None:
+    """The checks every rule in results/noise_aware_variants.md applies, printed per cell and in
+    total, for two arms of the same runs (``baseline`` and ``candidate`` as :func:`cell_verdicts`
+    names them): honest cells under each, cells turned dishonest or honest, cells honest under the
+    baseline that widen by more than 25% or lose more than 0.5 median effects found, and the
+    geometric mean and median of the candidate's median width over the baseline's on the cells
+    honest under both. The rule decides what these must be."""
+    rows: list[dict[str, str]] = []
+    for path in paths:
+        with path.open(newline="") as fh:
+            rows += list(csv.DictReader(fh))
+    base, cand = cell_verdicts(rows, baseline), cell_verdicts(rows, candidate)
+    if not base or not cand:
+        raise SystemExit(f"error: no rows for {baseline if not base else candidate!r}; arms are the variant "
+                         "names of the default schedule or schedule/variant")
+    lost, gained, wider, fewer, ratios = [], [], [], [], []
+    for key in sorted(base):
+        b, c = base[key], cand.get(key)
+        if c is None:
+            continue
+        flags = []
+        if b.honest and not c.honest:
+            lost.append(key)
+            flags.append("HONEST->DISHONEST")
+        if not b.honest and c.honest:
+            gained.append(key)
+            flags.append("gained")
+        if b.honest and c.width > 1.25 * b.width:
+            wider.append(key)
+            flags.append("WIDER>25%")
+        if b.honest and c.effects < b.effects - 0.5:
+            fewer.append(key)
+            flags.append("LOST EFFECTS")
+        if b.honest and c.honest:
+            ratios.append(c.width / b.width)
+        print(f"{key[0]:18s} {key[1]:4g} | {baseline}: cov {b.coverage:.2f}/{b.threshold:.2f} wrong {b.wrong_signs} "
+              f"{b.width:.2f}x (floor {b.floor_width:.2f}) effects {b.effects:.1f}/{b.floor_effects:.1f} "
+              f"{'H' if b.honest else 'D'} | {candidate}: cov {c.coverage:.2f} wrong {c.wrong_signs} {c.width:.2f}x "
+              f"effects {c.effects:.1f} {'H' if c.honest else 'D'} | ratio {c.width / b.width:.3f} {' '.join(flags)}")
+    common = [k for k in base if k in cand]
+    print(f"honest: {baseline} {sum(base[k].honest for k in common)}, {candidate} "
+          f"{sum(cand[k].honest for k in common)} of {len(common)}; turned dishonest {lost}; turned honest {gained}; "
+          f"wider than 25% {wider}; lost effects {fewer}")
+    if ratios:
+        geo = math.exp(sum(math.log(r) for r in ratios) / len(ratios))
+        print(f"width ratio over the {len(ratios)} cells honest under both: geometric mean {geo:.3f}, "
+              f"median {statistics.median(ratios):.3f}")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--table", default="napsu_adult")
@@ -425,8 +519,13 @@ def main() -> None:
                    help="the schedules of a run share their (seeded) noise draws, for comparing anchor changes")
     p.add_argument("--paired-curvature-bound", action="store_true",
                    help="compare the Frobenius and the released-triangle curvature bound on the same noise draws")
+    p.add_argument("--compare", nargs=2, metavar=("BASELINE", "CANDIDATE"),
+                   help="apply the rules' checks to two arms (variant, or schedule/variant) of --out and --also")
+    p.add_argument("--also", type=Path, nargs="*", default=[], help="more CSVs for --compare")
     a = p.parse_args()
-    if a.summary:
+    if a.compare:
+        compare([a.out, *a.also], *a.compare)
+    elif a.summary:
         summary(a.out)
     elif a.paired_curvature_bound:
         paired_curvature_bound(a.table, [float(e) for e in a.epsilons.split(",")], a.runs)
