@@ -416,12 +416,12 @@ def summary(path: Path) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class CellVerdict:
-    """One (table, epsilon) cell of one arm, judged as the calibration suite judges a cell: honest
-    when its median coverage is at least 0.9 (or the idealised floor's median coverage - 0.05 where
-    that is lower) and no run shows a wrong-sign effect."""
+    """One (table, epsilon) cell of one arm, judged by the calibration suite's own rule
+    (:func:`calibration.verdict`: median coverage against 0.9, or the idealised floor's median
+    coverage - 0.05 where that is lower, and no wrong-sign effect in any run)."""
 
     coverage: float
-    threshold: float
+    floor_coverage: float
     wrong_signs: int
     width: float
     floor_width: float
@@ -431,7 +431,11 @@ class CellVerdict:
 
     @property
     def honest(self) -> bool:
-        return self.coverage >= self.threshold - 1e-9 and self.wrong_signs == 0
+        return self.verdict == "HONEST"
+
+    @property
+    def verdict(self) -> str:
+        return str(cal.verdict(self.coverage, self.floor_coverage, self.wrong_signs, 0, 0)[0])
 
 
 def cell_verdicts(rows: list[dict[str, str]], arm: str) -> dict[tuple[str, float], CellVerdict]:
@@ -448,8 +452,7 @@ def cell_verdicts(rows: list[dict[str, str]], arm: str) -> dict[tuple[str, float
 
     out = {}
     for key, rs in cells.items():
-        floor_cov = med(rs, "floor_coverage")
-        out[key] = CellVerdict(med(rs, "coverage"), 0.9 if floor_cov >= 0.9 else floor_cov - 0.05,
+        out[key] = CellVerdict(med(rs, "coverage"), med(rs, "floor_coverage"),
                                sum(int(float(x["effects_wrong_sign"])) for x in rs), med(rs, "width_ratio"),
                                med(rs, "floor_width_ratio"), med(rs, "effects_found"), med(rs, "floor_effects_found"),
                                len(rs))
@@ -491,7 +494,8 @@ def compare(paths: list[Path], baseline: str, candidate: str) -> None:
             flags.append("LOST EFFECTS")
         if b.honest and c.honest:
             ratios.append(c.width / b.width)
-        print(f"{key[0]:18s} {key[1]:4g} | {baseline}: cov {b.coverage:.2f}/{b.threshold:.2f} wrong {b.wrong_signs} "
+        threshold = cal.verdict(b.coverage, b.floor_coverage, 0, 0, 0)[1]
+        print(f"{key[0]:18s} {key[1]:4g} | {baseline}: cov {b.coverage:.2f}/{threshold:.2f} wrong {b.wrong_signs} "
               f"{b.width:.2f}x (floor {b.floor_width:.2f}) effects {b.effects:.1f}/{b.floor_effects:.1f} "
               f"{'H' if b.honest else 'D'} | {candidate}: cov {c.coverage:.2f} wrong {c.wrong_signs} {c.width:.2f}x "
               f"effects {c.effects:.1f} {'H' if c.honest else 'D'} | ratio {c.width / b.width:.3f} {' '.join(flags)}")

@@ -247,3 +247,31 @@ def test_calibration_results_file_from_an_earlier_harness_is_upgraded(tmp_path: 
     alien.write_text("table,colour\nadult,red\n")
     with pytest.raises(SystemExit, match="error: .* has column 'colour'"):
         cal._upgrade_header(alien)  # type: ignore[attr-defined]
+
+
+def test_variants_compare_applies_the_suites_verdict_to_two_arms(tmp_path: Path, capsys: pytest.CaptureFixture[str]
+                                                               ) -> None:
+    """`noise_aware_variants.py --compare`: an arm against itself moves nothing (ratio 1); a copy
+    of one cell with a wrong-sign effect reads as that cell turned dishonest."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import noise_aware_variants as nv  # type: ignore[import-not-found]
+    finally:
+        sys.path.pop(0)
+    src = ROOT / "benchmarks" / "results" / "noise_aware_trace.csv"
+    rows = [r for r in csv.DictReader(src.open(newline="")) if r["variant"] == "imputed"]
+    key = next(k for k, v in sorted(nv.cell_verdicts(rows, "imputed").items()) if v.honest)
+    copy = [dict(r, variant="copy") for r in rows]
+    for r in copy:
+        if (r["table"], float(r["epsilon"])) == key:
+            r["effects_wrong_sign"] = "1"
+    path = tmp_path / "arms.csv"
+    with path.open("w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows + copy)
+    nv.compare([path], "imputed", "imputed")
+    same = capsys.readouterr().out
+    assert "turned dishonest []; turned honest []" in same and "geometric mean 1.000, median 1.000" in same
+    nv.compare([path], "imputed", "copy")
+    assert f"turned dishonest [{key!r}]; turned honest []" in capsys.readouterr().out
