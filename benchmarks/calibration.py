@@ -115,6 +115,14 @@ Tables (the registry :data:`TABLES`; ``python benchmarks/calibration.py tables``
   - ``sim_poisson_rare``: Poisson, N 100,000: 4 numerics U[-1, 1], 2 binary 0/1 columns at 1%
     and 0.5% with effects 2 and -2, intercept 3 (counts far from 0), effects N(0, 0.3^2)
     elsewhere; public count bound 10,000;
+  - ``sim_dummies`` (added 2026-11-27, settings written before any run; after the twenty-seventh
+    rule of ``results/noise_aware_variants.md`` found that no simulation reproduced ``hmda``'s
+    structure): logistic, N 2,400, d 14, like ``hmda``: 8 binary 0/1 columns at rates 2, 3, 5, 10,
+    15, 20, 30 and 40% declared numeric [0, 1]; 4 ratio-like numerics U[0, 1] declared in public
+    [0, 3] (bounds three times the data's range); 2 numerics U[-1, 1] in public [-1, 1]; effects
+    (data units) +2.5 on the 3% column and +2.0 on the first ratio, N(0, 0.5^2) elsewhere;
+    intercept -3.5 (12.5% positives; first written as -2.5, which gives 25%: corrected to the
+    written 12% on the table's own share before any release, as ``sim_imbalanced``'s was);
   - ``sim_tiny``: logistic, N 2,000, 3 numerics U[-1, 1], intercept 0, effects 1, -1, 0.5
     (the smoke test's table; not part of the suite).
 
@@ -427,6 +435,15 @@ def _sim_specs() -> list[TableSpec]:
         functools.partial(_simulate, 37_008, 100_000, "poisson", c8, 3.0, [*_effects(3708, 4, 0.3), 2.0, -2.0],
                           count_bound=10_000.0),
         "intercept 3, rare 0/1 columns with effects +-2", count_bound=10_000.0)
+
+    c10 = (_binary([f"d{j}" for j in range(8)], [0.02, 0.03, 0.05, 0.10, 0.15, 0.20, 0.30, 0.40])
+           + _uniform((f"q{j}" for j in range(4)), lower=0.0, upper=3.0, lo=0.0, hi=1.0)
+           + _uniform(f"x{j}" for j in range(2)))
+    eff10 = _effects(3710, 14, 0.5)
+    eff10[1], eff10[8] = 2.5, 2.0
+    add("sim_dummies", "logistic", c10,
+        functools.partial(_simulate, 37_010, 2_400, "logistic", c10, -3.5, eff10),
+        "like hmda: N 2,400, 8 0/1 columns (2-40%), ratios on [0, 1] in public [0, 3], effects 2.5 / 2.0")
 
     c9 = _uniform(f"x{j}" for j in range(3))
     add("sim_tiny", "logistic", c9, functools.partial(_simulate, 37_009, 2_000, "logistic", c9, 0.0, [1.0, -1.0, 0.5]),
