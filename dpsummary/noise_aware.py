@@ -620,8 +620,10 @@ def imputed_posterior(
     docstring, 7.): ``draws`` draws of the true curvature from its flat-prior posterior given the
     release (the released matrix plus fresh noise of the mechanism's structure, PSD part), the
     noise-aware posterior given each draw (the curvature then known, so only the score noise
-    enters), and the moment-matched mixture. Raises :class:`NonFiniteFit` when fewer than half
-    the draws give a finite Gaussian. Post-processing of DP outputs with non-private randomness."""
+    enters), and the moment-matched mixture. With ``keep_trace`` each draw is instead the nearest
+    PSD matrix with its own trace (:func:`trace_kept_spectrum`; issue 37's twenty-seventh rule, an
+    option, not the default). Raises :class:`NonFiniteFit` when fewer than half the draws give a
+    finite Gaussian. Post-processing of DP outputs with non-private randomness."""
     dim = release.curvature.shape[0]
     # Given the curvature H = Q diag(lam) Q^T (one draw) and no curvature noise, the posterior of
     # module docstring 2. is diagonal in Q (the prior precision is isotropic): precision
