@@ -223,23 +223,13 @@ def debiased(m: Any, rounds: list[na.RoundRelease], g: torch.Generator, fn: floa
     posterior with each draw's eigenvalues debiased by the spiked-Wigner inversion, noise sd
     ``sqrt(2) tau`` (the draw's about the true curvature), 0 below the bulk edge."""
     rel = rounds[-1]
-    dim = rel.curvature.shape[0]
-    prior_var = m.prior_scale**2
-    mu0, a, s, v = m.prior_mean.to(DTYPE), rel.anchor, rel.score, rel.score_noise_std**2
-    noise2 = 2.0 * rel.curvature_noise_std**2 * dim
-    means, cov_sum = [], torch.zeros(dim, dim, dtype=DTYPE)
-    for _ in range(na.IMPUTATIONS):
-        draw = rel.curvature + na.symmetric_noise(dim, rel.curvature_noise_std, g)
-        ell, q = torch.linalg.eigh(0.5 * (draw + draw.T))
+    noise2 = 2.0 * rel.curvature_noise_std**2 * rel.curvature.shape[0]
+
+    def spectrum(ell: torch.Tensor) -> torch.Tensor:
         disc = ell * ell - 4.0 * noise2
-        lam = torch.where((ell > 0) & (disc > 0), 0.5 * (ell + disc.clamp(min=0).sqrt()), torch.zeros_like(ell))
-        gain = lam / (lam + v)
-        prec = lam * gain + 1.0 / prior_var
-        means.append(q @ ((gain * (q.T @ s + lam * (q.T @ a)) + (q.T @ mu0) / prior_var) / prec))
-        cov_sum += (q / prec) @ q.T
-    stacked = torch.stack(means)
-    cov = cov_sum / len(means) + torch.cov(stacked.T)
-    return GaussianPosterior(stacked.mean(0), torch.linalg.cholesky(0.5 * (cov + cov.T)))
+        return torch.where((ell > 0) & (disc > 0), 0.5 * (ell + disc.clamp(min=0).sqrt()), torch.zeros_like(ell))
+
+    return na.imputed_posterior(m, rel, generator=g, spectrum=spectrum)
 
 
 def soft(m: Any, rounds: list[na.RoundRelease], g: torch.Generator, fn: float) -> GaussianPosterior:
@@ -247,28 +237,14 @@ def soft(m: Any, rounds: list[na.RoundRelease], g: torch.Generator, fn: float) -
     with each draw's eigenvalues lowered by a pure-noise draw's mean positive eigenvalue,
     ``8 s sqrt(d) / (3 pi)`` with ``s = sqrt(2) tau``, clamped at 0."""
     rel = rounds[-1]
-    dim = rel.curvature.shape[0]
-    prior_var = m.prior_scale**2
-    mu0, a, s, v = m.prior_mean.to(DTYPE), rel.anchor, rel.score, rel.score_noise_std**2
-    kappa = 8.0 * math.sqrt(2.0) * rel.curvature_noise_std * math.sqrt(dim) / (3.0 * math.pi)
-    means, cov_sum = [], torch.zeros(dim, dim, dtype=DTYPE)
-    for _ in range(na.IMPUTATIONS):
-        draw = rel.curvature + na.symmetric_noise(dim, rel.curvature_noise_std, g)
-        ell, q = torch.linalg.eigh(0.5 * (draw + draw.T))
-        lam = (ell - kappa).clamp(min=0.0)
-        gain = lam / (lam + v)
-        prec = lam * gain + 1.0 / prior_var
-        means.append(q @ ((gain * (q.T @ s + lam * (q.T @ a)) + (q.T @ mu0) / prior_var) / prec))
-        cov_sum += (q / prec) @ q.T
-    stacked = torch.stack(means)
-    cov = cov_sum / len(means) + torch.cov(stacked.T)
-    return GaussianPosterior(stacked.mean(0), torch.linalg.cholesky(0.5 * (cov + cov.T)))
+    kappa = 8.0 * math.sqrt(2.0) * rel.curvature_noise_std * math.sqrt(rel.curvature.shape[0]) / (3.0 * math.pi)
+    return na.imputed_posterior(m, rel, generator=g, spectrum=lambda ell: (ell - kappa).clamp(min=0.0))
 
 
 def trace(m: Any, rounds: list[na.RoundRelease], g: torch.Generator, fn: float) -> GaussianPosterior:
     """The twenty-seventh rule's candidate: :func:`dpsummary.noise_aware.imputed_posterior` with
     each draw projected onto the PSD matrices of its own trace."""
-    return na.imputed_posterior(m, rounds[-1], generator=g, keep_trace=True)
+    return na.imputed_posterior(m, rounds[-1], generator=g, spectrum=na.trace_kept_spectrum)
 
 
 #: Post-processing variants of one fit: ``(model, the fit's rounds, generator, feature norm)``.

@@ -614,15 +614,17 @@ def trace_kept_spectrum(vals: torch.Tensor) -> torch.Tensor:
 
 def imputed_posterior(
     model: Model, release: RoundRelease, *, generator: torch.Generator, draws: int = IMPUTATIONS,
-    prior_mean: torch.Tensor | None = None, keep_trace: bool = False,
+    prior_mean: torch.Tensor | None = None,
+    spectrum: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> GaussianPosterior:
     """The noise-aware posterior with the released curvature's noise integrated out (module
     docstring, 7.): ``draws`` draws of the true curvature from its flat-prior posterior given the
     release (the released matrix plus fresh noise of the mechanism's structure, PSD part), the
     noise-aware posterior given each draw (the curvature then known, so only the score noise
-    enters), and the moment-matched mixture. With ``keep_trace`` each draw is instead the nearest
-    PSD matrix with its own trace (:func:`trace_kept_spectrum`; issue 37's twenty-seventh rule, an
-    option, not the default). Raises :class:`NonFiniteFit` when fewer than half the draws give a
+    enters), and the moment-matched mixture. ``spectrum`` maps each draw's eigenvalues to the
+    curvature used (default: the PSD part; e.g. :func:`trace_kept_spectrum`, the nearest PSD
+    matrix with the draw's own trace, issue 37's twenty-seventh rule, an option, not the default;
+    the benchmarks' other spectral candidates). Raises :class:`NonFiniteFit` when fewer than half the draws give a
     finite Gaussian. Post-processing of DP outputs with non-private randomness."""
     dim = release.curvature.shape[0]
     # Given the curvature H = Q diag(lam) Q^T (one draw) and no curvature noise, the posterior of
@@ -641,8 +643,7 @@ def imputed_posterior(
     for _ in range(draws):
         draw = _sym(release.curvature + symmetric_noise(dim, release.curvature_noise_std, generator))
         vals, vecs = torch.linalg.eigh(draw)
-        # The PSD part, or (``keep_trace``) the nearest PSD matrix with the draw's own trace.
-        lam = trace_kept_spectrum(vals) if keep_trace else vals.clamp(min=0.0)
+        lam = vals.clamp(min=0.0) if spectrum is None else spectrum(vals)  # the PSD part by default
         denom = lam + score_var
         gain = torch.where(denom > 0, lam / torch.where(denom > 0, denom, 1.0), torch.zeros_like(lam))
         if full_prior is None:

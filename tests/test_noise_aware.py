@@ -847,7 +847,8 @@ def test_keeping_each_draws_trace_widens_only_where_the_noise_dominates():
     rel = na.RoundRelease(anchor=zero, score=zero, curvature=torch.diag(torch.tensor([1e5, 0.0, 0.0], dtype=torch.float64)),
                           score_bound=1.8, curvature_bound=2.0, score_noise_std=30.0, curvature_noise_std=200.0)
     plain = na.imputed_posterior(model, rel, generator=torch.Generator().manual_seed(1))
-    kept = na.imputed_posterior(model, rel, generator=torch.Generator().manual_seed(1), keep_trace=True)
+    kept = na.imputed_posterior(model, rel, generator=torch.Generator().manual_seed(1),
+                                spectrum=na.trace_kept_spectrum)
     sd_plain, sd_kept = plain.cov.diagonal().sqrt(), kept.cov.diagonal().sqrt()
     assert float(sd_kept[0]) == pytest.approx(float(sd_plain[0]), rel=0.05)
     assert bool((sd_kept[1:] > sd_plain[1:]).all())
