@@ -467,7 +467,7 @@ def main() -> None:
     dg.add_argument("--epsilons", default=",".join(str(e) for e in EPSILONS))
     dg.add_argument("--seeds", default="0,1")
     ru = sub.add_parser("rules")
-    ru.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "poisson_convergence_rules.md")
+    ru.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "notebook" / "poisson_convergence_rules.md")
     a = p.parse_args()
     torch.set_num_threads(1)
     if a.cmd == "run":

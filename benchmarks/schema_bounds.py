@@ -1,6 +1,6 @@
 """Zero configuration's feature bounds: how often a DP schema release gives a numeric feature a
 "blown" box (bounds spanning more than 10x the column's data range), with and without the
-sixteenth and seventeenth rules' isolated-marginal-bin rule (``benchmarks/results/noise_aware_variants.md``).
+sixteenth and seventeenth rules' isolated-marginal-bin rule (``benchmarks/notebook/noise_aware_variants.md``).
 
 Each run is one schema release of a calibration-suite table (:mod:`calibration`'s registry and
 zero-configuration policy) at the release's own calibration (the record count's and the schema's

@@ -352,7 +352,7 @@ def exact_glm_pseudopoints(model: GLM, target: GaussianPosterior, *, size: int, 
     Why it exists: the Adam fit of :func:`match_gaussians` is a non-convex optimisation that can
     stall far from its target (measured on the calibration suite: 75 of 939 releases above 1 nat,
     up to 260 nats on adult at epsilon 3; on the strongly correlated simulation the pseudocoreset
-    showed wrong-sign effects its Gaussian did not; benchmarks/results/noise_aware_variants.md).
+    showed wrong-sign effects its Gaussian did not; benchmarks/notebook/noise_aware_variants.md).
     A GLM's curvature weight ``c(eta) = -d^2 log p / d eta^2`` does not depend on the target and
     its score is affine in it, so both conditions can be met directly:
 

@@ -7,7 +7,7 @@ below the schema's upper bound ``B``, all public) and what the noisy histogram m
 :meth:`dpsummary.private.mechanism.PrivateRecords.noisy_marginals` on a layout of one column of
 kind ``"edges"`` (a record in exactly one bin: L2 sensitivity 1; :mod:`dpsummary.private.marginals`).
 
-Rule (issue 37's twelfth, written before its run, benchmarks/results/noise_aware_variants.md):
+Rule (issue 37's twelfth, written before its run, benchmarks/notebook/noise_aware_variants.md):
 bins below the noise threshold of :class:`~dpsummary.postprocess.marginals.NoisyMarginals` (an
 empty bin survives with probability 1% over all bins) are zeroed; the bound is the upper edge of
 the bin holding the :data:`CLIP_QUANTILE` quantile of what remains, capped at ``B``; ``B`` itself

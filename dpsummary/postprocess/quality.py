@@ -17,7 +17,7 @@ QUALITY_COUNTS = ("ragged_or_unreadable", "imputed_numeric", "other_category", "
 #: a table whose true share sits at the threshold is refused with probability about 2%, one far
 #: below it essentially never; without the margin, on a small table at a small epsilon the noise
 #: alone refused (german_credit at epsilon 0.1: "about 62-79% unusable" on a table with none,
-#: benchmarks/results/noise_aware_variants.md).
+#: benchmarks/notebook/noise_aware_variants.md).
 QUALITY_REFUSAL_SDS = 2.0
 
 

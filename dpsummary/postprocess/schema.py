@@ -352,7 +352,7 @@ def _numeric_spec(
 #: the line (a decade of the 1-2-5 grid), its noisy count is within one noise sd of the threshold,
 #: and the box is more than SUSPECT_WIDENING times wider with it than without it: the profile of
 #: a false bin (an empty bin whose noise crossed the threshold), which on a small table can carry
-#: over 1% of the rows (benchmarks/results/noise_aware_variants.md, sixteenth and seventeenth
+#: over 1% of the rows (benchmarks/notebook/noise_aware_variants.md, sixteenth and seventeenth
 #: rules: dropping such bins clips real columns, so the release keeps them and says so).
 SUSPECT_ISOLATION: Final = 3
 SUSPECT_WIDENING: Final = 10.0

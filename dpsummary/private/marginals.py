@@ -8,7 +8,7 @@ Why: DP-PSVI starts from synthetic pseudopoints whose features come from a publi
 (DP-PSVI paper, Section 3.3). Uniform over the public box is a poor start for real tables: a
 zero-inflated column (most records at its lower bound) gets pseudopoints spread over its whole
 range, and a rare category gets as many pseudopoints as a common one. With noise on every
-gradient step, 500 steps do not undo that start (``benchmarks/results/NOTES.md``). Sampling the
+gradient step, 500 steps do not undo that start (``benchmarks/notebook/NOTES.md``). Sampling the
 initial features from noisy per-column histograms (a product of DP marginals) starts the
 pseudopoints where the records are, at the cost of one Gaussian mechanism that is composed with
 everything else in the release.
