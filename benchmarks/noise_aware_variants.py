@@ -500,7 +500,7 @@ class Comparison:
 
 
 def compare(paths: list[Path], baseline: str, candidate: str,
-            floor_wrong: dict[tuple[str, float], float] | None = None) -> Comparison:
+            floor_wrong: dict[tuple[str, float], float] | None = None, kind: str | None = None) -> Comparison:
     """The checks of the rules in results/noise_aware_variants.md for two arms of the same runs
     (``baseline`` and ``candidate`` as :func:`cell_verdicts` names them), printed per cell and in
     total, under issue 50's decision: verdicts by :func:`calibration.verdict` (rules 1 and 3); cells
@@ -512,11 +512,17 @@ def compare(paths: list[Path], baseline: str, candidate: str,
     cells); cells honest under the baseline that lose more than 0.5 median effects found
     (reported). A cell is judged on the first of ``paths`` that holds both arms for it: paired runs
     are never pooled across files. ``floor_wrong``: per-release floor wrong-sign counts for rows
-    without them (default: :func:`suite_floor_wrong`). The rule decides what these must be."""
+    without them (default: :func:`suite_floor_wrong`). ``kind``: only the simulations (``sim``) or
+    only the real tables (``real``), which the rules judge separately. The rule decides what these
+    must be."""
+    def wanted(table: str) -> bool:
+        sim = table in cal.TABLES and cal.TABLES[table].kind == "sim"
+        return kind is None or (kind == "sim") == sim
+
     per_file: list[list[dict[str, str]]] = []
     for path in paths:
         with path.open(newline="") as fh:
-            per_file.append(list(csv.DictReader(fh)))
+            per_file.append([r for r in csv.DictReader(fh) if wanted(r["table"])])
     fw = suite_floor_wrong() if floor_wrong is None else floor_wrong
     base: dict[tuple[str, float], CellVerdict] = {}
     cand: dict[tuple[str, float], CellVerdict] = {}
@@ -589,9 +595,10 @@ def main() -> None:
                    help="apply the rules' checks to two arms (variant, or schedule/variant) of --out and --also "
                         "(each cell judged on the first of those files that holds both arms)")
     p.add_argument("--also", type=Path, nargs="*", default=[], help="more CSVs for --compare")
+    p.add_argument("--kind", choices=("sim", "real"), help="--compare only the simulations or only the real tables")
     a = p.parse_args()
     if a.compare:
-        compare([a.out, *a.also], *a.compare)  # the cells judged on the first file holding both arms
+        compare([a.out, *a.also], *a.compare, kind=a.kind)  # each cell judged on the first file holding both arms
     elif a.summary:
         summary(a.out)
     elif a.paired_curvature_bound:
