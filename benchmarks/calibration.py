@@ -17,11 +17,18 @@ loads by default (the Laplace posterior of the artifact's weighted pseudocoreset
 coverage of the full-data posterior mean by the central 95% intervals, wrong-sign effects, median
 sd / full-data sd, effects found, and the same against the floor.
 
-Verdict of a cell (:func:`verdict`), written before any run: the cell is HONEST when its median
-coverage over runs is >= 0.9 - or, where the prior's shrinkage pulls the idealised floor's own
-coverage below 0.9, >= the floor's coverage - 0.05 (such cells are marked ``floor`` in the table) -
-and no run shows a wrong-sign effect. A cell with a refused run is REFUSED (the issue counts a
-refusal as a failure to release); a run that crashed is ERROR.
+Verdict of a cell (:func:`verdict`; issue 50's binding decision, which replaced issue 37's "no
+wrong-sign effect in any run"): the cell is HONEST when its median coverage over runs is >= 0.9
+and its wrong-sign effects summed over its runs exceed the idealised floor's expected count for
+those runs by at most 1 (a wrong sign is a miscoverage; one in ten releases does not fail a cell
+by itself). Where the floor itself is dishonest (it covers less than 0.9, or it expects more than
+one wrong-sign effect over the cell's runs: ``sim_correlated``'s public schema), the cell is
+judged against the floor: median coverage >= min(0.9, the floor's coverage - 0.05) (such cells
+are marked ``floor`` in the table), wrong signs as above. A cell with a refused run is REFUSED
+(the issue counts a refusal as a failure to release); a run that crashed is ERROR. Across the
+suite (:func:`suite_wrong_signs`, per mechanism) the wrong-sign total must stay within 1.25x the
+floor's expected total plus 3. A change's width cost in a cell (:func:`width_change`, rule 2) is
+measured from max(the cell's width before, the floor's width).
 
 Modes:
 * ``zero-config``: the packaged default policy (``benchmarks/data_paths.write_sweep_policy``: a
@@ -179,9 +186,20 @@ CACHE = ROOT / ".cache" / "calibration"
 EPSILONS = (0.1, 0.3, 1.0, 3.0)
 MECHANISMS = ("noise-aware-newton", "dp-psvi")
 MODES = ("zero-config", "public")
-#: Coverage a cell must reach (or the floor's own coverage minus FLOOR_MARGIN where that is lower).
+#: Coverage a cell must reach (or the floor's own coverage minus FLOOR_MARGIN where the floor is
+#: dishonest and that is lower).
 HONEST_COVERAGE = 0.9
 FLOOR_MARGIN = 0.05
+#: Issue 50, rule 1: a cell fails on wrong signs only when its wrong-sign effects over its runs
+#: exceed the idealised floor's expected count for those runs by more than this.
+WRONG_SIGN_SLACK = 1.0
+#: Issue 50, rule 1, across the suite: wrong-sign total <= FACTOR x the floor's expected total + SLACK.
+SUITE_WRONG_FACTOR = 1.25
+SUITE_WRONG_SLACK = 3.0
+#: Issue 50, rule 2: beyond max(today's width, the floor's), no honest cell may widen by more than
+#: this factor, and the geometric mean over the cells honest before and after by more than the other.
+WIDER_LIMIT = 1.25
+GEOMEAN_LIMIT = 1.05
 #: A median width below this multiple of the idealised floor's is flagged (the floor bounds power).
 NARROW = 0.95
 
@@ -883,21 +901,102 @@ class Cell:
     gaussian_coverage: float | None = None
 
 
-def verdict(coverage: float | None, floor_coverage: float | None, wrong_sign: int, refused: int, errors: int
-            ) -> tuple[str, float, bool]:
-    """(verdict, coverage threshold, judged against the floor): HONEST when the median coverage
-    reaches 0.9, or the floor's own coverage - 0.05 where the floor covers less than 0.9, and no
-    run has a wrong-sign effect; REFUSED / ERROR when a run was refused / crashed."""
-    floor_judged = floor_coverage is not None and floor_coverage < HONEST_COVERAGE
-    threshold = floor_coverage - FLOOR_MARGIN if floor_judged and floor_coverage is not None else HONEST_COVERAGE
+def floor_dishonest(floor_coverage: float | None, floor_wrong: float | None) -> bool:
+    """Whether the idealised floor itself fails the honesty bar (issue 50, rule 3): it covers less
+    than 0.9, or it expects more than :data:`WRONG_SIGN_SLACK` wrong-sign effects over the cell's
+    runs (what the prior's shrinkage of weakly identified coordinates makes; ``sim_correlated``)."""
+    return (floor_coverage is not None and floor_coverage < HONEST_COVERAGE) or (
+        floor_wrong is not None and floor_wrong > WRONG_SIGN_SLACK)
+
+
+def verdict(coverage: float | None, floor_coverage: float | None, wrong_sign: float, refused: int, errors: int,
+            floor_wrong: float | None = None) -> tuple[str, float, bool]:
+    """(verdict, coverage threshold, judged against the floor) of one cell, issue 50's rules 1 and 3.
+
+    ``coverage`` and ``floor_coverage`` are medians over the cell's runs; ``wrong_sign`` the
+    wrong-sign effects summed over its released runs; ``floor_wrong`` the idealised floor's
+    expected wrong-sign effects summed over the same runs (None: not recorded, taken as 0, the
+    strictest reading). HONEST when the coverage reaches the threshold - 0.9, or where the floor is
+    dishonest (:func:`floor_dishonest`) min(0.9, the floor's coverage - 0.05), never stricter than a
+    cell whose floor is honest - and ``wrong_sign <= floor_wrong + 1``; REFUSED / ERROR when a run
+    was refused / crashed; ``-`` with no released run."""
+    floor_judged = floor_dishonest(floor_coverage, floor_wrong)
+    threshold = (min(HONEST_COVERAGE, floor_coverage - FLOOR_MARGIN) if floor_judged and floor_coverage is not None
+                 else HONEST_COVERAGE)
     if errors:
         return "ERROR", threshold, floor_judged
     if refused:
         return "REFUSED", threshold, floor_judged
     if coverage is None:
         return "-", threshold, floor_judged
-    ok = coverage >= threshold - 1e-12 and wrong_sign == 0
+    ok = coverage >= threshold - 1e-12 and wrong_sign <= (floor_wrong or 0.0) + WRONG_SIGN_SLACK + 1e-9
     return ("HONEST" if ok else "DISHONEST"), threshold, floor_judged
+
+
+@dataclasses.dataclass(frozen=True)
+class SuiteWrongSigns:
+    """Issue 50, rule 1 across a set of cells: their wrong-sign total against the idealised
+    floor's expected total (cells without a recorded floor count contribute 0 to it)."""
+
+    cells: int
+    total: float
+    floor_total: float
+
+    @property
+    def limit(self) -> float:
+        return SUITE_WRONG_FACTOR * self.floor_total + SUITE_WRONG_SLACK
+
+    @property
+    def ok(self) -> bool:
+        return self.total <= self.limit + 1e-9
+
+
+def suite_wrong_signs(pairs: Iterable[tuple[float, float | None]]) -> SuiteWrongSigns:
+    """Rule 1's suite-level check over ``(wrong-sign effects, floor's expected count)`` of each
+    released cell (the floor's count None: not recorded, counted as 0)."""
+    items = list(pairs)
+    return SuiteWrongSigns(len(items), float(sum(w for w, _ in items)), float(sum(f or 0.0 for _, f in items)))
+
+
+def width_change(before: float, after: float, floor: float | None) -> float:
+    """Issue 50, rule 2: a change's width ratio in one cell, measured from max(the width before,
+    the idealised floor's width): widening an honest cell that is narrower than the floor up to
+    the floor's width is free (ratio <= 1). ``floor`` None: from the width before."""
+    return after / max(before, floor if floor is not None else before)
+
+
+@dataclasses.dataclass(frozen=True)
+class WidthCheck:
+    """Rule 2 over a set of cells: the honest-before cells widened beyond :data:`WIDER_LIMIT`
+    (by :func:`width_change`) and the geometric mean of the change over the cells honest before
+    and after. Cells dishonest before widen for free."""
+
+    wider: list[Any]
+    ratios: list[float]
+
+    @property
+    def geomean(self) -> float | None:
+        return math.exp(sum(math.log(r) for r in self.ratios) / len(self.ratios)) if self.ratios else None
+
+    @property
+    def ok(self) -> bool:
+        g = self.geomean
+        return not self.wider and (g is None or g <= GEOMEAN_LIMIT + 1e-12)
+
+
+def width_check(cells_: Iterable[tuple[Any, bool, bool, float | None, float | None, float | None]]) -> WidthCheck:
+    """Rule 2 over ``(key, honest before, honest after, width before, width after, floor width)``
+    per cell (cells with a width missing are skipped)."""
+    wider, ratios = [], []
+    for key, honest_before, honest_after, before, after, floor in cells_:
+        if not honest_before or before is None or after is None or before <= 0:
+            continue
+        ratio = width_change(before, after, floor)
+        if ratio > WIDER_LIMIT + 1e-12:
+            wider.append(key)
+        if honest_after:
+            ratios.append(ratio)
+    return WidthCheck(wider, ratios)
 
 
 def cells(rows: list[dict[str, str]]) -> dict[CellKey, Cell]:
@@ -914,7 +1013,7 @@ def cells(rows: list[dict[str, str]]) -> dict[CellKey, Cell]:
         wrong = int(sum(_floats(ok, "effects_wrong_sign")))
         fwrong_runs = _floats(ok, "floor_wrong_sign")
         fwrong = sum(fwrong_runs) if ok and len(fwrong_runs) == len(ok) else None
-        v, thr, fj = verdict(cov, fcov, wrong, refused, errors)
+        v, thr, fj = verdict(cov, fcov, wrong, refused, errors, fwrong)
         covs = _floats(ok, "coverage")
         msgs = sorted({r["message"] for r in rs if r.get("message")})
         out[key] = Cell(key, len(rs), len(ok), refused, errors, cov, min(covs) if covs else None, fcov, thr, fj, wrong,
@@ -964,9 +1063,12 @@ def report(results: Path, target: Path, plot: Path | None = None, note: str = ""
         "blank for runs judged before it was recorded). Effects: found / the floor's "
         "expected / full-data. Gaussian cov.: the same coverage for the Gaussian the pseudocoreset was matched to "
         "(noise-aware-newton artifacts carry it; a diagnostic: it separates the posterior's error from the "
-        "matching's; blank for runs made before it was recorded). Verdict: HONEST when median coverage >= 0.9 (or >= floor coverage - 0.05 where "
-        "the floor covers less than 0.9: `floor` in the threshold column) and no wrong-sign effect; REFUSED when "
-        "a run was refused.", "",
+        "matching's; blank for runs made before it was recorded). Verdict (issue 50's rules): HONEST when median "
+        "coverage >= 0.9 and the wrong-sign effects exceed the floor's expected count by at most 1; where the floor "
+        "itself is dishonest (it covers less than 0.9 or expects more than one wrong sign over the runs: `floor` in "
+        "the threshold column) the coverage threshold is min(0.9, floor coverage - 0.05); REFUSED when a run was "
+        "refused. Across the suite, the wrong-sign total must stay within 1.25x the floor's expected total plus 3.",
+        "",
     ]
     if note:
         lines += [note, ""]
@@ -975,6 +1077,10 @@ def report(results: Path, target: Path, plot: Path | None = None, note: str = ""
     lines.append(f"{total} cells: " + ", ".join(f"{len(by_verdict[v])} {v}" for v in
                                                  ("HONEST", "DISHONEST", "REFUSED", "ERROR", "-") if by_verdict[v]) + ".")
     for mech in sorted({k[4] for k in cs}):
+        sw = suite_wrong_signs((c.wrong_sign, c.floor_wrong) for k, c in cs.items() if k[4] == mech and c.released)
+        lines.append(f"- {mech}, across the suite (issue 50, rule 1): {sw.total:g} wrong-sign effects against the "
+                     f"floor's expected {sw.floor_total:.1f} (limit 1.25 x {sw.floor_total:.1f} + 3 = {sw.limit:.1f}): "
+                     + ("met." if sw.ok else "NOT met."))
         for eps in sorted({k[3] for k in cs if k[4] == mech}):
             sel = [c for k, c in cs.items() if k[4] == mech and k[3] == eps]
             honest = sum(c.verdict == "HONEST" for c in sel)
@@ -991,8 +1097,8 @@ def report(results: Path, target: Path, plot: Path | None = None, note: str = ""
                          f"floor's {floor_found:.1f} (sums of cell medians).")
     floor_judged = sorted((c for c in cs.values() if c.floor_judged), key=lambda c: _order(c.key))
     if floor_judged:
-        lines += ["", "Cells judged against the idealised floor's own coverage - 0.05 (the floor covers less than "
-                  "0.9 there): " + ", ".join(f"{c.key[0]} {c.key[2]} eps {c.key[3]:g} {c.key[4]} (floor "
+        lines += ["", "Cells judged against the idealised floor (rule 3: it covers less than 0.9 or expects more "
+                  "than one wrong-sign effect over the runs; threshold min(0.9, its coverage - 0.05)): " + ", ".join(f"{c.key[0]} {c.key[2]} eps {c.key[3]:g} {c.key[4]} (floor "
                                              f"{_f(c.floor_coverage)})" for c in floor_judged) + "."]
     narrow = sorted((c for c in cs.values() if c.width_vs_floor is not None and c.width_vs_floor < NARROW),
                     key=lambda c: _order(c.key))
@@ -1001,15 +1107,18 @@ def report(results: Path, target: Path, plot: Path | None = None, note: str = ""
                   "can be narrower than the floor; judged honest or not by coverage alone, these are suspect): "
                   + ", ".join(f"{c.key[0]} {c.key[2]} eps {c.key[3]:g} {c.key[4]} ({_f(c.width_vs_floor)}x)"
                               for c in narrow) + "."]
-    floor_flips = sorted((c for c in cs.values() if c.verdict == "DISHONEST" and c.coverage is not None
-                          and c.coverage >= c.threshold - 1e-12 and c.floor_wrong is not None
-                          and c.floor_wrong >= 0.5 * c.released), key=lambda c: _order(c.key))
-    if floor_flips:
-        lines += ["", "Cells not honest only by wrong-sign effects that the idealised floor makes too (at least one "
-                  "in every other run: the prior's shrinkage flips a weakly identified coordinate, so no mechanism "
-                  "as informative as the floor avoids them; the verdict stands): "
+    tolerated = sorted((c for c in cs.values() if c.verdict == "HONEST" and c.wrong_sign), key=lambda c: _order(c.key))
+    if tolerated:
+        lines += ["", "Honest cells with wrong-sign effects within the idealised floor's expected count + 1 (issue 50, "
+                  "rule 1: a wrong sign is a miscoverage): "
                   + ", ".join(f"{c.key[0]} {c.key[2]} eps {c.key[3]:g} {c.key[4]} ({c.wrong_sign} against the "
-                              f"floor's {c.floor_wrong:.1f})" for c in floor_flips) + "."]
+                              f"floor's {_f(c.floor_wrong, 1)})" for c in tolerated) + "."]
+    by_sign = sorted((c for c in cs.values() if c.verdict == "DISHONEST" and c.coverage is not None
+                      and c.coverage >= c.threshold - 1e-12), key=lambda c: _order(c.key))
+    if by_sign:
+        lines += ["", "Cells dishonest by wrong-sign effects alone (more than the floor's expected count + 1): "
+                  + ", ".join(f"{c.key[0]} {c.key[2]} eps {c.key[3]:g} {c.key[4]} ({c.wrong_sign} against the "
+                              f"floor's {_f(c.floor_wrong, 1)})" for c in by_sign) + "."]
     bad = sorted((c for c in cs.values() if c.verdict != "HONEST"), key=lambda c: _order(c.key))
     if bad:
         lines += ["", "Cells that are not honest:", ""]
@@ -1050,8 +1159,10 @@ def report(results: Path, target: Path, plot: Path | None = None, note: str = ""
 
 def compare(before: Path, after: Path) -> list[str]:
     """Markdown lines comparing two suite CSVs cell by cell (the cells both hold): verdicts that
-    changed, and for cells honest in ``before`` the issue's item-3 checks (median width up by
-    more than 25%, median effects found down by more than 0.5)."""
+    changed; issue 50's rule 2 on the cells honest in ``before`` (:func:`width_check`: the width
+    change measured from max(the width before, the floor's), none more than 25% wider, the
+    geometric mean over cells honest in both at most 1.05); cells honest before whose median
+    effects found drop by more than 0.5 (issue 37, item 3; reported, not part of rule 2)."""
     def load(path: Path) -> dict[CellKey, Cell]:
         with path.open(newline="") as fh:
             return cells(list(csv.DictReader(fh)))
@@ -1059,24 +1170,28 @@ def compare(before: Path, after: Path) -> list[str]:
     old, new = load(before), load(after)
     common = sorted(set(old) & set(new), key=_order)
     moves: dict[tuple[str, str], list[str]] = defaultdict(list)
-    wider, fewer = [], []
+    fewer = []
+    names = {key: f"{key[0]} {key[2]} eps {key[3]:g}" for key in common}
     for key in common:
         o, n = old[key], new[key]
-        name = f"{key[0]} {key[2]} eps {key[3]:g}"
         if o.verdict != n.verdict:
-            moves[(o.verdict, n.verdict)].append(name)
-        if o.verdict == "HONEST" and o.width and n.width and n.width > 1.25 * o.width:
-            wider.append(f"{name} ({_x(o.width)} -> {_x(n.width)})")
+            moves[(o.verdict, n.verdict)].append(names[key])
         if (o.verdict == "HONEST" and o.effects_found is not None and n.effects_found is not None
                 and n.effects_found < o.effects_found - 0.5):
-            fewer.append(f"{name} ({o.effects_found:g} -> {n.effects_found:g})")
+            fewer.append(f"{names[key]} ({o.effects_found:g} -> {n.effects_found:g})")
+    wc = width_check((key, old[key].verdict == "HONEST", new[key].verdict == "HONEST", old[key].width, new[key].width,
+                      old[key].floor_width) for key in common)
+    wider = [f"{names[k]} ({_x(old[k].width)} -> {_x(new[k].width)}, floor {_x(old[k].floor_width)})" for k in wc.wider]
     lines = [f"Cells in both: {len(common)}. Verdicts: " + ", ".join(
         f"{sum(c.verdict == v for k, c in old.items() if k in set(common))} -> "
         f"{sum(c.verdict == v for k, c in new.items() if k in set(common))} {v}"
         for v in ("HONEST", "DISHONEST", "REFUSED", "ERROR")) + ".", ""]
-    for (a, b), names in sorted(moves.items()):
-        lines.append(f"- {a} -> {b} ({len(names)}): {', '.join(names)}")
-    lines.append(f"- honest cells widened by more than 25% ({len(wider)}): {', '.join(wider) or 'none'}")
+    for (a, b), moved in sorted(moves.items()):
+        lines.append(f"- {a} -> {b} ({len(moved)}): {', '.join(moved)}")
+    lines.append(f"- honest cells widened by more than 25% beyond max(their width, the floor's) ({len(wider)}): "
+                 f"{', '.join(wider) or 'none'}")
+    lines.append(f"- width change over the {len(wc.ratios)} cells honest in both (from max(width, floor width)): "
+                 f"geometric mean {_f(wc.geomean, 3)}; rule 2 " + ("met" if wc.ok else "NOT met"))
     lines.append(f"- honest cells with fewer effects found (by more than 0.5) ({len(fewer)}): {', '.join(fewer) or 'none'}")
     return lines
 

@@ -257,7 +257,7 @@ VARIANTS = {"plug-in": lambda m, rs, g, fn: na.noise_aware_posterior(m, rs[-1])[
 FIELDS = ["table", "epsilon", "run", "schedule", "variant", "coverage", "width_ratio", "floor_width_ratio", "floor_coverage",
           "effects_found", "floor_effects_found", "effects_wrong_sign", "mean_error_sd_max", "anchor_distance",
           "score_var", "curvature_term", "min_true_eig", "noise_edge", "converged", "imputation_ess",
-          "rounds_run", "last_score_fraction"]
+          "rounds_run", "last_score_fraction", "floor_wrong_sign"]
 
 
 def run(table: str, epsilons: list[float], runs: int, out: Path, *, schedules: list[str] | None = None,
@@ -295,7 +295,7 @@ def run(table: str, epsilons: list[float], runs: int, out: Path, *, schedules: l
                     "min_true_eig": float(true_eigs[0]),
                     "noise_edge": 2 * math.sqrt(pts.shape[1] - 1) * last.curvature_noise_std,
                     "converged": fit.converged, "imputation_ess": _DIAG.get("ess", ""),
-                    "rounds_run": len(fit.rounds),
+                    "rounds_run": len(fit.rounds), "floor_wrong_sign": j["floor_wrong_sign"],
                     "last_score_fraction": round(fit.noise_multipliers[-1][1] ** 2 / (
                         fit.noise_multipliers[-1][0] ** 2 + fit.noise_multipliers[-1][1] ** 2), 4),
                 })
@@ -393,8 +393,9 @@ def summary(path: Path) -> None:
 @dataclasses.dataclass(frozen=True)
 class CellVerdict:
     """One (table, epsilon) cell of one arm, judged by the calibration suite's own rule
-    (:func:`calibration.verdict`: median coverage against 0.9, or the idealised floor's median
-    coverage - 0.05 where that is lower, and no wrong-sign effect in any run)."""
+    (:func:`calibration.verdict`, issue 50's rules 1 and 3: median coverage against 0.9, or
+    min(0.9, the floor's median coverage - 0.05) where the floor is dishonest; wrong-sign effects
+    over the runs at most the floor's expected count over them + 1)."""
 
     coverage: float
     floor_coverage: float
@@ -404,23 +405,53 @@ class CellVerdict:
     effects: float
     floor_effects: float
     runs: int
+    #: The idealised floor's expected wrong-sign effects summed over the runs (None: unknown).
+    floor_wrong: float | None = None
 
     @property
     def honest(self) -> bool:
         return self.verdict == "HONEST"
 
     @property
+    def threshold(self) -> float:
+        return float(cal.verdict(self.coverage, self.floor_coverage, 0, 0, 0, self.floor_wrong)[1])
+
+    @property
     def verdict(self) -> str:
-        return str(cal.verdict(self.coverage, self.floor_coverage, self.wrong_signs, 0, 0)[0])
+        return str(cal.verdict(self.coverage, self.floor_coverage, self.wrong_signs, 0, 0, self.floor_wrong)[0])
 
 
-def cell_verdicts(rows: list[dict[str, str]], arm: str) -> dict[tuple[str, float], CellVerdict]:
+def _arm(row: dict[str, str]) -> str:
+    return row["variant"] if row.get("schedule", "default") == "default" else f"{row['schedule']}/{row['variant']}"
+
+
+def suite_floor_wrong(path: Path = cal.RESULTS / "calibration.csv") -> dict[tuple[str, float], float]:
+    """The idealised floor's expected wrong-sign effects per release, per (table, epsilon), from
+    the suite's public-mode releases of the default mechanism: the stand-in for variants CSVs
+    written before the harness recorded ``floor_wrong_sign``. The same quantity where the suite's
+    public mode and this harness share the model space and delta (checked on every logistic cell
+    of the committed CSVs: the floors' coverage and width agree to every printed digit; the
+    Poisson simulations' floors differ in the third decimal of coverage)."""
+    out: dict[tuple[str, float], float] = {}
+    if not path.exists():
+        return out
+    with path.open(newline="") as fh:
+        for r in csv.DictReader(fh):
+            if (r["mode"] == "public" and r["mechanism"] == "noise-aware-newton" and r["outcome"] == "released"
+                    and r.get("floor_wrong_sign") not in (None, "")):
+                out.setdefault((r["table"], float(r["epsilon"])), float(r["floor_wrong_sign"]))
+    return out
+
+
+def cell_verdicts(rows: list[dict[str, str]], arm: str,
+                  floor_wrong: dict[tuple[str, float], float] | None = None) -> dict[tuple[str, float], CellVerdict]:
     """The cells of one arm of a variants CSV: ``arm`` names a variant (today's default schedule)
-    or a schedule (``schedule/variant``, as :func:`summary` prints it)."""
+    or a schedule (``schedule/variant``, as :func:`summary` prints it). The floor's expected
+    wrong-sign count of a cell is the rows' ``floor_wrong_sign`` summed, or for rows without it
+    ``floor_wrong``'s per-release value times the runs, else unknown (judged as 0)."""
     cells: dict[tuple[str, float], list[dict[str, str]]] = {}
     for row in rows:
-        name = row["variant"] if row.get("schedule", "default") == "default" else f"{row['schedule']}/{row['variant']}"
-        if name == arm:
+        if _arm(row) == arm:
             cells.setdefault((row["table"], float(row["epsilon"])), []).append(row)
 
     def med(rs: list[dict[str, str]], key: str) -> float:
@@ -428,33 +459,84 @@ def cell_verdicts(rows: list[dict[str, str]], arm: str) -> dict[tuple[str, float
 
     out = {}
     for key, rs in cells.items():
+        recorded = [float(x["floor_wrong_sign"]) for x in rs if x.get("floor_wrong_sign") not in (None, "")]
+        if len(recorded) == len(rs):
+            fw: float | None = sum(recorded)
+        elif floor_wrong is not None and key in floor_wrong:
+            fw = floor_wrong[key] * len(rs)
+        else:
+            fw = None
         out[key] = CellVerdict(med(rs, "coverage"), med(rs, "floor_coverage"),
                                sum(int(float(x["effects_wrong_sign"])) for x in rs), med(rs, "width_ratio"),
                                med(rs, "floor_width_ratio"), med(rs, "effects_found"), med(rs, "floor_effects_found"),
-                               len(rs))
+                               len(rs), fw)
     return out
 
 
-def compare(paths: list[Path], baseline: str, candidate: str) -> None:
-    """The checks every rule in results/noise_aware_variants.md applies, printed per cell and in
-    total, for two arms of the same runs (``baseline`` and ``candidate`` as :func:`cell_verdicts`
-    names them): honest cells under each, cells turned dishonest or honest, cells honest under the
-    baseline that widen by more than 25% or lose more than 0.5 median effects found, and the
-    geometric mean and median of the candidate's median width over the baseline's on the cells
-    honest under both. The rule decides what these must be."""
-    rows: list[dict[str, str]] = []
+@dataclasses.dataclass(frozen=True)
+class Comparison:
+    """Issue 50's rules applied to two arms of paired runs (:func:`compare`)."""
+
+    cells: int
+    honest_baseline: int
+    honest_candidate: int
+    lost: list[tuple[str, float]]
+    gained: list[tuple[str, float]]
+    widths: cal.WidthCheck
+    fewer_effects: list[tuple[str, float]]
+    wrong_signs: cal.SuiteWrongSigns
+    #: Cells whose floor's expected wrong-sign count was not known (judged as 0).
+    floor_unknown: list[tuple[str, float]]
+
+    @property
+    def more_honest(self) -> bool:
+        """Rule 4: more cells made honest than made dishonest."""
+        return len(self.gained) > len(self.lost)
+
+    @property
+    def not_reversed(self) -> bool:
+        """No more cells made dishonest than made honest."""
+        return len(self.gained) >= len(self.lost)
+
+
+def compare(paths: list[Path], baseline: str, candidate: str,
+            floor_wrong: dict[tuple[str, float], float] | None = None, kind: str | None = None) -> Comparison:
+    """The checks of the rules in results/noise_aware_variants.md for two arms of the same runs
+    (``baseline`` and ``candidate`` as :func:`cell_verdicts` names them), printed per cell and in
+    total, under issue 50's decision: verdicts by :func:`calibration.verdict` (rules 1 and 3); cells
+    turned dishonest or honest (rule 4 asks for more of the latter); rule 2 by
+    :func:`calibration.width_check` (the width change from max(the baseline's width, the floor's);
+    cells dishonest under the baseline widen for free; none of the baseline's honest cells more
+    than 25% wider, the geometric mean over the cells honest under both at most 1.05); the
+    candidate's wrong-sign total against 1.25x the floor's expected total + 3 (rule 1, over these
+    cells); cells honest under the baseline that lose more than 0.5 median effects found
+    (reported). A cell is judged on the first of ``paths`` that holds both arms for it: paired runs
+    are never pooled across files. ``floor_wrong``: per-release floor wrong-sign counts for rows
+    without them (default: :func:`suite_floor_wrong`). ``kind``: only the simulations (``sim``) or
+    only the real tables (``real``), which the rules judge separately. The rule decides what these
+    must be."""
+    def wanted(table: str) -> bool:
+        sim = table in cal.TABLES and cal.TABLES[table].kind == "sim"
+        return kind is None or (kind == "sim") == sim
+
+    per_file: list[list[dict[str, str]]] = []
     for path in paths:
         with path.open(newline="") as fh:
-            rows += list(csv.DictReader(fh))
-    base, cand = cell_verdicts(rows, baseline), cell_verdicts(rows, candidate)
-    if not base or not cand:
-        raise SystemExit(f"error: no rows for {baseline if not base else candidate!r}; arms are the variant "
+            per_file.append([r for r in csv.DictReader(fh) if wanted(r["table"])])
+    fw = suite_floor_wrong() if floor_wrong is None else floor_wrong
+    base: dict[tuple[str, float], CellVerdict] = {}
+    cand: dict[tuple[str, float], CellVerdict] = {}
+    for rows in per_file:
+        b_cells, c_cells = cell_verdicts(rows, baseline, fw), cell_verdicts(rows, candidate, fw)
+        for key in b_cells.keys() & c_cells.keys():
+            if key not in base:
+                base[key], cand[key] = b_cells[key], c_cells[key]
+    if not base:
+        raise SystemExit(f"error: no cells with rows for both {baseline!r} and {candidate!r}; arms are the variant "
                          "names of the default schedule or schedule/variant")
-    lost, gained, wider, fewer, ratios = [], [], [], [], []
+    lost, gained, fewer = [], [], []
     for key in sorted(base):
-        b, c = base[key], cand.get(key)
-        if c is None:
-            continue
+        b, c = base[key], cand[key]
         flags = []
         if b.honest and not c.honest:
             lost.append(key)
@@ -462,27 +544,37 @@ def compare(paths: list[Path], baseline: str, candidate: str) -> None:
         if not b.honest and c.honest:
             gained.append(key)
             flags.append("gained")
-        if b.honest and c.width > 1.25 * b.width:
-            wider.append(key)
+        change = cal.width_change(b.width, c.width, b.floor_width)
+        if b.honest and change > cal.WIDER_LIMIT:
             flags.append("WIDER>25%")
         if b.honest and c.effects < b.effects - 0.5:
             fewer.append(key)
             flags.append("LOST EFFECTS")
-        if b.honest and c.honest:
-            ratios.append(c.width / b.width)
-        threshold = cal.verdict(b.coverage, b.floor_coverage, 0, 0, 0)[1]
-        print(f"{key[0]:18s} {key[1]:4g} | {baseline}: cov {b.coverage:.2f}/{threshold:.2f} wrong {b.wrong_signs} "
+        print(f"{key[0]:18s} {key[1]:4g} | {baseline}: cov {b.coverage:.2f}/{b.threshold:.2f} wrong {b.wrong_signs}"
+              f"/{'-' if b.floor_wrong is None else f'{b.floor_wrong:.1f}'} "
               f"{b.width:.2f}x (floor {b.floor_width:.2f}) effects {b.effects:.1f}/{b.floor_effects:.1f} "
               f"{'H' if b.honest else 'D'} | {candidate}: cov {c.coverage:.2f} wrong {c.wrong_signs} {c.width:.2f}x "
-              f"effects {c.effects:.1f} {'H' if c.honest else 'D'} | ratio {c.width / b.width:.3f} {' '.join(flags)}")
-    common = [k for k in base if k in cand]
-    print(f"honest: {baseline} {sum(base[k].honest for k in common)}, {candidate} "
-          f"{sum(cand[k].honest for k in common)} of {len(common)}; turned dishonest {lost}; turned honest {gained}; "
-          f"wider than 25% {wider}; lost effects {fewer}")
-    if ratios:
-        geo = math.exp(sum(math.log(r) for r in ratios) / len(ratios))
-        print(f"width ratio over the {len(ratios)} cells honest under both: geometric mean {geo:.3f}, "
-              f"median {statistics.median(ratios):.3f}")
+              f"effects {c.effects:.1f} {'H' if c.honest else 'D'} | ratio {c.width / b.width:.3f} "
+              f"(from max(width, floor) {change:.3f}) {' '.join(flags)}")
+    keys = sorted(base)
+    widths = cal.width_check((k, base[k].honest, cand[k].honest, base[k].width, cand[k].width, base[k].floor_width)
+                             for k in keys)
+    wrong = cal.suite_wrong_signs((cand[k].wrong_signs, cand[k].floor_wrong) for k in keys)
+    unknown = [k for k in keys if base[k].floor_wrong is None]
+    result = Comparison(len(keys), sum(base[k].honest for k in keys), sum(cand[k].honest for k in keys), lost, gained,
+                        widths, fewer, wrong, unknown)
+    print(f"honest: {baseline} {result.honest_baseline}, {candidate} {result.honest_candidate} of {len(keys)}; "
+          f"turned dishonest {lost}; turned honest {gained}; wider than 25% {widths.wider}; lost effects {fewer}")
+    if widths.ratios:
+        ratios = [cand[k].width / base[k].width for k in keys if base[k].honest and cand[k].honest]
+        print(f"width ratio over the {len(ratios)} cells honest under both: geometric mean "
+              f"{math.exp(sum(math.log(r) for r in ratios) / len(ratios)):.3f}, median {statistics.median(ratios):.3f}; "
+              f"from max(width, floor) (rule 2): geometric mean {widths.geomean:.3f}")
+    print(f"rule 2 {'met' if widths.ok else 'NOT met'}; rule 4 (more cells made honest than dishonest) "
+          f"{'met' if result.more_honest else 'NOT met'}; {candidate}'s wrong signs {wrong.total:g} against the "
+          f"floor's expected {wrong.floor_total:.1f} (limit {wrong.limit:.1f}): {'met' if wrong.ok else 'NOT met'}"
+          + (f"; floor's wrong-sign count unknown (judged as 0) in {unknown}" if unknown else ""))
+    return result
 
 
 def main() -> None:
@@ -500,11 +592,13 @@ def main() -> None:
     p.add_argument("--paired-curvature-bound", action="store_true",
                    help="compare the Frobenius and the released-triangle curvature bound on the same noise draws")
     p.add_argument("--compare", nargs=2, metavar=("BASELINE", "CANDIDATE"),
-                   help="apply the rules' checks to two arms (variant, or schedule/variant) of --out and --also")
+                   help="apply the rules' checks to two arms (variant, or schedule/variant) of --out and --also "
+                        "(each cell judged on the first of those files that holds both arms)")
     p.add_argument("--also", type=Path, nargs="*", default=[], help="more CSVs for --compare")
+    p.add_argument("--kind", choices=("sim", "real"), help="--compare only the simulations or only the real tables")
     a = p.parse_args()
     if a.compare:
-        compare([a.out, *a.also], *a.compare)
+        compare([a.out, *a.also], *a.compare, kind=a.kind)  # each cell judged on the first file holding both arms
     elif a.summary:
         summary(a.out)
     elif a.paired_curvature_bound:

@@ -129,13 +129,79 @@ def test_calibration_verdict_rule() -> None:
     verdict = cal.verdict  # type: ignore[attr-defined]
     assert verdict(0.9, 0.97, 0, 0, 0) == ("HONEST", 0.9, False)
     assert verdict(0.86, 0.97, 0, 0, 0)[0] == "DISHONEST"
-    assert verdict(1.0, 0.97, 1, 0, 0)[0] == "DISHONEST"  # one wrong-sign effect in any run
     # The floor covers 0.8: the cell is judged against 0.8 - 0.05.
     v, threshold, floor_judged = verdict(0.76, 0.8, 0, 0, 0)
     assert (v, floor_judged) == ("HONEST", True) and math.isclose(threshold, 0.75)
     assert verdict(0.74, 0.8, 0, 0, 0)[0] == "DISHONEST"
     assert verdict(1.0, 0.99, 0, 1, 0)[0] == "REFUSED"
     assert verdict(None, None, 0, 0, 1)[0] == "ERROR"
+
+
+def test_calibration_verdict_rule_1_wrong_signs_against_the_floors_expected_count() -> None:
+    """Issue 50, rule 1: a cell fails on wrong signs only when they exceed the floor's expected
+    count over its runs by more than 1 (one in ten releases alone does not fail it); an unknown
+    floor count is taken as 0."""
+    verdict = _calibration().verdict  # type: ignore[attr-defined]
+    assert verdict(1.0, 0.97, 1, 0, 0, floor_wrong=0.0)[0] == "HONEST"  # RS's NAPSU-MQ cell at 0.3
+    assert verdict(1.0, 0.97, 1, 0, 0)[0] == "HONEST"  # floor unknown: 0
+    assert verdict(1.0, 0.97, 2, 0, 0, floor_wrong=0.0)[0] == "DISHONEST"
+    assert verdict(1.0, 0.97, 2, 0, 0)[0] == "DISHONEST"
+    assert verdict(1.0, 0.97, 2, 0, 0, floor_wrong=0.2)[0] == "DISHONEST"  # 2 > 0.2 + 1
+    assert verdict(1.0, 0.97, 2, 0, 0, floor_wrong=1.0)[0] == "HONEST"  # 2 <= 1 + 1
+    # The coverage bar still holds with no wrong signs at all.
+    assert verdict(0.85, 0.97, 0, 0, 0, floor_wrong=0.0)[0] == "DISHONEST"
+
+
+def test_calibration_suite_wrong_sign_total_within_the_floors_plus_slack() -> None:
+    """Issue 50, rule 1 across the suite: the wrong-sign total within 1.25x the floor's expected
+    total plus 3 (a cell whose floor count was not recorded adds 0 to it)."""
+    cal = _calibration()
+    check = cal.suite_wrong_signs  # type: ignore[attr-defined]
+    ok = check([(1, 0.0), (1, 0.0), (1, 0.0), (8, 4.0)])  # 11 against 1.25 * 4 + 3 = 8
+    assert (ok.total, ok.floor_total, ok.limit, ok.ok) == (11.0, 4.0, 8.0, False)
+    assert check([(1, 0.0), (1, None), (6, 4.0)]).ok  # 8 against 8
+    assert not check([(2, 0.0), (1, None), (6, 4.0)]).ok  # 9 against 8
+    assert check([]).ok and check([]).limit == 3.0
+
+
+def test_calibration_verdict_rule_3_where_the_floor_is_dishonest() -> None:
+    """Issue 50, rule 3 (`sim_correlated`'s public schema: the floor covers 0.45 and makes a
+    wrong sign in every release): judged against the floor, coverage at least its coverage - 0.05
+    and wrong signs within rule 1; a floor dishonest by its wrong signs alone lowers the bar to
+    its coverage - 0.05 but never raises it above 0.9."""
+    verdict = _calibration().verdict  # type: ignore[attr-defined]
+    v, threshold, judged = verdict(0.41, 0.45, 10, 0, 0, floor_wrong=10.0)
+    assert (v, judged) == ("HONEST", True) and math.isclose(threshold, 0.40)
+    assert verdict(0.39, 0.45, 10, 0, 0, floor_wrong=10.0)[0] == "DISHONEST"  # coverage below the floor's - 0.05
+    assert verdict(0.44, 0.45, 12, 0, 0, floor_wrong=10.0)[0] == "DISHONEST"  # 12 > 10 + 1
+    assert verdict(0.44, 0.45, 11, 0, 0, floor_wrong=10.0)[0] == "HONEST"
+    # The floor covers 0.92 but expects 2.4 wrong signs over the runs: dishonest, bar 0.87.
+    v, threshold, judged = verdict(0.88, 0.92, 3, 0, 0, floor_wrong=2.4)
+    assert (v, judged) == ("HONEST", True) and math.isclose(threshold, 0.87)
+    # ... at 0.99 it stays 0.9 (never stricter than a cell whose floor is honest).
+    assert verdict(0.9, 0.99, 0, 0, 0, floor_wrong=2.4)[1] == 0.9
+    assert verdict(0.9, 0.99, 0, 0, 0, floor_wrong=1.0)[2] is False  # one expected wrong sign: honest floor
+
+
+def test_calibration_width_rule_2_measured_from_the_floor() -> None:
+    """Issue 50, rule 2: the width change from max(today's width, the floor's); cells dishonest
+    today widen for free; beyond that no honest cell more than 25% wider and the geometric mean
+    over cells honest in both at most 1.05."""
+    cal = _calibration()
+    change, check = cal.width_change, cal.width_check  # type: ignore[attr-defined]
+    assert change(0.8, 1.0, 1.0) == 1.0  # narrower than the floor, widened up to it: free
+    assert math.isclose(change(0.8, 1.3, 1.0), 1.3)  # beyond the floor: counted from the floor
+    assert math.isclose(change(2.0, 2.2, 1.0), 1.1) and math.isclose(change(2.0, 2.2, None), 1.1)
+    # (key, honest before, honest after, width before, width after, floor width)
+    free = check([("dishonest-today", False, True, 1.0, 3.0, 1.0), ("below-floor", True, True, 0.5, 1.0, 1.0)])
+    assert free.wider == [] and free.ratios == [1.0] and free.ok
+    wider = check([("a", True, True, 1.0, 1.3, 1.0), ("b", True, True, 0.5, 1.2, 1.0)])
+    assert wider.wider == ["a"] and not wider.ok  # b: 1.2 from the floor, within 25%
+    # No cell past 25%, but the geometric mean over the cells honest in both is 1.2 > 1.05; a
+    # cell turned dishonest does not enter the mean.
+    mean = check([("a", True, True, 1.0, 1.2, 1.0), ("b", True, True, 1.0, 1.2, 0.5), ("c", True, False, 1.0, 0.5, 1.0)])
+    assert mean.wider == [] and math.isclose(mean.geomean, 1.2) and not mean.ok
+    assert check([("a", True, True, 1.0, 1.04, 1.0), ("b", True, True, 1.0, 1.06, 1.0)]).ok
 
 
 def test_calibration_compare_names_the_cells_that_moved(tmp_path: Path) -> None:
@@ -198,10 +264,10 @@ def test_calibration_harness_runs_one_cell_and_reports(tmp_path: Path) -> None:
     assert bad.returncode != 0 and bad.stderr.startswith("error: unknown table") and "Traceback" not in bad.stderr
 
 
-def test_calibration_report_names_cells_whose_wrong_signs_the_floor_makes_too(tmp_path: Path) -> None:
-    """A cell that covers above its threshold but has wrong-sign effects stays DISHONEST; when the
-    idealised floor expects at least one in every other run the report says so; the per-cell
-    table shows the floor's expected count (blank for rows judged before it was recorded)."""
+def test_calibration_report_judges_wrong_signs_against_the_floor(tmp_path: Path) -> None:
+    """Cells covering above their threshold with two wrong-sign effects over four runs: honest
+    where the floor expects four (rule 1), dishonest where it expects none or was not recorded
+    (taken as 0); the report lists both kinds, the suite-level check and the floor's counts."""
     cal = _calibration()
     fields = list(cal.FIELDS)  # type: ignore[attr-defined]
     rows = []
@@ -210,7 +276,7 @@ def test_calibration_report_names_cells_whose_wrong_signs_the_floor_makes_too(tm
             row = dict.fromkeys(fields, "")
             row.update(table=table, kind="sim", model="logistic", mode="public", epsilon="1.0",
                        mechanism="noise-aware-newton", run=str(run), outcome="released", param_dim="9",
-                       coverage="0.95", floor_coverage="0.97", effects_wrong_sign="1" if run == 0 else "0",
+                       coverage="0.95", floor_coverage="0.97", effects_wrong_sign="1" if run < 2 else "0",
                        width_ratio="1.2", floor_width_ratio="1.1", width_vs_floor="1.09", effects_full="3",
                        effects_found="2", floor_effects_found="2.5", floor_wrong_sign=floor_wrong, code="x")
             rows.append(row)
@@ -220,16 +286,24 @@ def test_calibration_report_names_cells_whose_wrong_signs_the_floor_makes_too(tm
         w.writeheader()
         w.writerows(rows)
     cs = cal.cells(rows)  # type: ignore[attr-defined]
-    assert {k[0]: c.verdict for k, c in cs.items()} == dict.fromkeys(("sim_correlated", "sim_rare", "sim_exact"),
-                                                                     "DISHONEST")
+    assert {k[0]: c.verdict for k, c in cs.items()} == {"sim_correlated": "HONEST", "sim_rare": "DISHONEST",
+                                                        "sim_exact": "DISHONEST"}
     assert {k[0]: c.floor_wrong for k, c in cs.items()} == {"sim_correlated": 4.0, "sim_rare": 0.0, "sim_exact": None}
+    # The floor expecting 4 wrong signs over the runs is itself dishonest (rule 3): judged against it.
+    assert {k[0]: c.floor_judged for k, c in cs.items()} == {"sim_correlated": True, "sim_rare": False,
+                                                             "sim_exact": False}
     md = tmp_path / "c.md"
     cal.report(out, md)  # type: ignore[attr-defined]
     text = md.read_text()
-    flagged = next(line for line in text.splitlines() if line.startswith("Cells not honest only by wrong-sign"))
-    assert "sim_correlated public eps 1 noise-aware-newton (1 against the floor's 4.0)" in flagged
-    assert "sim_rare" not in flagged and "sim_exact" not in flagged
-    assert "| 0.90 | 1 | 4.0 | 1.2x |" in text and "| 0.90 | 1 | - | 1.2x |" in text
+    tolerated = next(line for line in text.splitlines() if line.startswith("Honest cells with wrong-sign effects"))
+    assert "sim_correlated public eps 1 noise-aware-newton (2 against the floor's 4.0)" in tolerated
+    by_sign = next(line for line in text.splitlines() if line.startswith("Cells dishonest by wrong-sign effects alone"))
+    assert "sim_rare public eps 1 noise-aware-newton (2 against the floor's 0.0)" in by_sign
+    assert "sim_exact public eps 1 noise-aware-newton (2 against the floor's -)" in by_sign
+    assert "sim_correlated" not in by_sign
+    assert ("noise-aware-newton, across the suite (issue 50, rule 1): 6 wrong-sign effects against the floor's "
+            "expected 4.0 (limit 1.25 x 4.0 + 3 = 8.0): met.") in text
+    assert "| 0.90 floor | 2 | 4.0 | 1.2x |" in text and "| 0.90 | 2 | - | 1.2x |" in text
 
 
 def test_calibration_results_file_from_an_earlier_harness_is_upgraded(tmp_path: Path) -> None:
@@ -275,3 +349,64 @@ def test_variants_compare_applies_the_suites_verdict_to_two_arms(tmp_path: Path,
     assert "turned dishonest []; turned honest []" in same and "geometric mean 1.000, median 1.000" in same
     nv.compare([path], "imputed", "copy")
     assert f"turned dishonest [{key!r}]; turned honest []" in capsys.readouterr().out
+
+
+def _variant_rows(table: str, eps: float, arm: str, runs: int, *, coverage: float, wrong: int, width: float,
+                  floor_width: float = 1.0, floor_coverage: float = 0.97, floor_wrong: str = "0.0"
+                  ) -> list[dict[str, str]]:
+    schedule, _, variant = arm.rpartition("/")
+    return [{"table": table, "epsilon": str(eps), "run": str(r), "schedule": schedule or "default", "variant": variant,
+             "coverage": str(coverage), "width_ratio": str(width), "floor_width_ratio": str(floor_width),
+             "floor_coverage": str(floor_coverage), "effects_found": "2", "floor_effects_found": "2",
+             "effects_wrong_sign": str(wrong if r == 0 else 0), "floor_wrong_sign": floor_wrong} for r in range(runs)]
+
+
+def test_variants_compare_rule_4_honesty_first(tmp_path: Path) -> None:
+    """Issue 50, rule 4 on hand-made paired cells: a candidate that turns one cell honest, loses
+    none and widens an honest cell only up to the floor meets rules 2 and 4; one that gains
+    nothing does not meet rule 4 however narrow; a cell is judged on the first file holding both
+    arms (never pooled across files)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import noise_aware_variants as nv  # type: ignore[import-not-found]
+    finally:
+        sys.path.pop(0)
+
+    def write(name: str, rows: list[dict[str, str]]) -> Path:
+        path = tmp_path / name
+        with path.open("w", newline="") as fh:
+            w = csv.DictWriter(fh, fieldnames=list(rows[0]))
+            w.writeheader()
+            w.writerows(rows)
+        return path
+
+    rows = (_variant_rows("t", 0.3, "imputed", 10, coverage=0.8, wrong=0, width=2.0)  # dishonest today
+            + _variant_rows("t", 0.3, "trace", 10, coverage=0.95, wrong=0, width=3.0)  # gained; widening free
+            + _variant_rows("t", 1.0, "imputed", 10, coverage=1.0, wrong=0, width=0.7)  # honest, below the floor
+            + _variant_rows("t", 1.0, "trace", 10, coverage=1.0, wrong=1, width=1.0)  # up to the floor: free
+            + _variant_rows("t", 3.0, "imputed", 10, coverage=1.0, wrong=0, width=1.0)
+            + _variant_rows("t", 3.0, "trace", 10, coverage=1.0, wrong=0, width=1.1)
+            + _variant_rows("t", 0.3, "RS/imputed", 10, coverage=0.8, wrong=0, width=1.5)
+            + _variant_rows("t", 1.0, "RS/imputed", 10, coverage=1.0, wrong=0, width=0.6)
+            + _variant_rows("t", 3.0, "RS/imputed", 10, coverage=1.0, wrong=0, width=0.9))
+    path = write("arms.csv", rows)
+    res = nv.compare([path], "imputed", "trace", floor_wrong={})
+    assert (res.gained, res.lost, res.widths.wider) == ([("t", 0.3)], [], [])
+    assert math.isclose(res.widths.geomean, math.sqrt(1.0 * 1.1)) and res.widths.ok and res.more_honest
+    assert res.wrong_signs.ok and res.floor_unknown == []
+    narrow = nv.compare([path], "imputed", "RS/imputed", floor_wrong={})
+    assert narrow.gained == narrow.lost == [] and narrow.widths.ok and not narrow.more_honest and narrow.not_reversed
+    # A second file with the 0.3 cell's candidate turned dishonest: the first file holding both arms decides.
+    other = write("other.csv", _variant_rows("t", 0.3, "imputed", 10, coverage=0.8, wrong=0, width=2.0)
+                  + _variant_rows("t", 0.3, "trace", 10, coverage=0.5, wrong=0, width=3.0)
+                  + _variant_rows("u", 1.0, "imputed", 10, coverage=1.0, wrong=0, width=1.0)
+                  + _variant_rows("u", 1.0, "trace", 10, coverage=1.0, wrong=0, width=1.3))
+    both = nv.compare([path, other], "imputed", "trace", floor_wrong={})
+    assert both.cells == 4 and both.gained == [("t", 0.3)] and both.widths.wider == [("u", 1.0)] and not both.widths.ok
+    # Rows without the floor's count take the stand-in's per-release value times the runs.
+    for r in rows:
+        r["floor_wrong_sign"] = ""
+    bare = write("bare.csv", rows)
+    assert nv.cell_verdicts(list(csv.DictReader(bare.open(newline=""))), "trace", {("t", 1.0): 0.1})[
+        ("t", 1.0)].floor_wrong == pytest.approx(1.0)
+    assert nv.compare([bare], "imputed", "trace", floor_wrong={}).floor_unknown == [("t", 0.3), ("t", 1.0), ("t", 3.0)]
