@@ -34,7 +34,7 @@ def _row(table: str, outcome: str, coverage: float, wrong: int = 0, **extra: Any
 def test_headline_counts_cells_by_the_suites_own_verdict(tmp_path: Path) -> None:
     cal, headline = _module("calibration"), _module("headline")
     rows = [_row("adult", "released", 0.95), _row("adult", "released", 0.92),    # honest
-            _row("wells", "released", 0.95, wrong=1),                           # a wrong sign: not honest
+            _row("wells", "released", 0.95, wrong=2),                           # 2 wrong signs > floor 0 + 1: not honest
             _row("sim_rare", "refused", 0.0, message="ChargedRefusal: x"),      # refused
             _row("hmda", "released", 0.5, mechanism="dp-psvi")]                 # another mechanism: left out
     path = tmp_path / "calibration.csv"
@@ -43,7 +43,7 @@ def test_headline_counts_cells_by_the_suites_own_verdict(tmp_path: Path) -> None
         w.writeheader()
         w.writerows(rows)
     lines = headline.headline(path, link="docs/CALIBRATION.md")
-    assert lines[2] == "| 0.3 | 1 of 3 | 1 | 1 | 1.25 | 2.0 (4.0) | 1 |"
+    assert lines[2] == "| 0.3 | 1 of 3 | 1 | 1 | 1.25 | 2.0 (4.0) | 2 |"
     text = " ".join(lines)
     assert "3 tables (2 real, 1 simulated)" in text
     assert "the signed noise-aware Gaussian" in text and "`noise_aware`" in text
