@@ -3,7 +3,7 @@
     import dpsummary
     rel = dpsummary.load("credit.dpsummary.json", key="dpsummary.pub")   # verifies the signature
     rel.claim["epsilon"]                 # the privacy guarantee the curator signed
-    draws = rel.sample(2000, seed=0)     # (2000, d) posterior draws
+    draws = rel.sample(2000, seed=0)     # (2000, d) numpy posterior draws (NUTS, with diagnostics)
     p = rel.posterior_predictive([{"age": "35", ...}], draws)   # (2000, 1) P(y = 1 | row)
 
 **What a release is.** A weighted pseudocoreset: points ``x_m`` in model space (the public
@@ -34,6 +34,7 @@ import torch
 
 from .constructors.base import Summary
 from .data import Transform
+from .gaussian import GaussianPosterior
 from .models import (
     DTYPE,
     GLM,
@@ -50,7 +51,7 @@ __all__ = ["RELEASE_FORMAT", "Release", "ReleaseFormatError", "load"]
 #: The ``format`` of a release body (see ``dpsummary.release``).
 RELEASE_FORMAT = "dpsummary.release/v1"
 
-SampleMethod = Literal["auto", "exact", "laplace", "hmc", "vi"]
+SampleMethod = Literal["auto", "exact", "laplace", "nuts", "vi"]
 PredictiveKind = Literal["mean", "sample", "log_likelihood"]
 
 
@@ -320,64 +321,129 @@ class Release:
         points, weights = self.nonzero()
         return fit_cavi(points.numpy(), weights.numpy(), prior, np.random.default_rng(seed), max_iter=max_iter)
 
+    def signed_gaussian(self) -> GaussianPosterior | None:
+        """The Gaussian the release signs beside its pseudocoreset (the noise-aware posterior of
+        the default mechanism; per-coordinate sds of a calibrated dp-psvi release), or None."""
+        post = self.body.get("posterior") or {}
+        default = post.get("default")
+        g = (post.get("gaussians") or {}).get(default) if isinstance(default, str) else None
+        if not isinstance(g, dict) or "mean" not in g:
+            return None
+        mean = torch.tensor(g["mean"], dtype=DTYPE)
+        if "cov" in g:
+            cov = torch.tensor(g["cov"], dtype=DTYPE)
+            tril = torch.linalg.cholesky(0.5 * (cov + cov.T))
+        elif "sd" in g:
+            tril = torch.diag(torch.tensor(g["sd"], dtype=DTYPE))
+        else:
+            return None
+        return GaussianPosterior(mean=mean, scale_tril=tril)
+
     def sample(
         self,
         num_samples: int = 1000,
         *,
         seed: int | None = None,
         method: SampleMethod = "auto",
-        num_warmup: int | None = None,
-        **kwargs: Any,
-    ) -> torch.Tensor:
-        """Draws from the release's weighted posterior, shape ``(num_samples, d)`` float64.
+        chains: int = 4,
+        num_warmup: int = 1000,
+        return_draws: bool = False,
+        inference_data: bool = False,
+        vi_steps: int = 2000,
+    ) -> Any:
+        """Draws from the release's weighted posterior: a numpy array ``(num_samples, d)`` float64
+        (columns in the order of :attr:`param_names`).
 
-        ``method``: ``"exact"`` (conjugate models: Gaussian mean, linear regression),
-        ``"laplace"`` (Gaussian approximation at the mode; exact for conjugate models),
-        ``"hmc"`` (:func:`dpsummary.mcmc.sample_posterior`, asymptotically exact for every
-        model; extra keyword arguments such as ``chains=4`` go to it, and ``chains`` chains give
-        ``chains * num_samples`` draws, chain after chain), ``"vi"`` (Bayesian neural networks:
-        mean-field Gaussian VI fitted on the weighted pseudodata, :meth:`fit_variational`; keyword
-        ``vi_steps``), ``"auto"``: exact if available, VI for a BNN, else HMC.
-        Sampling costs no privacy, whatever the number of draws.
+        ``method``:
+        * ``"nuts"`` (the default for logistic and Poisson releases, and for any model without a
+          closed form): NUTS with dense mass-matrix adaptation (BlackJAX, :mod:`dpsummary.sampling`)
+          on the pseudocoreset's exact weighted posterior, whitened and warm-started by the
+          release's signed Gaussian (or the pseudocoreset's Laplace approximation). ``chains``
+          chains of ``ceil(num_samples / chains)`` kept draws after ``num_warmup`` warm-up steps
+          each; the draws are returned chain after chain (the last chain cut to ``num_samples``).
+          Rank-normalised split R-hat, bulk and tail ESS and divergences are computed on every
+          run; a :class:`~dpsummary.sampling.SamplingWarning` names any that fails (R-hat > 1.01,
+          ESS < 400, a divergence) and the fix.
+        * ``"exact"`` (conjugate models: Gaussian mean, linear regression; their default),
+          ``"laplace"`` (the Gaussian approximation at the pseudocoreset posterior's mode),
+          ``"vi"`` (Bayesian neural networks' default: mean-field Gaussian VI on the weighted
+          pseudodata, :meth:`fit_variational`, ``vi_steps`` Adam steps).
+        * ``"auto"``: exact if available, VI for a BNN, else NUTS.
+
+        ``return_draws=True`` (NUTS) returns the :class:`~dpsummary.sampling.Draws` (per-chain
+        values and their ``diagnostics``) instead of the array; ``inference_data=True`` (NUTS)
+        an ArviZ ``InferenceData`` with one variable per parameter, named as ``inspect`` names
+        them (needs ArviZ). ``seed`` makes the draws reproducible; sampling randomness is not
+        privacy randomness. Sampling costs no privacy, whatever the number of draws.
         """
+        from .sampling import NutsSettings, SamplingWarning, sample_posterior, warning_text
+
         if num_samples < 1:
             raise ValueError("num_samples must be at least 1")
         if not getattr(self.model, "parameter_draws", True):
             raise ValueError(f"a {self.model.name} release is fitted by weighted variational inference, not sampled: "
                              "use Release.fit_mixture() (or read Release.mixture for the published fit)")
-        gen = torch.Generator().manual_seed(seed if seed is not None else int(torch.seed() % (2**63)))
+        if method == "hmc":  # type: ignore[comparison-overlap]
+            raise ValueError("method='hmc' was replaced by method='nuts' (NUTS with diagnostics, dpsummary.sampling)")
+        if method not in ("auto", "exact", "laplace", "nuts", "vi"):
+            raise ValueError(f"unknown method {method!r}; use 'auto', 'exact', 'laplace', 'nuts' or 'vi'")
         if method == "auto":
-            method = "exact" if self.model.conjugate else ("vi" if isinstance(self.model, BNN) else "hmc")
+            method = "exact" if self.model.conjugate else ("vi" if isinstance(self.model, BNN) else "nuts")
+        if (return_draws or inference_data) and method != "nuts":
+            raise ValueError("return_draws and inference_data are for method='nuts' (MCMC draws with diagnostics)")
+        gen = torch.Generator().manual_seed(seed if seed is not None else int(torch.seed() % (2**63)))
         points, weights = self.nonzero()
         if method == "vi":
             if not isinstance(self.model, BNN):
-                raise ValueError("method='vi' is for BNN releases; use 'hmc' or 'laplace'")
-            mu, sd = self.fit_variational(seed=int(torch.randint(2**62, (1,), generator=gen)),
-                                          steps=int(kwargs.pop("vi_steps", 2000)))
-            if kwargs:
-                raise TypeError(f"unexpected keyword arguments for method='vi': {', '.join(kwargs)}")
+                raise ValueError("method='vi' is for BNN releases; use 'nuts' or 'laplace'")
+            mu, sd = self.fit_variational(seed=int(torch.randint(2**62, (1,), generator=gen)), steps=int(vi_steps))
             eps = torch.randn(num_samples, self.dim, generator=gen, dtype=DTYPE)
-            return mu + sd * eps
+            return (mu + sd * eps).numpy()
         if method == "laplace" and isinstance(self.model, BNN):
-            raise ValueError("a BNN posterior is multimodal; use method='vi' or 'hmc'")
+            raise ValueError("a BNN posterior is multimodal; use method='vi' or 'nuts'")
         if method == "exact":
             if not self.model.conjugate:
-                raise ValueError(f"{self.model.name} has no exact posterior; use method='hmc'")
-            return self.model.exact_posterior(points, weights).sample(num_samples, gen)
+                raise ValueError(f"{self.model.name} has no exact posterior; use method='nuts'")
+            return self.model.exact_posterior(points, weights).sample(num_samples, gen).numpy()
         if method == "laplace":
             from .metrics import summary_posterior
 
-            return summary_posterior(self.model, points, weights).sample(num_samples, gen)
-        if method == "hmc":
-            from .mcmc import sample_posterior
+            return summary_posterior(self.model, points, weights).sample(num_samples, gen).numpy()
+        per_chain = -(-num_samples // chains) if chains >= 1 else 0
+        settings = NutsSettings(chains=chains, num_warmup=num_warmup, draws_per_chain=max(per_chain, 4))
+        draws = sample_posterior(self.model, points, weights, start=self._sampler_start(), settings=settings,
+                                 seed=seed, names=list(self.param_names))
+        text = warning_text(draws)
+        if text is not None:
+            name = self.path.name if self.path is not None else "release"
+            warnings.warn(f"{name}: {text}", SamplingWarning, stacklevel=2)
+        if inference_data:
+            return draws.to_inference_data()
+        if return_draws:
+            return draws
+        return draws.flat()[:num_samples]
 
-            warmup = num_warmup if num_warmup is not None else max(200, num_samples // 2)
-            draws = sample_posterior(
-                self.model, points, weights, num_samples=num_samples, num_warmup=warmup,
-                generator=gen, **kwargs,
-            )
-            return draws.reshape(-1, self.dim)
-        raise ValueError(f"unknown method {method!r}; use 'auto', 'exact', 'laplace' or 'hmc'")
+    def _sampler_start(self) -> GaussianPosterior:
+        """The Gaussian NUTS is whitened and warm-started by: the signed Gaussian when the release
+        carries a full covariance (noise-aware releases), else the pseudocoreset's Laplace
+        approximation, else (a BNN, or a Newton failure) the VI fit."""
+        signed = self.signed_gaussian()
+        post = self.body.get("posterior") or {}
+        full = "cov" in ((post.get("gaussians") or {}).get(post.get("default"), {}) or {})
+        if signed is not None and full:
+            return signed
+        if not isinstance(self.model, BNN):
+            from .inference import NewtonFailure, coreset_posterior
+
+            points, weights = self.nonzero()
+            try:
+                return coreset_posterior(self.model, points, weights)
+            except (NewtonFailure, RuntimeError):
+                if signed is not None:
+                    return signed
+                raise
+        mu, sd = self.fit_variational(seed=0)
+        return GaussianPosterior(mean=mu.detach().to(DTYPE), scale_tril=torch.diag(sd.detach().to(DTYPE)))
 
     def fit_variational(self, *, steps: int = 2000, seed: int = 0, lr: float = 0.01, num_draws: int = 10,
                         ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -246,6 +246,42 @@ def idealised_floor(
                           draws=draws, wrong_sign=float(wrong.mean()))
 
 
+def draws_report(
+    draws: np.ndarray,
+    full_post: GaussianPosterior,
+    *,
+    floor: IdealisedFloor | None = None,
+) -> dict[str, float | int | None]:
+    """The analyst's checks of posterior DRAWS ``(S, d)`` (what ``Release.sample()`` or an
+    exporter's sampler returns) against ``full_post``, with the intervals an analyst reads off
+    draws: the central 95% interval between the 2.5% and 97.5% quantiles, per coordinate.
+
+    ``coverage`` share of coordinates whose interval contains the full-data mean; ``width_ratio``
+    median interval width over the full-data posterior's (``2 * Z95 * sd_full``); ``effects_found``
+    coordinates whose full-data interval excludes 0 and whose draws' interval does too, same sign;
+    ``effects_wrong_sign`` draws' intervals excluding 0 on the side opposite the full-data mean;
+    ``mean_error_sd_max`` the largest |mean of draws - full mean| / sd_full; with ``floor``,
+    ``width_vs_floor`` and ``effects_vs_floor`` as in :class:`TrustReport`."""
+    x = np.asarray(draws, dtype=np.float64).reshape(-1, int(full_post.mean.shape[0]))
+    lo, hi = np.quantile(x, [0.025, 0.975], axis=0)
+    m_f = full_post.mean.detach().numpy()
+    sd_f = np.sqrt(np.diagonal(full_post.cov.detach().numpy()))
+    full_eff = effects(full_post.mean, torch.as_tensor(sd_f)).numpy()
+    eff = np.where(lo > 0, 1.0, np.where(hi < 0, -1.0, 0.0))
+    found = int(((eff == full_eff) & (full_eff != 0)).sum())
+    wrong = int(((eff != 0) & (eff == -np.sign(m_f))).sum())
+    width = float(np.median((hi - lo) / (2 * Z95 * sd_f)))
+    out: dict[str, float | int | None] = {
+        "coverage": float(((lo <= m_f) & (m_f <= hi)).mean()), "width_ratio": width,
+        "effects_full": int((full_eff != 0).sum()), "effects_found": found, "effects_wrong_sign": wrong,
+        "mean_error_sd_max": float(np.max(np.abs(x.mean(0) - m_f) / sd_f)),
+        "width_vs_floor": None, "effects_vs_floor": None}
+    if floor is not None:
+        out["width_vs_floor"] = width / floor.width_ratio
+        out["effects_vs_floor"] = found / floor.effects_found if floor.effects_found > 0 else None
+    return out
+
+
 def trust_report(
     summary_post: GaussianPosterior,
     full_post: GaussianPosterior,

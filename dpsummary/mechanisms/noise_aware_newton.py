@@ -52,6 +52,8 @@ def noise_aware_summaries(plan: MechanismPlan, records: Any, size: int, generato
 
     from .. import noise_aware
     from ..constructors.base import Summary
+    from ..constructors.moment_match import match_moments
+    from ..models import GLM
     from ..constructors.gaussian_target import (
         MATCH_KL_WARNING,
         directions_wider_than_prior,
@@ -96,8 +98,18 @@ def noise_aware_summaries(plan: MechanismPlan, records: Any, size: int, generato
     # The fit's model: the same likelihood, with the prior the posterior was taken under (a
     # Poisson release re-centres it at the noisy log-mean, noise_aware 5.); the summary carries it.
     model = result.model or model
-    points, weights, loss, how = pseudocoreset_of_gaussian(
-        model, posterior, size=size, initial_features=tf.sample_public_features(size, generator), generator=generator)
+    # Issue 48: analysts' samplers draw the pseudocoreset's EXACT weighted posterior, so for a
+    # GLM the pseudocoreset is built so that those draws have the signed Gaussian's moments
+    # (constructors/moment_match.py; post-processing). Where the closed form does not apply the
+    # earlier construction stays, and the note says the exact posterior was not matched.
+    model_prior_scale = model.prior_scale
+    match = match_moments(model, posterior, size=size, generator=generator) if isinstance(model, GLM) else None
+    if match is not None:
+        points, weights, model = match.points, match.weights, match.model
+        loss, how = 0.0, "moments (NUTS)"
+    else:
+        points, weights, loss, how = pseudocoreset_of_gaussian(
+            model, posterior, size=size, initial_features=tf.sample_public_features(size, generator), generator=generator)
     if not (math.isfinite(loss) and bool(torch.isfinite(points).all()) and bool(torch.isfinite(weights).all())):
         raise ChargedRefusal(NON_FINITE_FIT_MESSAGE)
     wider = directions_wider_than_prior(model, posterior)
@@ -108,6 +120,10 @@ def noise_aware_summaries(plan: MechanismPlan, records: Any, size: int, generato
     extra_notes = [] if size == requested else [
         f"pseudocoreset of {size} points, one per parameter (--size {requested} is fewer, and fewer points than "
         "parameters cannot carry the posterior)"]
+    if match is not None and match.carrier_prior_scale is not None:
+        extra_notes.append(f"the noise-aware Gaussian (computed under the model's prior, scale {model_prior_scale:g}) is "
+                           f"as wide as that prior in some direction, so the pseudocoreset carries it under a prior of "
+                           f"scale {match.carrier_prior_scale:.4g} (a weighted likelihood only narrows its prior)")
     if wider:
         # Measured on the calibration suite: the imputed mixture is wider than the prior in some
         # direction on strongly correlated or noise-dominated releases (sim_correlated, default),
@@ -117,10 +133,17 @@ def noise_aware_summaries(plan: MechanismPlan, records: Any, size: int, generato
                      "narrower than the Gaussian's; the artifact also carries the Gaussian")
     if ranges is not None:
         extra_notes[:0] = ranges.notes()
-    notes = [*result.notes, *extra_notes, f"pseudocoreset matched to the noise-aware Gaussian by {how} (symmetric KL {loss:.3g} nats"
-             + (", a poor match: the artifact also carries the noise-aware Gaussian)" if loss > MATCH_KL_WARNING else ")")]
+    if match is not None:
+        match_note = match.note()
+    else:
+        # A closed-form KL of -1e-14 is rounding: print 0 (issue 49).
+        match_note = (f"pseudocoreset matched to the noise-aware Gaussian's mode and curvature by {how} (symmetric KL "
+                      f"{max(loss, 0.0):.3g} nats" + (", a poor match" if loss > MATCH_KL_WARNING else "")
+                      + "); its exact posterior was not matched (the artifact also carries the noise-aware Gaussian)")
+    notes = [*result.notes, *extra_notes, match_note]
     return summary, {
         "gaussians": gaussians, "notes": notes,
+        "pseudocoreset_match": None if match is None else {**match.claim(), "model_prior_scale": model_prior_scale},
         "noise_multipliers": [list(m) for m in result.noise_multipliers],
         "schedule": (result.schedule or schedule).as_dict(), "bounds": {"feature_norm": feature_norm, "target_bound": target_bound},
         "count_range": None if count_clip is None else count_clip.claim(),
@@ -163,7 +186,8 @@ class NoiseAwareNewton(GlmMechanism):
         mark("optimised")
         # The default (and only) summary is the noise-aware one; its Gaussian rides along. Since
         # issue 25 there is no raw (noise-unaware) summary; older artifacts that carry one still load.
-        body = {"posterior": {"default": "noise_aware", "gaussians": extra["gaussians"]}}
+        body = {"posterior": {"default": "noise_aware", "gaussians": extra["gaussians"],
+                              "pseudocoreset_match": extra.get("pseudocoreset_match")}}
         return MechanismOutput(summary, notes, extra, body)
 
     def claim(self, public: PublicPlan, plan: MechanismPlan, output: MechanismOutput) -> dict[str, Any]:

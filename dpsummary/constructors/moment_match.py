@@ -1,0 +1,174 @@
+"""A GLM pseudocoreset whose exact weighted posterior has the signed Gaussian's moments.
+
+Why (issue 48, item 5): the closed-form construction (:func:`exact_glm_pseudopoints`) matches the
+target Gaussian ``N(m, S)`` at the mode: the pseudocoreset's *Laplace approximation* is the
+target. Analysts' samplers draw its *exact* weighted posterior, which a logistic or Poisson
+likelihood skews and widens: measured on a german_credit release (public schema, epsilon 1,
+d = 62) its sds were 1.06-1.15x the signed ones and a mean 0.2 sd away; where the target is wider
+than the prior (``sim_correlated``) the pseudocoreset cannot carry it at all (sds 0.60x). So the
+posterior the suite judged and the posterior analysts drew were two objects.
+
+What this does (post-processing of the DP target and public values: it costs no privacy):
+
+1. **Carrier prior.** A weighted likelihood with positive weights only narrows its prior, so
+   where the target is wider than (or close to) the model's prior ``N(mu0, s0^2 I)`` the release
+   carries a wider prior scale ``s0' = sqrt(CARRIER_MARGIN * lambda_max(S))``. The posterior it
+   carries is still the one computed under the model's prior; the artifact records both scales,
+   and the judges' full-data reference uses the model's (see :func:`carrier_model`).
+2. **Moment matching.** With the construction's random frame held fixed, the target given to
+   the construction is moved until the exact posterior's moments (estimated by NUTS,
+   :mod:`dpsummary.sampling`) equal the signed ones: ``m_t <- m_t + (m - mu)`` and, in
+   ``S_t <- D S_t D`` with ``D = diag(sd_S / sd_exact)`` (correlations kept; whitened by ``S``
+   its eigenvalues are kept in ``[MIN_RELATIVE_VARIANCE, carrier prior)``). It stops when every mean is within
+   :data:`MEAN_TOLERANCE` sds and every sd within :data:`SD_TOLERANCE` (relative), or after
+   :data:`MAX_ITERATIONS`; the best iterate is kept, and its measured agreement is what the
+   artifact records (the issue's criterion: 0.05 sd and 3%).
+
+The stopping rule reads only the target, public values and draws from the pseudocoreset's
+posterior: no record is touched. The sampler's randomness comes from the release's non-private
+generator.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ..gaussian import DTYPE, GaussianPosterior
+from ..models import GLM, Model
+from .gaussian_target import exact_glm_pseudopoints
+
+#: Tolerances of the iteration (tighter than the issue's 0.05 sd / 3%, which the final figures
+#: are held to, so that the Monte Carlo error of the check leaves room).
+MEAN_TOLERANCE = 0.03
+SD_TOLERANCE = 0.02
+MAX_ITERATIONS = 5
+#: NUTS per iteration: the whitened start is already close, so a short warm-up suffices.
+MATCH_WARMUP = 300
+#: The carrier prior is needed where the target's largest variance is above the prior's over
+#: CARRIER_NEEDED (a widening of up to 10% must stay possible), and then its variance is
+#: CARRIER_MARGIN times that largest variance. Widening more than needed costs agreement: a
+#: wider prior leaves more of the posterior to the non-Gaussian likelihood (measured on
+#: german_credit, epsilon 1: sds 1.06-1.13x the target's under the model's prior, 1.14-1.24x
+#: under a prior 1.19x wider).
+CARRIER_NEEDED = 1.2
+CARRIER_MARGIN = 1.25
+#: Floor of the construction target's variances relative to the signed ones (whitened).
+MIN_RELATIVE_VARIANCE = 0.2
+#: The issue's agreement criterion between the exact posterior and the signed Gaussian.
+AGREEMENT_MEAN_SD = 0.05
+AGREEMENT_SD_RATIO = 0.03
+#: Each update moves this fraction of the way (Monte Carlo noise in the moments is not chased).
+DAMPING = 0.8
+
+
+@dataclass(frozen=True)
+class MomentMatch:
+    """The matched pseudocoreset, the model it is released under (carrier prior) and the
+    measured agreement of its exact posterior with the signed Gaussian."""
+
+    points: torch.Tensor
+    weights: torch.Tensor
+    model: Model
+    iterations: int
+    max_mean_error_sd: float
+    sd_ratio_min: float
+    sd_ratio_max: float
+    draws: int
+    carrier_prior_scale: float | None
+
+    @property
+    def agrees(self) -> bool:
+        return (self.max_mean_error_sd <= AGREEMENT_MEAN_SD
+                and abs(self.sd_ratio_min - 1.0) <= AGREEMENT_SD_RATIO and abs(self.sd_ratio_max - 1.0) <= AGREEMENT_SD_RATIO)
+
+    def claim(self) -> dict[str, float | int | bool | None]:
+        """What the artifact records (public: functions of the DP target and public values)."""
+        return {"method": "moments (NUTS)", "iterations": self.iterations,
+                "max_mean_error_sd": round(self.max_mean_error_sd, 4), "sd_ratio_min": round(self.sd_ratio_min, 4),
+                "sd_ratio_max": round(self.sd_ratio_max, 4), "draws": self.draws, "agrees": self.agrees,
+                "carrier_prior_scale": self.carrier_prior_scale}
+
+    def note(self) -> str:
+        verdict = "within" if self.agrees else "OUTSIDE"
+        return (f"pseudocoreset's exact posterior matched to the noise-aware Gaussian's moments in {self.iterations} NUTS "
+                f"iteration(s): means within {self.max_mean_error_sd:.3f} sd, sds {self.sd_ratio_min:.3f}-{self.sd_ratio_max:.3f}x "
+                f"({verdict} 0.05 sd and 3%, from {self.draws} draws)")
+
+
+def carrier_model(model: GLM, target: GaussianPosterior) -> tuple[GLM, float | None]:
+    """The model with the prior scale the pseudocoreset is released under: the model's own where
+    the target is narrower than ``prior / CARRIER_NEEDED`` in every direction, else widened to
+    ``sqrt(CARRIER_MARGIN * lambda_max(S))``. Returns ``(model, widened scale or None)``."""
+    cov = target.cov.detach().to(DTYPE)
+    lam_max = float(torch.linalg.eigvalsh(0.5 * (cov + cov.T)).max())
+    if lam_max * CARRIER_NEEDED < model.prior_scale**2:
+        return model, None
+    scale = math.sqrt(CARRIER_MARGIN * lam_max)
+    spec = {**model.spec(), "prior_scale": scale}
+    del spec["name"]
+    return type(model)(spec.pop("num_features"), **spec), scale
+
+
+def _moments(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    flat = values.reshape(-1, values.shape[-1])
+    return flat.mean(0), np.cov(flat, rowvar=False).reshape(flat.shape[1], flat.shape[1])
+
+
+def match_moments(model: GLM, target: GaussianPosterior, *, size: int, generator: torch.Generator,
+                  settings: object | None = None) -> MomentMatch | None:
+    """The moment-matched pseudocoreset of ``target`` (see the module docstring), or None when
+    the closed-form construction does not apply (then the caller keeps its own construction and
+    says so)."""
+    from ..sampling import NutsSettings, sample_posterior
+
+    cfg = settings if isinstance(settings, NutsSettings) else NutsSettings(num_warmup=MATCH_WARMUP)
+    carrier, widened = carrier_model(model, target)
+    m = target.mean.detach().to(DTYPE).numpy()
+    s_cov = target.cov.detach().to(DTYPE).numpy()
+    s_cov = 0.5 * (s_cov + s_cov.T)
+    sd = np.sqrt(np.diag(s_cov))
+    chol = np.linalg.cholesky(s_cov)
+    inv_chol = np.linalg.inv(chol)
+    cap = 0.99 * carrier.prior_scale**2 / float(np.linalg.eigvalsh(s_cov).max())  # whitened variance cap
+    frame_seed = int(torch.randint(2**62, (1,), generator=generator))
+    cur_mean, cur_cov = m.copy(), s_cov.copy()  # the construction's target
+    best: tuple[float, MomentMatch] | None = None
+    it = 0
+    for it in range(1, MAX_ITERATIONS + 1):
+        cur = GaussianPosterior(mean=torch.as_tensor(cur_mean, dtype=DTYPE),
+                                scale_tril=torch.linalg.cholesky(torch.as_tensor(cur_cov, dtype=DTYPE)))
+        built = exact_glm_pseudopoints(carrier, cur, size=size, generator=torch.Generator().manual_seed(frame_seed))
+        if built is None:
+            return None
+        seed = int(torch.randint(2**62, (1,), generator=generator))
+        draws = sample_posterior(carrier, built.points, built.weights, start=target, settings=cfg, seed=seed)
+        flat = draws.flat()
+        mu, sd_exact = flat.mean(0), flat.std(0, ddof=1)
+        err = float(np.max(np.abs(mu - m) / sd))
+        ratio = sd_exact / sd
+        score = max(err / MEAN_TOLERANCE, float(np.max(np.abs(ratio - 1.0))) / SD_TOLERANCE)
+        result = MomentMatch(points=built.points, weights=built.weights, model=carrier, iterations=it,
+                             max_mean_error_sd=err, sd_ratio_min=float(ratio.min()), sd_ratio_max=float(ratio.max()),
+                             draws=int(flat.shape[0]), carrier_prior_scale=widened)
+        if best is None or score < best[0]:
+            best = (score, result)
+        if score <= 1.0 or not np.isfinite(score):
+            break
+        # Means shift additively; sds scale multiplicatively, correlations kept (a full covariance
+        # estimated from a few thousand draws is too noisy to feed back at d ~ 100: its
+        # eigenvalues scatter by about 2 sqrt(d / draws)).
+        cur_mean = cur_mean + DAMPING * (m - mu)
+        scale = np.clip(ratio ** -DAMPING, 0.5, 2.0)
+        cur_cov = cur_cov * np.outer(scale, scale)
+        lam, vec = np.linalg.eigh(inv_chol @ cur_cov @ inv_chol.T)
+        cur_cov = chol @ ((vec * np.clip(lam, MIN_RELATIVE_VARIANCE, cap)) @ vec.T) @ chol.T
+        cur_cov = 0.5 * (cur_cov + cur_cov.T)
+    assert best is not None
+    out = best[1]
+    return MomentMatch(points=out.points, weights=out.weights, model=out.model, iterations=it,
+                       max_mean_error_sd=out.max_mean_error_sd, sd_ratio_min=out.sd_ratio_min,
+                       sd_ratio_max=out.sd_ratio_max, draws=out.draws, carrier_prior_scale=widened)
