@@ -65,6 +65,23 @@ __all__ = [
 ARTIFACT_PATH_FIX = "pass the path of a release artifact (the .dpsummary.json file `dpsummary release` wrote)"
 
 
+def _looks_like(path: Path, data: bytes) -> str:
+    """What a file that is not an artifact looks like, by its kind only (its name's suffix and
+    leading bytes; none of its content is repeated: it may be the private data itself)."""
+    if data[:4] == b"PAR1":
+        return "it is a Parquet file"
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        return "it is not UTF-8 text (a binary file?)"
+    if not text.strip():
+        return "it is empty"
+    first = text.lstrip().splitlines()[0]
+    if path.suffix.lower() in (".csv", ".tsv", ".txt") or ("," in first and not first.startswith(("{", "["))):
+        return "it looks like a CSV table (comma-separated text)"
+    return "it is UTF-8 text but not JSON"
+
+
 class ArtifactError(FixedError, ValueError):
     """An artifact that is unsigned, malformed, tampered with, or signed by another key (its
     ``fix``, when set, is the advice the CLI prints after it)."""
@@ -270,7 +287,8 @@ def read_artifact(
     try:
         env = json.loads(data.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
-        raise ArtifactError(f"malformed artifact {p.name}: not UTF-8 JSON") from None
+        raise ArtifactError(f"{p.name} is not a release artifact: {_looks_like(p, data)}, not the signed JSON "
+                            "envelope `dpsummary release` writes", fix=ARTIFACT_PATH_FIX) from None
     if not isinstance(env, dict) or set(env) != {"payload", "payloadType", "signatures"}:
         raise ArtifactError(f"malformed artifact {p.name}: not a DSSE envelope")
     try:
