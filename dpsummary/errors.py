@@ -16,7 +16,7 @@ where it is raised. Each refusal is either
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 #: Exit codes of the CLI.
 EXIT_OK = 0
@@ -55,6 +55,15 @@ class FixedError(Exception):
         super().__init__(f"{problem}; {fix}" if fix else problem)
         self.problem = problem
         self.fix = fix
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Pickled across processes (worker pools) with both fields: the default would call
+        # cls(str(self)) and lose the fix (or fail, for a Refusal, whose fix is required).
+        return _restore, (type(self), self.problem, self.fix)
+
+
+def _restore(cls: type[FixedError], problem: str, fix: str | None) -> FixedError:
+    return cls(problem, fix=fix)
 
 
 class Refusal(FixedError):

@@ -116,6 +116,16 @@ def test_a_refusal_cannot_be_built_without_a_fix() -> None:
                                                "epsilon 9 exceeds the cap 2; lower --epsilon")
 
 
+def test_errors_keep_their_fix_across_processes() -> None:
+    """Worker pools pickle exceptions: both fields survive, and a refusal can be rebuilt."""
+    import pickle
+
+    for exc in (ChargedRefusal("no finite summary", fix="raise --epsilon"), DataError("not a file: x", fix="check"),
+                DataError("column 'a' has no values")):
+        back = pickle.loads(pickle.dumps(exc))
+        assert (type(back), back.problem, back.fix, str(back)) == (type(exc), exc.problem, exc.fix, str(exc))
+
+
 def test_the_cli_prints_the_fix_field() -> None:
     code, line = describe(ReleaseError("--out x is a directory", fix="give a file path"))
     assert (code, line) == (errors.EXIT_BAD_INPUT, "error: --out x is a directory; give a file path")
