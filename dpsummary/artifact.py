@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from . import keys as _keys
+from .errors import FixedError
 
 PAYLOAD_TYPE = "application/vnd.in-toto+json"
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
@@ -60,8 +61,30 @@ __all__ = [
 ]
 
 
-class ArtifactError(ValueError):
-    """An artifact that is unsigned, malformed, tampered with, or signed by another key."""
+#: The fix of an artifact path that cannot be read.
+ARTIFACT_PATH_FIX = "pass the path of a release artifact (the .dpsummary.json file `dpsummary release` wrote)"
+
+
+def _looks_like(path: Path, data: bytes) -> str:
+    """What a file that is not an artifact looks like, by its kind only (its name's suffix and
+    leading bytes; none of its content is repeated: it may be the private data itself)."""
+    if data[:4] == b"PAR1":
+        return "it is a Parquet file"
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        return "it is not UTF-8 text (a binary file?)"
+    if not text.strip():
+        return "it is empty"
+    first = text.lstrip().splitlines()[0]
+    if path.suffix.lower() in (".csv", ".tsv", ".txt") or ("," in first and not first.startswith(("{", "["))):
+        return "it looks like a CSV table (comma-separated text)"
+    return "it is UTF-8 text but not JSON"
+
+
+class ArtifactError(FixedError, ValueError):
+    """An artifact that is unsigned, malformed, tampered with, or signed by another key (its
+    ``fix``, when set, is the advice the CLI prints after it)."""
 
 
 # --------------------------------------------------------------------------- canonical JSON
@@ -213,7 +236,7 @@ def artifact_digest(path: str | Path) -> str:
     try:
         return "sha256:" + sha256_hex(Path(path).read_bytes())
     except OSError as exc:
-        raise ArtifactError(f"cannot read artifact {path}: {exc.strerror}") from None
+        raise ArtifactError(f"cannot read artifact {path}: {exc.strerror}", fix=ARTIFACT_PATH_FIX) from None
 
 
 # --------------------------------------------------------------------------- reading
@@ -260,11 +283,12 @@ def read_artifact(
     try:
         data = p.read_bytes()
     except OSError as exc:
-        raise ArtifactError(f"cannot read artifact {p}: {exc.strerror}") from None
+        raise ArtifactError(f"cannot read artifact {p}: {exc.strerror}", fix=ARTIFACT_PATH_FIX) from None
     try:
         env = json.loads(data.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
-        raise ArtifactError(f"malformed artifact {p.name}: not UTF-8 JSON") from None
+        raise ArtifactError(f"{p.name} is not a release artifact: {_looks_like(p, data)}, not the signed JSON "
+                            "envelope `dpsummary release` writes", fix=ARTIFACT_PATH_FIX) from None
     if not isinstance(env, dict) or set(env) != {"payload", "payloadType", "signatures"}:
         raise ArtifactError(f"malformed artifact {p.name}: not a DSSE envelope")
     try:
@@ -313,7 +337,9 @@ def read_artifact(
     if public_key is None and not allow_unsigned:
         public_key = _default_public_key()
         if public_key is None:
-            raise ArtifactError(f"artifact {p.name}: no public key given to verify it")
+            raise ArtifactError(f"artifact {p.name}: no public key given to verify it",
+                                fix="pass the curator's public key (.pub) with --key (or --allow-unsigned to read it "
+                                "unverified)")
     if public_key is not None:
         kid = _keys.key_id(public_key)
         message = pae(PAYLOAD_TYPE, payload)
@@ -328,7 +354,8 @@ def read_artifact(
         if verified_keyid is None and not allow_unsigned:
             if not sigs:
                 raise ArtifactError(f"artifact {p.name} is unsigned")
-            raise ArtifactError(f"artifact {p.name}: not signed by key {kid}")
+            raise ArtifactError(f"artifact {p.name}: not signed by key {kid}",
+                                fix="pass the public key (.pub) of the curator who signed it with --key")
     info = {
         "verified": verified_keyid is not None,
         "keyid": verified_keyid,

@@ -14,11 +14,14 @@ import io
 import unicodedata
 from pathlib import Path
 
+from .errors import DATA_NOT_FOUND_FIX, NOT_A_FILE_FIX, FixedError
+
 __all__ = ["MAX_HEADER_BYTES", "DataError", "normalise_text", "read_header"]
 
 
-class DataError(ValueError):
-    """A problem with the input data or schema, phrased for the user in one line."""
+class DataError(FixedError, ValueError):
+    """A problem with the input data or schema, phrased for the user in one line (its ``fix``,
+    when set, is the advice the CLI prints after it)."""
 
 
 #: Bytes of the first line read by the public header check (a header longer than this is refused).
@@ -45,9 +48,9 @@ def read_header(path: str | Path) -> list[str]:
     row is read: a header without rows passes (the release decides on noisy counts)."""
     p = Path(path)
     if not p.exists():
-        raise DataError(f"data file not found: {p}")
+        raise DataError(f"data file not found: {p}", fix=DATA_NOT_FOUND_FIX)
     if not p.is_file():
-        raise DataError(f"not a file: {p}")
+        raise DataError(f"not a file: {p}", fix=NOT_A_FILE_FIX)
     if _is_parquet(p):
         try:
             import pyarrow.parquet as pq

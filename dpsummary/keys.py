@@ -26,6 +26,8 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
+from .errors import FixedError
+
 DEFAULT_KEY_NAME = "dpsummary"
 KEYID_BYTES = 16
 
@@ -49,8 +51,9 @@ __all__ = [
 ]
 
 
-class KeyFileError(ValueError):
-    """A key or secret file that is missing, unreadable, malformed or of the wrong type."""
+class KeyFileError(FixedError, ValueError):
+    """A key or secret file that is missing, unreadable, malformed or of the wrong type (its
+    ``fix``, when set, is the advice the CLI prints after it)."""
 
 
 @dataclass(frozen=True)
@@ -145,11 +148,19 @@ def generate_keypair(directory: str | Path, name: str = DEFAULT_KEY_NAME) -> Key
     return KeyInfo(key_id(key), priv_path, pub_path)
 
 
+#: The fix of a key file that is not there, by what it is.
+_KEY_NOT_FOUND_FIXES = {
+    "private key": "pass an existing private key with --key (from `dpsummary keygen`), or omit --key to use the "
+                   "default key in the dpsummary home's keys/ (created on first use)",
+    "public key": "pass the curator's public key file (.pub) with --key",
+}
+
+
 def _read(path: str | Path, what: str) -> bytes:
     try:
         return Path(path).read_bytes()
     except FileNotFoundError:
-        raise KeyFileError(f"{what} file not found: {path}") from None
+        raise KeyFileError(f"{what} file not found: {path}", fix=_KEY_NOT_FOUND_FIXES.get(what)) from None
     except OSError as exc:
         raise KeyFileError(f"cannot read {what} file {path}: {exc.strerror}") from None
 

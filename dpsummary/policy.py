@@ -21,6 +21,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
+from .errors import FixedError
+
 __all__ = [
     "BudgetSplit",
     "DataQuality",
@@ -35,8 +37,9 @@ __all__ = [
 ]
 
 
-class PolicyError(ValueError):
-    """A policy that cannot be loaded or that forbids the requested release (one line)."""
+class PolicyError(FixedError, ValueError):
+    """A policy that cannot be loaded or that forbids the requested release (one line; its
+    ``fix``, when set, is the advice the CLI prints after it)."""
 
 
 #: Largest n_max a policy may set (see ``Policy.n_max``).
@@ -168,7 +171,7 @@ class Policy(BaseModel):
             try:
                 self._schema = Schema.model_validate(self.schema_spec)
             except ValidationError as exc:
-                raise ValueError(f"schema: {_first_error(exc)}") from None
+                raise _SchemaError(f"schema: {_first_error(exc)}", columns=_in_columns(exc)) from None
         return self
 
     # ------------------------------------------------------------------ derived, public facts
@@ -225,6 +228,33 @@ class Policy(BaseModel):
         }
 
 
+class _SchemaError(ValueError):
+    """The policy's schema is invalid; ``columns`` when its first error is in a column block (the
+    fix is then to fill that block in)."""
+
+    def __init__(self, message: str, *, columns: bool) -> None:
+        super().__init__(message)
+        self.columns = columns
+
+
+def _in_columns(exc: ValidationError) -> bool:
+    errs = exc.errors()
+    return bool(errs) and tuple(errs[0].get("loc", ()))[:1] == ("columns",)
+
+
+#: The fix of an invalid [[schema.columns]] block.
+SCHEMA_COLUMNS_FIX = ("fill in each [[schema.columns]] block of the policy (a kind, and bounds or categories, from "
+                      "public knowledge; `dpsummary policy init DATA` writes the skeleton)")
+
+
+def _fix_of(exc: ValidationError) -> str | None:
+    """The fix of a policy that fails validation, read from the error's structure (never its text):
+    a schema column block that is incomplete or wrong."""
+    errs = exc.errors()
+    cause = (errs[0].get("ctx") or {}).get("error") if errs else None
+    return SCHEMA_COLUMNS_FIX if isinstance(cause, _SchemaError) and cause.columns else None
+
+
 def _first_error(exc: ValidationError) -> str:
     errs = exc.errors()
     if not errs:
@@ -245,7 +275,7 @@ def parse_policy(data: dict[str, Any], *, base_dir: Path | None = None, name: st
     try:
         pol = Policy.model_validate(data)
     except ValidationError as exc:
-        raise PolicyError(f"invalid policy {name}: {_first_error(exc)}") from None
+        raise PolicyError(f"invalid policy {name}: {_first_error(exc)}", fix=_fix_of(exc)) from None
     pol._base_dir = base_dir
     return pol
 
@@ -256,7 +286,8 @@ def load_policy(path: str | Path) -> Policy:
     try:
         text = p.read_bytes().decode("utf-8")
     except FileNotFoundError:
-        raise PolicyError(f"policy file not found: {p}") from None
+        raise PolicyError(f"policy file not found: {p}", fix="pass an existing policy TOML with --policy "
+                          "(`dpsummary policy init DATA` writes one)") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise PolicyError(f"cannot read policy {p}: {exc}") from None
     try:

@@ -55,9 +55,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from . import __version__
-from .errors import ChargedRefusal, PolicyRefusal, ReleaseError
+from .errors import DATA_NOT_FOUND_FIX, NOT_A_FILE_FIX, ChargedRefusal, PolicyRefusal, ReleaseError
 from .mechanisms import REGISTRY
 from .mechanisms.base import (
+    NON_FINITE_FIT_FIX,
     NON_FINITE_FIT_MESSAGE,
     CheckpointFn,
     Mechanism,
@@ -142,53 +143,76 @@ def default_out(req: ReleaseRequest) -> Path:
     return req.out or req.data.with_name(req.data.stem + ".dpsummary.json")
 
 
+#: The fix of a charged refusal of the DP schema estimate that names none of its own.
+SCHEMA_ESTIMATE_FIX = ("declare the schema in the policy instead of estimating it (`dpsummary policy init DATA` "
+                       "writes a skeleton from the header)")
+#: Header columns named in the fix of an unknown ``--target`` (a wide header is cut there).
+TARGET_COLUMNS_SHOWN = 30
+
+
+def unknown_target(target: str, header: list[str]) -> ReleaseError:
+    """The refusal of a ``--target`` that is not a column of the header (public): its fix names
+    the closest column (difflib) and lists the header's columns, which are public."""
+    import difflib
+
+    close = difflib.get_close_matches(target, header, n=1)
+    shown = ", ".join(header[:TARGET_COLUMNS_SHOWN])
+    more = f", ... ({len(header) - TARGET_COLUMNS_SHOWN} more)" if len(header) > TARGET_COLUMNS_SHOWN else ""
+    hint = f"did you mean --target {close[0]}? " if close else ""
+    return ReleaseError(f"target column {target!r} is not in the data's header",
+                        fix=f"{hint}pass one of the header's columns: {shown}{more}")
+
+
 def _check_request(req: ReleaseRequest) -> None:
     """Public checks of the options, of the file's existence and of the output path (no record
     is read, nothing heavy is imported): an existing artifact is refused unless ``force``."""
     if not (isinstance(req.epsilon, float | int) and math.isfinite(req.epsilon) and req.epsilon > 0):
-        raise ReleaseError("--epsilon must be a positive, finite number")
+        raise ReleaseError("--epsilon must be a positive, finite number", fix="pass e.g. --epsilon 1")
     if req.delta is not None and not (0 < req.delta < 1):
-        raise ReleaseError("--delta must lie in (0, 1)")
+        raise ReleaseError("--delta must lie in (0, 1)", fix="pass e.g. --delta 1e-6, or leave --delta out for the policy's")
     if req.size < 1:
-        raise ReleaseError("--size must be at least 1")
+        raise ReleaseError("--size must be at least 1", fix="pass --size 1 or more")
     if req.steps < 1:
-        raise ReleaseError("--steps must be at least 1")
+        raise ReleaseError("--steps must be at least 1", fix="pass --steps 1 or more")
     if req.num_samples < 2:
-        raise ReleaseError("--num-samples must be at least 2")
+        raise ReleaseError("--num-samples must be at least 2", fix="pass --num-samples 2 or more")
     if req.sample_rate is not None and not (0 < req.sample_rate <= 1):
-        raise ReleaseError("--sample-rate must lie in (0, 1]")
+        raise ReleaseError("--sample-rate must lie in (0, 1]", fix="pass e.g. --sample-rate 0.01, or leave it out")
     if req.mechanism not in REGISTRY:
-        raise ReleaseError(f"--mechanism must be one of {', '.join(REGISTRY)}")
+        raise ReleaseError(f"unknown --mechanism {req.mechanism}",
+                           fix=f"choose one of {', '.join(REGISTRY)}, or leave --mechanism out")
     if req.positive_class is not None:
         if not req.positive_class or req.positive_class != req.positive_class.strip():
-            raise ReleaseError("--positive-class must be a non-empty value without surrounding whitespace")
+            raise ReleaseError("--positive-class must be a non-empty value without surrounding whitespace",
+                               fix="pass the class exactly as it is written in the data")
         if req.model not in (None, *BINARY_MODELS):
-            raise ReleaseError(f"--positive-class needs a binary target, so --model "
-                               f"{' or '.join(BINARY_MODELS)} (or leave --model out); --model {req.model} "
-                               "takes another target")
+            raise ReleaseError(f"--positive-class needs a binary target, and --model {req.model} takes another "
+                               "target", fix=f"pass --model {' or '.join(BINARY_MODELS)} (or leave --model out), or "
+                               "drop --positive-class")
     if not req.data.exists():
-        raise ReleaseError(f"data file not found: {req.data}")
+        raise ReleaseError(f"data file not found: {req.data}", fix=DATA_NOT_FOUND_FIX)
     if req.engine not in ("local", "spark"):
-        raise ReleaseError("--engine must be local or spark")
+        raise ReleaseError(f"unknown --engine {req.engine}", fix="pass --engine local or --engine spark")
     if not (req.data.is_file() or (req.engine == "spark" and req.data.is_dir())):
-        raise ReleaseError(f"not a file: {req.data}")
+        raise ReleaseError(f"not a file: {req.data}", fix=NOT_A_FILE_FIX)
     out = default_out(req)
     if out.resolve() == req.data.resolve():
-        raise ReleaseError(f"--out {out} is the data file itself; choose another --out")
+        raise ReleaseError(f"--out {out} is the data file itself", fix="choose another --out")
     if out.is_dir():
-        raise ReleaseError(f"--out {out} is a directory; give a file path")
+        raise ReleaseError(f"--out {out} is a directory", fix="give a file path")
     if out.exists() and not req.force:
-        raise ReleaseError(f"{out} already exists (a published artifact is never replaced silently); "
-                           "pass --force to replace it, or --out to write elsewhere")
+        raise ReleaseError(f"{out} already exists (a published artifact is never replaced silently)",
+                           fix="pass --force to replace it, or --out to write elsewhere")
     # Where the artifact goes is a public fact: refuse here, before the budget is charged, rather
     # than after the mechanism ran (the default path sits beside the data, which may be a
     # read-only shared directory).
     folder = out.resolve().parent
     if not folder.is_dir():
-        raise ReleaseError(f"--out {out}: the folder {folder} does not exist; create it or choose another --out")
+        raise ReleaseError(f"--out {out}: the folder {folder} does not exist",
+                           fix="create it or choose another --out")
     if not os.access(folder, os.W_OK | os.X_OK):
-        raise ReleaseError(f"cannot write the artifact into {folder} (not writable); pass --out with a writable "
-                           "path")
+        raise ReleaseError(f"cannot write the artifact into {folder} (not writable)",
+                           fix="pass --out with a writable path")
 
 
 # =============================================================================================
@@ -292,7 +316,7 @@ def plan_public(req: ReleaseRequest, say: NoticeFn) -> PublicPlan:
         # the model registry, hence torch): a target absent from the file is refused either way.
         header = read_header(req.data)
         if req.target is not None and req.target not in header:
-            raise ReleaseError(f"target column {req.target!r} is not in the data's header")
+            raise unknown_target(req.target, header)
     from . import keys
     from . import policy as pmod
 
@@ -304,16 +328,14 @@ def plan_public(req: ReleaseRequest, say: NoticeFn) -> PublicPlan:
         # One rule: the accountant that calibrates the noise is the one the ledger charges and the
         # per-release cap is checked under (the policy's accountant of record).
         raise PolicyRefusal(
-            f"--calibrate-to {req.calibrate_to} differs from the policy's accountant of record "
-            f"{pol.accountant}; set accountant = \"{req.calibrate_to}\" in the policy instead"
-        )
+            f"--calibrate-to {req.calibrate_to} differs from the policy's accountant of record {pol.accountant}",
+            fix=f"set accountant = \"{req.calibrate_to}\" in the policy instead")
     accountant: Accountant = pol.accountant
     delta_total = pol.resolve_delta(req.delta)
     if req.epsilon > pol.max_epsilon_per_release:
         raise PolicyRefusal(
-            f"epsilon {req.epsilon:g} exceeds the policy's per-release cap {pol.max_epsilon_per_release:g}; "
-            "lower --epsilon or raise max_epsilon_per_release in the policy"
-        )
+            f"epsilon {req.epsilon:g} exceeds the policy's per-release cap {pol.max_epsilon_per_release:g}",
+            fix="lower --epsilon or raise max_epsilon_per_release in the policy")
     source_id = pol.source_id or pmod.source_id_from_path(req.data)
     if pol.source_id is None:
         say(f"budget attaches to data source {source_id!r} (derived from the file name; "
@@ -328,16 +350,17 @@ def plan_public(req: ReleaseRequest, say: NoticeFn) -> PublicPlan:
         header = public_header(req.data, pol)  # public checks of --engine spark (metadata only)
     schema_public = pol.data_schema is not None
     if schema_public and req.positive_class is not None:
-        raise ReleaseError("--positive-class is for a release without a public schema; the policy declares one, "
-                           "so name the class there: positive = \"...\" on its target column")
+        raise ReleaseError("--positive-class is for a release without a public schema; the policy declares one",
+                           fix="name the class there: positive = \"...\" on its target column")
     if schema_public:
         missing = [c.name for c in pol.data_schema.columns if c.name not in header]
         if missing:
-            raise ReleaseError(f"the data has no column {missing[0]!r} named in the policy's schema; "
-                               "fix the header or the policy's schema")
+            raise ReleaseError(f"the data has no column {missing[0]!r} named in the policy's schema",
+                               fix="fix the header or the policy's schema (`dpsummary policy init DATA` writes a "
+                               "schema skeleton from the header)")
         mechanism.check_public(req, pol.data_schema)
     elif req.target is not None and req.target not in header:
-        raise ReleaseError(f"target column {req.target!r} is not in the data's header")
+        raise unknown_target(req.target, header)
 
     # Every public refusal above is decided; the accountants (dp_accounting, scipy) load here.
     from . import accounting as acc
@@ -370,8 +393,8 @@ def plan_public(req: ReleaseRequest, say: NoticeFn) -> PublicPlan:
         # Public facts only (epsilon, the policy's split and delta): refused before any charge.
         raise PolicyRefusal(
             f"--epsilon {req.epsilon:g} is too small for the policy at delta {delta:.3g}: the {accountant} "
-            f"accountant cannot certify it ({exc}); raise --epsilon, or raise the policy's delta (a smaller n_max)"
-        ) from exc
+            f"accountant cannot certify it ({exc})",
+            fix="raise --epsilon, or raise the policy's delta (a smaller n_max)") from exc
     release_id = secrets.token_hex(8)
     # No hash of the input file anywhere (issue 24): the ledger binds the release to its
     # artifact's digest (commit entry), post-processing of released values.
@@ -429,7 +452,8 @@ def run_stage1(public: PublicPlan, source: Any) -> Released:
                                          count_target=public.req.model == "poisson",
                                          public_target=public_target_spec(public))
         except DataError as exc:
-            raise ChargedRefusal(str(exc)) from None
+            # The DP schema estimate refused (decided on noisy counts); a public schema avoids it.
+            raise ChargedRefusal(exc.problem, fix=exc.fix or SCHEMA_ESTIMATE_FIX) from None
         schema = est.schema
         notes.extend(est.notes)
     if pol.record_count_public:
@@ -574,9 +598,8 @@ def run_stage2(
         if share > rules.max_dropped_fraction and excess > QUALITY_REFUSAL_SDS:
             raise ChargedRefusal(
                 f"about {100 * share:.0f}% of the records are unusable under the policy's data_quality rules "
-                f"(more than max_dropped_fraction {rules.max_dropped_fraction:g} by {excess:.1f} noise sds); "
-                "fix the data or the rules"
-            )
+                f"(more than max_dropped_fraction {rules.max_dropped_fraction:g} by {excess:.1f} noise sds)",
+                fix="fix the data or the rules")
         # The mechanism's record count: records read minus records dropped (both noisy).
         record_count = max(released.record_count - max(quality.noisy["dropped"], 0.0), 1.0)
         notes.append("data quality: noisy counts of the records each public rule touched are in the artifact")
@@ -656,7 +679,7 @@ def write_release(public: PublicPlan, released: Released, plan: MechanismPlan, o
     if not all_finite(body) or not all_finite(claim):
         # Post-processing must be total (DEVELOPERS.md): a non-finite number in any summary is
         # decided on DP outputs and public values only, so it is a charged refusal, never a crash.
-        raise ChargedRefusal(NON_FINITE_FIT_MESSAGE)
+        raise ChargedRefusal(NON_FINITE_FIT_MESSAGE, fix=NON_FINITE_FIT_FIX)
     return write_artifact(public.out, body, claim, public.ledger.private_key, public.key_info.keyid)
 
 
@@ -672,12 +695,12 @@ def resolve_mechanism(req: ReleaseRequest) -> ReleaseRequest:
     mech = req.mechanism
     if own is not None:
         if mech is not None and mech != own:
-            raise ReleaseError(f"--mechanism {mech} does not run --model {req.model}; "
-                               f"--model {req.model} uses {own} (leave --mechanism out)")
+            raise ReleaseError(f"--mechanism {mech} does not run --model {req.model}; --model {req.model} uses {own}",
+                               fix="leave --mechanism out")
         mech = own
     elif mech is not None and mech in REGISTRY and REGISTRY[mech].models:
         models = ", ".join(sorted(REGISTRY[mech].models))
-        raise ReleaseError(f"--mechanism {mech} is only for --model {models}; leave --mechanism out")
+        raise ReleaseError(f"--mechanism {mech} is only for --model {models}", fix="leave --mechanism out")
     elif mech is None:
         mech = next(m.name for m in REGISTRY.values() if not m.models)
     for other in REGISTRY.values():
@@ -685,5 +708,6 @@ def resolve_mechanism(req: ReleaseRequest) -> ReleaseRequest:
             if other.name != mech and getattr(req, option) is not None:
                 needs = (" or ".join(f"--model {m}" for m in sorted(other.models)) if other.models
                          else f"--mechanism {other.name}")
-                raise ReleaseError(f"--{option.replace('_', '-')} needs {needs}")
+                raise ReleaseError(f"--{option.replace('_', '-')} needs {needs}",
+                                   fix=f"pass {needs}, or leave --{option.replace('_', '-')} out")
     return req if mech == req.mechanism else dataclasses.replace(req, mechanism=mech)

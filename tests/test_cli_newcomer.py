@@ -277,3 +277,112 @@ def test_readme_development_command_is_the_one_ci_runs() -> None:
     check = (ROOT / ".ci" / "check").read_text()
     assert "ruff check dpsummary tests benchmarks examples" in check
     assert "mypy dpsummary" in check and "python -m pytest" in check
+
+
+# ---- issue 49, what a newcomer tripped on -------------------------------------------------------
+def _income_csv(path: Path, n: int = 400) -> Path:
+    """A small table whose header a newcomer would misspell: age, income, label."""
+    import numpy as np
+
+    rng = np.random.default_rng(49)
+    age = rng.integers(18, 90, n)
+    income = rng.uniform(0, 100, n)
+    label = np.where(rng.random(n) < 1 / (1 + np.exp(-(income - 50) / 20)), "yes", "no")
+    path.write_text("age,income,label\n" + "".join(f"{a},{i:.2f},{y}\n" for a, i, y in zip(age, income, label,
+                                                                                           strict=True)))
+    return path
+
+
+def test_policy_init_writes_into_the_working_directory_and_says_where(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Not into the data's folder (which may be read-only or shared): into the directory the
+    command runs in, named after the data, and the line says the full path."""
+    (tmp_path / "data").mkdir()
+    work = tmp_path / "work"
+    work.mkdir()
+    data = _write_csv(tmp_path / "data" / "d.csv", 30)
+    monkeypatch.chdir(work)
+    res = runner.invoke(app, ["policy", "init", str(data)], env=WIDE)
+    assert res.exit_code == 0, res.output
+    written = work / "d.policy.toml"
+    assert written.is_file() and not (tmp_path / "data" / "d.policy.toml").exists()
+    assert f"wrote {written.resolve()} (in the current directory" in " ".join(res.output.split())
+    # --out still wins, and the line then names that path without the working-directory note.
+    res = runner.invoke(app, ["policy", "init", str(data), "--out", str(tmp_path / "p.toml")], env=WIDE)
+    assert res.exit_code == 0 and (tmp_path / "p.toml").is_file()
+    assert "current directory" not in res.output
+
+
+def test_a_misspelt_target_lists_the_header_and_the_closest_column(tmp_path: Path, home: Path) -> None:
+    data = _income_csv(tmp_path / "people.csv")
+    for args in (["release", str(data), "--epsilon", "0.5", "--target", "incme"],
+                 ["policy", "init", str(data), "--target", "incme", "--out", str(tmp_path / "p.toml")]):
+        res = runner.invoke(app, args, env=WIDE)
+        lines = [x for x in res.output.splitlines() if x.startswith("error:")]
+        assert res.exit_code == 2 and len(lines) == 1, (args, res.output)
+        assert "did you mean --target income?" in lines[0] and "age, income, label" in lines[0], lines[0]
+    # Nothing close: the columns alone.
+    res = runner.invoke(app, ["release", str(data), "--epsilon", "0.5", "--target", "zzz"], env=WIDE)
+    assert res.exit_code == 2 and "did you mean" not in res.output and "age, income, label" in res.output
+
+
+def test_spark_on_a_csv_names_the_conversion_and_the_conversion_works(
+        tmp_path: Path, home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The refusal gives a pyarrow one-liner; run as printed, it writes the Parquet file the
+    message names, with the CSV's header."""
+    from dpsummary.header import read_header
+    from dpsummary.spark import session
+
+    # The CSV check needs neither pyspark nor Java: the same refusal on a machine without them.
+    monkeypatch.setattr(session, "spark_available", lambda: None)
+    data = _income_csv(tmp_path / "people.csv", 50)
+    pol = _policy(tmp_path / "p.toml", n=None, schema=False)
+    res = runner.invoke(app, ["release", str(data), "--epsilon", "0.5", "--engine", "spark", "--policy", str(pol)],
+                        env=WIDE)
+    line = " ".join(res.output.split())
+    assert res.exit_code == 2 and "--engine spark reads Parquet" in line, res.output
+    command = re.search(r'python -c "([^"]+)"', line)
+    assert command is not None, line
+    parquet = tmp_path / "people.parquet"
+    assert f"then pass {parquet}" in line and "--engine local" in line
+    subprocess.run([sys.executable, "-c", command.group(1)], check=True, cwd=tmp_path)
+    assert read_header(parquet) == ["age", "income", "label"]
+
+
+def test_inspect_on_a_csv_says_it_reads_release_artifacts(tmp_path: Path, home: Path) -> None:
+    data = _income_csv(tmp_path / "people.csv", 20)
+    res = runner.invoke(app, ["inspect", str(data)], env=WIDE)
+    line = " ".join(res.output.split())
+    assert res.exit_code == 2 and "not UTF-8 JSON" not in line, res.output
+    assert "people.csv is not a release artifact: it looks like a CSV table" in line, line
+    assert "pass the path of a release artifact (the .dpsummary.json file `dpsummary release` wrote)" in line
+    # A binary file is told apart from text, and no byte of either is repeated.
+    blob = tmp_path / "blob.bin"
+    blob.write_bytes(bytes(range(256)))
+    res = runner.invoke(app, ["inspect", str(blob)], env=WIDE)
+    assert res.exit_code == 2 and "not UTF-8 text" in res.output, res.output
+
+
+def test_a_symmetric_kl_below_zero_by_rounding_prints_zero(
+        tmp_path: Path, home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The exact pseudocoreset matches its target to rounding, where the divergence can come out
+    a few ulps negative (a release printed "symmetric KL -5.68e-14 nats"): the release says 0 and
+    records 0."""
+    from dpsummary.constructors import gaussian_target
+
+    original = gaussian_target._sym_kl
+
+    def rounded_below_zero(*args: object, **kwargs: object) -> object:
+        return original(*args, **kwargs) * 0.0 - 5.68e-14  # type: ignore[operator]
+
+    monkeypatch.setattr(gaussian_target, "_sym_kl", rounded_below_zero)
+    data = _write_csv(tmp_path / "d.csv", 2000)
+    pol = _policy(tmp_path / "p.toml", n=2000)
+    out = tmp_path / "d.json"
+    res = runner.invoke(app, ["release", str(data), "--epsilon", "1", "--policy", str(pol), "--out", str(out),
+                              "--size", "5", "--seed", "0"], env=WIDE)
+    assert res.exit_code == 0, res.output
+    text = " ".join(res.output.split())
+    assert "symmetric KL 0 nats" in text and "KL -" not in text, res.output
+    shown = runner.invoke(app, ["inspect", str(out), "--json"], env=WIDE)
+    assert shown.exit_code == 0 and "-5.68e-14" not in shown.output

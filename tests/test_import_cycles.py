@@ -16,7 +16,8 @@ Every module under ``dpsummary/`` is parsed with :mod:`ast` (nothing is imported
   signature that names a module is a dependency all the same (issue 37: the mechanism interface
   named the pipeline's records only for type checking, and tied 11 files into one circle):
   :func:`test_no_import_cycles_through_type_only_imports` fails on any cycle of all three kinds
-  together that is not in :data:`KNOWN_TYPE_ONLY_CYCLES` (a ratchet like the deferred one).
+  together, with no allowance (issue 49 removed the last one, private/mechanism.py <->
+  private/score_stats.py, by moving the protocol they shared to private/randomness.py).
 
 The layering issue 37 asks for is checked directly too: the records a mechanism receives live in
 ``dpsummary/plan.py``, below both the pipeline (``dpsummary/release.py``) and
@@ -41,16 +42,20 @@ PACKAGE_DIR = Path(__file__).resolve().parents[1] / "dpsummary"
 PACKAGE = PACKAGE_DIR.name
 
 
-def _module_name(path: Path) -> str:
-    parts = list(path.relative_to(PACKAGE_DIR.parent).with_suffix("").parts)
+def _module_name(path: Path, package_dir: Path = PACKAGE_DIR) -> str:
+    parts = list(path.relative_to(package_dir.parent).with_suffix("").parts)
     if parts[-1] == "__init__":
         parts.pop()
     return ".".join(parts)
 
 
+def _modules_in(package_dir: Path) -> dict[str, Path]:
+    return {_module_name(p, package_dir): p for p in sorted(package_dir.rglob("*.py"))}
+
+
 @cache
 def _modules() -> dict[str, Path]:
-    return {_module_name(p): p for p in sorted(PACKAGE_DIR.rglob("*.py"))}
+    return _modules_in(PACKAGE_DIR)
 
 
 def _is_type_checking(test: ast.expr) -> bool:
@@ -80,8 +85,9 @@ def _imports(tree: ast.AST) -> Iterator[tuple[ast.Import | ast.ImportFrom, str]]
 
 def _targets(module: str, node: ast.Import | ast.ImportFrom, known: dict[str, Path]) -> list[str]:
     """The dpsummary modules an import statement in ``module`` loads."""
+    package = module.split(".")[0]
     if isinstance(node, ast.Import):
-        return [a.name for a in node.names if a.name.split(".")[0] == PACKAGE and a.name in known]
+        return [a.name for a in node.names if a.name.split(".")[0] == package and a.name in known]
     is_package = known[module].name == "__init__.py"
     if node.level:
         base = module.split(".")
@@ -89,7 +95,7 @@ def _targets(module: str, node: ast.Import | ast.ImportFrom, known: dict[str, Pa
         source = ".".join(base + ([node.module] if node.module else []))
     else:
         source = node.module or ""
-    if source.split(".")[0] != PACKAGE:
+    if source.split(".")[0] != package:
         return []
     out = []
     for alias in node.names:
@@ -101,10 +107,8 @@ def _targets(module: str, node: ast.Import | ast.ImportFrom, known: dict[str, Pa
     return out
 
 
-@cache
-def _edges() -> dict[tuple[str, str], set[str]]:
-    """``(importer, imported) -> kinds`` over every dpsummary module."""
-    known = _modules()
+def _edges_in(known: dict[str, Path]) -> dict[tuple[str, str], set[str]]:
+    """``(importer, imported) -> kinds`` over the modules ``known``."""
     edges: dict[tuple[str, str], set[str]] = {}
     for name, path in known.items():
         tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
@@ -115,9 +119,16 @@ def _edges() -> dict[tuple[str, str], set[str]]:
     return edges
 
 
-def _graph(kinds: set[str]) -> dict[str, set[str]]:
-    graph: dict[str, set[str]] = {m: set() for m in _modules()}
-    for (a, b), ks in _edges().items():
+@cache
+def _edges() -> dict[tuple[str, str], set[str]]:
+    """``(importer, imported) -> kinds`` over every dpsummary module."""
+    return _edges_in(_modules())
+
+
+def _graph(kinds: set[str], edges: dict[tuple[str, str], set[str]] | None = None,
+           modules: dict[str, Path] | None = None) -> dict[str, set[str]]:
+    graph: dict[str, set[str]] = {m: set() for m in (_modules() if modules is None else modules)}
+    for (a, b), ks in (_edges() if edges is None else edges).items():
         if ks & kinds:
             graph[a].add(b)
     return graph
@@ -204,14 +215,6 @@ def _describe(found: list[list[str]]) -> str:
 #: a new cycle fails, and so does an entry here once its cycle is gone (delete the entry).
 KNOWN_DEFERRED_CYCLES: dict[frozenset[str], str] = {}
 
-#: Cycles that close only through ``if TYPE_CHECKING:`` imports, each with why it is still there
-#: (a ratchet, as :data:`KNOWN_DEFERRED_CYCLES`).
-KNOWN_TYPE_ONLY_CYCLES: dict[frozenset[str], str] = {
-    frozenset({"dpsummary.private.mechanism", "dpsummary.private.score_stats"}):
-        "mechanism.py's PrivateRecords returns score_stats' NoisyStatistics and score_stats takes "
-        "mechanism's PrivacyRandomness; both inside the privacy boundary, which another issue owns",
-}
-
 #: The pipeline, the package of mechanisms and the records between them (issue 37).
 PIPELINE = f"{PACKAGE}.release"
 MECHANISMS = f"{PACKAGE}.mechanisms"
@@ -235,16 +238,36 @@ def test_no_import_cycles_through_deferred_imports() -> None:
 
 
 def test_no_import_cycles_through_type_only_imports() -> None:
-    """Cycles that need a ``TYPE_CHECKING`` import to close are found too: the 11-file circle
-    dpsummary/mechanisms/base.py -> (type-only) dpsummary/release.py -> dpsummary/mechanisms/
-    that issue 37 names would fail here."""
+    """Cycles that need a ``TYPE_CHECKING`` import to close fail too, anywhere in dpsummary/ and
+    with no allowance (issue 49): the 11-file circle dpsummary/mechanisms/base.py -> (type-only)
+    dpsummary/release.py -> dpsummary/mechanisms/ that issue 37 names, or private/mechanism.py
+    <-> private/score_stats.py that issue 49 removed, would fail here. Two modules that need each
+    other's types put the shared type in a module below both (private/randomness.py)."""
     graph = _graph({"module", "deferred", "typing"})
     comps = {frozenset(c): c for c in _strongly_connected(graph)}
-    known = KNOWN_DEFERRED_CYCLES | KNOWN_TYPE_ONLY_CYCLES
-    new = [_a_cycle(c, graph) for k, c in comps.items() if k not in known]
+    new = [_a_cycle(c, graph) for k, c in comps.items() if k not in KNOWN_DEFERRED_CYCLES]
     assert not new, f"import cycles among dpsummary modules (type-only imports included): {_describe(new)}"
-    gone = [sorted(k) for k in KNOWN_TYPE_ONLY_CYCLES if k not in comps]
-    assert not gone, f"these cycles are gone: delete them from KNOWN_TYPE_ONLY_CYCLES: {gone}"
+
+
+def test_a_planted_type_only_cycle_is_found(tmp_path: Path) -> None:
+    """The whole path (files parsed, edges kinded, components found) on a planted package: two
+    modules that import each other only under ``if TYPE_CHECKING:`` (as private/mechanism.py and
+    private/score_stats.py did) form a type-only cycle and nothing else; the same package with
+    the shared type moved below both has none."""
+    pkg = tmp_path / "planted"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .b import B\n")
+    (pkg / "b.py").write_text("import typing\nif typing.TYPE_CHECKING:\n    from planted.a import A\n")
+    modules = _modules_in(pkg)
+    edges = _edges_in(modules)
+    assert edges == {("planted.a", "planted.b"): {"typing"}, ("planted.b", "planted.a"): {"typing"}}
+    assert _strongly_connected(_graph({"module", "deferred"}, edges, modules)) == []
+    assert _strongly_connected(_graph({"module", "deferred", "typing"}, edges, modules)) == [["planted.a", "planted.b"]]
+    (pkg / "b.py").write_text("import typing\nif typing.TYPE_CHECKING:\n    from planted.types import A\n")
+    (pkg / "types.py").write_text("class A: ...\n")
+    modules = _modules_in(pkg)
+    assert _strongly_connected(_graph({"module", "deferred", "typing"}, _edges_in(modules), modules)) == []
 
 
 def _in(module: str, package: str) -> bool:

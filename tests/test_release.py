@@ -537,7 +537,7 @@ def test_zero_config_poisson_reads_a_thin_count_grid_as_the_public_count_range(t
     [
         (["--positive-class", "yes", "--model", "poisson"], "--positive-class needs a binary target"),
         (["--positive-class", " yes"], "without surrounding whitespace"),
-        (["--positive-class", "yes", "--policy", "SCHEMA"], "declares one, so name the class there"),
+        (["--positive-class", "yes", "--policy", "SCHEMA"], "declares one; name the class there"),
     ],
 )
 def test_positive_class_public_refusals(tmp_path: Path, home: Path, args: list[str], message: str) -> None:

@@ -91,41 +91,28 @@ def user_facing_errors() -> tuple[type[BaseException], ...]:
 _POLICY_ERRORS = (("dpsummary.policy", "PolicyError"), ("dpsummary.ledger", "BudgetExceeded"))
 
 
-#: The fix to name after a refusal whose message (raised below the command line) names none:
-#: ``(message prefix or fragment, text appended)``. The first match wins; a message that already
-#: names its fix matches none. Matching the public message text keeps every refusal's wording
-#: where it is raised and the advice in one place (docs/REFUSALS.md lists both).
-_FIXES: tuple[tuple[str, str], ...] = (
-    ("data file not found: ", "; pass an existing CSV or Parquet file as DATA (check the path)"),
-    ("not a file: ", "; DATA must be a CSV or Parquet file (a directory of Parquet files only with --engine spark)"),
-    ("private key file not found: ", "; pass an existing private key with --key (from `dpsummary keygen`), or omit "
-                                     "--key to use the default key in the dpsummary home's keys/ (created on first use)"),
-    ("public key file not found: ", "; pass the curator's public key file (.pub) with --key"),
-    ("cannot read artifact ", "; pass the path of a release artifact (the .dpsummary.json file `dpsummary release` wrote)"),
-    ("not signed by key ", "; pass the public key (.pub) of the curator who signed it with --key"),
-    ("no public key given to verify it", "; pass the curator's public key (.pub) with --key (or --allow-unsigned to "
-                                         "read it unverified)"),
-    ("policy file not found: ", "; pass an existing policy TOML with --policy (`dpsummary policy init DATA` writes one)"),
-    ("schema: columns.", "; fill in each [[schema.columns]] block of the policy (a kind, and bounds or categories, "
-                         "from public knowledge; `dpsummary policy init DATA` writes the skeleton)"),
-    ("named in the policy's schema", " (`dpsummary policy init DATA` writes a schema skeleton from the header)"),
-    ("schema public in the policy", " (`dpsummary policy init DATA` writes a policy skeleton with the schema)"),
-    ("or fix the schema", " (`dpsummary policy init DATA` writes a schema skeleton)"),
-)
+def _line(exc: BaseException) -> str:
+    """The one line a user reads: for an error that carries its fix as data
+    (:class:`~dpsummary.errors.FixedError`), its ``problem`` and its ``fix`` from the two fields;
+    for any other, its first line as it is. A fix is never read out of message text (issue 49)."""
+    from ..errors import FixedError
 
-
-def _with_fix(message: str) -> str:
-    """``message`` with the fix of :data:`_FIXES` it lacks appended (unchanged when none applies)."""
-    for fragment, fix in _FIXES:
-        if fragment in message and fix.lstrip("; ") not in message:
-            return message + fix
-    return message
+    if isinstance(exc, FixedError):
+        lines = exc.problem.strip().splitlines()
+        problem = lines[0] if lines else type(exc).__name__
+        return f"{problem}; {exc.fix}" if exc.fix else problem
+    return one_line(exc)
 
 
 def describe(exc: BaseException) -> tuple[int, str]:
     """``(exit code, one-line message)`` for an exception that reached the command line."""
+    from ..errors import Refusal
+
     if not isinstance(exc, user_facing_errors()):
         return EXIT_FAILED, f"error: internal error ({type(exc).__name__}): {one_line(exc)}"
+    if isinstance(exc, Refusal) and not (isinstance(getattr(exc, "fix", None), str) and exc.fix.strip()):
+        # Refusal.__init__ requires a fix; one without (a subclass that skipped it) is a bug.
+        return EXIT_FAILED, f"error: internal error (a refusal without its fix): {one_line(exc)}"
     code = getattr(exc, "code", None)
     if not isinstance(code, int) or isinstance(code, bool):
         code = EXIT_BAD_INPUT
@@ -134,8 +121,8 @@ def describe(exc: BaseException) -> tuple[int, str]:
             if isinstance(t, type) and isinstance(exc, t):
                 code = EXIT_POLICY
     if code == EXIT_CHARGED:
-        return code, f"error: {_with_fix(one_line(exc))} (decided on noisy counts; the reserved budget stays charged)"
-    return code, f"error: {_with_fix(one_line(exc))}"
+        return code, f"error: {_line(exc)} (decided on noisy counts; the reserved budget stays charged)"
+    return code, f"error: {_line(exc)}"
 
 
 #: Exit status after a closed pipe (``dpsummary inspect X | head -1``): 128 + SIGPIPE, what a

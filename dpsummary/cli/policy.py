@@ -132,7 +132,8 @@ def _write_atomic(path: Path, data: bytes) -> None:
 @guarded
 def init(
     data: Annotated[Path, typer.Argument(help="The data file (CSV or Parquet): only its header line is read.")],
-    out: Annotated[Path | None, typer.Option(help="Policy file to write (default: DATA with .policy.toml).")] = None,
+    out: Annotated[Path | None, typer.Option(
+        help="Policy file to write (default: DATA's name with .policy.toml, in the current directory).")] = None,
     target: Annotated[str | None, typer.Option(help="Target column (default: the last column, as `release` does).")] = None,
     no_target: Annotated[bool, typer.Option("--no-target", help="No target column (a Gaussian mean model).")] = False,
     force: Annotated[bool, typer.Option("--force", help="Replace an existing policy file.")] = False,
@@ -149,8 +150,15 @@ def init(
         raise UserError("--target and --no-target exclude each other; pass one")
     chosen = None if no_target else (target if target is not None else header[-1])
     if chosen is not None and chosen not in header:
-        raise UserError(f"--target {chosen!r} is not a column of {data}'s header ({', '.join(header)})")
-    path = out if out is not None else data.with_name(data.name.split(".")[0] + ".policy.toml")
+        import difflib
+
+        close = difflib.get_close_matches(chosen, header, n=1)
+        hint = f"did you mean --target {close[0]}? " if close else ""
+        raise UserError(f"--target {chosen!r} is not a column of {data}'s header; {hint}pass one of: "
+                        f"{', '.join(header)}")
+    # The working directory, not the data's folder: the data may sit in a read-only or shared
+    # place, and a curator expects a new file where they ran the command (issue 49).
+    path = out if out is not None else Path(data.name.split(".")[0] + ".policy.toml")
     if path.is_dir():
         raise UserError(f"--out {path} is a directory; give a file path")
     if path.exists() and not force:
@@ -158,7 +166,8 @@ def init(
     if not path.resolve().parent.is_dir():
         raise UserError(f"--out {path}: the folder {path.resolve().parent} does not exist; create it or choose another --out")
     _write_atomic(path, skeleton(header, data_name=data.name, target=chosen).encode("utf-8"))
-    typer.echo(f"wrote {path}: a policy skeleton with the {len(header)} columns of {data.name}'s header "
-               f"(target {chosen!r}); no record was read")
+    where = "" if out is not None else " (in the current directory; --out writes elsewhere)"
+    typer.echo(f"wrote {path.resolve()}{where}: a policy skeleton with the {len(header)} columns of {data.name}'s "
+               f"header (target {chosen!r}); no record was read")
     typer.echo(f"next: fill in each column's kind and its bounds or categories from public knowledge, then "
                f"`dpsummary release --epsilon 0.5 --policy {path} {data}`")

@@ -70,7 +70,8 @@ def release(
         try:
             widths = tuple(int(w) for w in bnn_widths.split(","))
         except ValueError:
-            raise ReleaseError("--bnn-widths must be comma-separated positive integers, e.g. 32,16") from None
+            raise ReleaseError("--bnn-widths must be comma-separated positive integers",
+                               fix="pass e.g. --bnn-widths 32,16") from None
     req = ReleaseRequest(
         data=data, epsilon=epsilon, delta=delta, model=model, target=target, size=size, steps=steps,
         sample_rate=sample_rate, policy=policy, out=out, seed=seed, ledger=ledger, key=key,
@@ -112,7 +113,8 @@ def _engine_options(engine: str, master: str, conf: list[str] | None) -> dict[st
 
     if engine == "local":
         if conf or master != "local[2]":
-            raise SparkEngineError("--spark-master and --spark-conf need --engine spark")
+            raise SparkEngineError("--spark-master and --spark-conf need --engine spark",
+                                   fix="add --engine spark, or leave them out")
         return {}
     return {"engine": "spark", "spark": SparkOptions(master=master, conf=parse_spark_conf(conf))}
 

@@ -120,6 +120,13 @@ def newton_gaussian(model: Model, points: torch.Tensor, weights: torch.Tensor, a
     return mean, precision
 
 
+def nonnegative_kl(kl: float) -> float:
+    """A symmetric KL as reported: never below 0. The exact construction matches the target to
+    rounding, where the trace terms' difference from ``2 d`` can come out a few ulps negative
+    (a release printed "symmetric KL -5.68e-14 nats", issue 49); a divergence is >= 0."""
+    return max(kl, 0.0)
+
+
 def _sym_kl(m1: torch.Tensor, prec1: torch.Tensor, target_mean: torch.Tensor, target_cov: torch.Tensor,
             target_prec: torch.Tensor) -> torch.Tensor:
     """Symmetric KL between ``N(m1, prec1^-1)`` and the targets, batched over the leading axis."""
@@ -432,7 +439,7 @@ def exact_glm_pseudopoints(model: GLM, target: GaussianPosterior, *, size: int, 
     kl = float(_sym_kl(mean, prec, m, target.cov.detach().to(DTYPE), target_prec))
     if not math.isfinite(kl):
         return None
-    return ExactMatch(points, weights, kl)
+    return ExactMatch(points, weights, nonnegative_kl(kl))
 
 
 def match_gaussian(
@@ -567,5 +574,5 @@ def match_gaussians(
     for i in range(count):
         f, t, lw = problem.as_torch(best[i])
         points = model.project_points(points_of(model, f, t).detach().clone())
-        out.append((points, torch.exp(lw), best_loss[i]))
+        out.append((points, torch.exp(lw), nonnegative_kl(best_loss[i])))
     return out

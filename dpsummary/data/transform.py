@@ -57,9 +57,8 @@ class Transform:
                 continue
             if col.centre is None or col.half_range is None:
                 raise DataError(
-                    f"numeric column {col.name!r} has no public bounds; give lower and upper in "
-                    "the schema (or use Transform.fit for a non-private baseline)"
-                )
+                    f"numeric column {col.name!r} has no public bounds",
+                    fix="give lower and upper in the schema (or use Transform.fit for a non-private baseline)")
             centres[col.name] = col.centre
             scales[col.name] = col.half_range
         return cls(

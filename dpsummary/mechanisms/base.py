@@ -59,10 +59,9 @@ CheckpointFn = Callable[[str], None]
 
 #: The ``non-finite-fit`` refusal (docs/REFUSALS.md): what to change when post-processing of the
 #: DP outputs yields no finite summary.
-NON_FINITE_FIT_MESSAGE = (
-    "the noisy statistics gave no finite summary (the privacy noise overwhelmed them); raise --epsilon, "
-    "or declare tighter public bounds (the target's upper bound) in the policy's schema"
-)
+NON_FINITE_FIT_MESSAGE = "the noisy statistics gave no finite summary (the privacy noise overwhelmed them)"
+NON_FINITE_FIT_FIX = ("raise --epsilon, or declare tighter public bounds (the target's upper bound) in the "
+                      "policy's schema")
 
 
 @dataclass(frozen=True)
@@ -176,9 +175,11 @@ def check_released_count(public: PublicPlan, released: Released, refuse: type[Re
     pol = public.policy
     judged = "public record count" if released.count_is_public else "noisy record count"
     if released.record_count < pol.min_records:
-        raise refuse(f"too few records for the policy's min_records {pol.min_records} (judged on the {judged})")
+        raise refuse(f"too few records for the policy's min_records {pol.min_records} (judged on the {judged})",
+                     fix="release from a larger data set, or lower min_records in the policy")
     if pol.n_max is not None and released.record_count > pol.n_max:
-        raise refuse(f"more records than the policy's public bound n_max (judged on the {judged}); raise n_max")
+        raise refuse(f"more records than the policy's public bound n_max (judged on the {judged})",
+                     fix="raise n_max in the policy")
 
 
 def gaussian_event(sigma: float) -> Any:

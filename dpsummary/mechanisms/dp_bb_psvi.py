@@ -57,17 +57,19 @@ class DpBbPsvi(Mechanism):
 
     def check_public(self, req: ReleaseRequest, schema: Any | None) -> None:
         if req.engine != "local":
-            raise ReleaseError("--model bnn runs on the local engine only; use --engine local")
+            raise ReleaseError("--model bnn runs on the local engine only", fix="use --engine local")
         widths = bnn_widths(req)
         if not (1 <= len(widths) <= BNN_MAX_LAYERS and all(1 <= int(w) <= BNN_MAX_WIDTH for w in widths)):
-            raise ReleaseError(f"--bnn-widths must be 1 to {BNN_MAX_LAYERS} hidden widths, each in 1..{BNN_MAX_WIDTH}")
+            raise ReleaseError(f"--bnn-widths must be 1 to {BNN_MAX_LAYERS} hidden widths, each in 1..{BNN_MAX_WIDTH}",
+                               fix="pass e.g. --bnn-widths 32,16")
         if schema is not None:
             from .. import data as dmod
 
             kind = dmod.target_kind(schema)
             if kind not in BNN_LIKELIHOODS:
-                raise ReleaseError(f"--model bnn needs a binary or real target; the schema's target is {kind}; "
-                                   "choose another --model or fix the schema")
+                raise ReleaseError(f"--model bnn needs a binary or real target; the schema's target is {kind}",
+                                   fix="choose another --model or fix the schema (`dpsummary policy init DATA` "
+                                   "writes a schema skeleton)")
 
     def plan(self, public: PublicPlan, released: Released) -> MechanismPlan:
         """The network (public widths, ReLU, N(0, 1) prior, likelihood from the target kind), the
@@ -85,12 +87,12 @@ class DpBbPsvi(Mechanism):
         pol.check_model("bnn")
         check_released_count(public, released, refuse)
         if kind not in BNN_LIKELIHOODS:
-            raise refuse(f"--model bnn needs a binary or real target; the target is {kind}; choose another --model")
+            raise refuse(f"--model bnn needs a binary or real target; the target is {kind}", fix="choose another --model")
         transform = dmod.Transform.from_schema(schema)
         model = BNN(transform.num_features, widths=bnn_widths(req), likelihood=BNN_LIKELIHOODS[kind],
                     activation="relu")
         if model.point_dim != transform.point_dim:
-            raise refuse("model 'bnn' does not match the data's target; choose another --model")
+            raise refuse("model 'bnn' does not match the data's target", fix="choose another --model")
         q = default_sample_rate(req, released)
         quality_sigma, before = quality_noise(public, public.split)  # no initialisation share
         sigma = acc.calibrate_noise_multiplier(

@@ -68,11 +68,13 @@ def mixture_transform(req: ReleaseRequest, schema: Any) -> Any:
 
     columns = [c.model_copy(update={"positive": None}) for c in schema.columns if c.kind == "numeric"]
     if not columns:
-        raise ReleaseError(f"--model {req.model} needs at least one numeric column; the schema has none")
+        raise ReleaseError(f"--model {req.model} needs at least one numeric column; the schema has none",
+                           fix="choose another --model, or declare a numeric column in the policy's schema")
     try:
         base = Transform.from_schema(Schema(columns=columns, target=None))
     except DataError as exc:
-        raise ReleaseError(f"--model {req.model}: {exc}") from None
+        raise ReleaseError(f"--model {req.model}: {exc.problem}",
+                           fix=exc.fix or "give every numeric column lower and upper in the policy's schema") from None
     return dataclasses.replace(base, scales={k: v / MIXTURE_BOUND for k, v in base.scales.items()})
 
 
@@ -103,16 +105,17 @@ class DpKdTree(Mechanism):
     def check_public(self, req: ReleaseRequest, schema: Any | None) -> None:
         if req.target is not None:
             raise ReleaseError(f"--target has no meaning for --model {req.model} (a mixture models the numeric "
-                               "columns jointly); leave it out")
+                               "columns jointly)", fix="leave it out")
         if req.engine != "local":
-            raise ReleaseError(f"--model {req.model} runs on the local engine only; use --engine local")
+            raise ReleaseError(f"--model {req.model} runs on the local engine only", fix="use --engine local")
         k = req.components if req.components is not None else MIXTURE_DEFAULT_COMPONENTS
         if not 1 <= k <= MIXTURE_MAX_COMPONENTS:
-            raise ReleaseError(f"--components must lie in 1..{MIXTURE_MAX_COMPONENTS}")
+            raise ReleaseError(f"--components must lie in 1..{MIXTURE_MAX_COMPONENTS}",
+                               fix=f"pass --components between 1 and {MIXTURE_MAX_COMPONENTS}, or leave it out")
         if schema is not None:
             if not mixture_columns(schema):
                 raise ReleaseError(f"--model {req.model} needs at least one numeric column with public bounds in "
-                                   "the schema; declare lower and upper, or choose another --model")
+                                   "the schema", fix="declare lower and upper, or choose another --model")
             mixture_transform(req, schema)
 
     def plan(self, public: PublicPlan, released: Released) -> MechanismPlan:
@@ -133,12 +136,12 @@ class DpKdTree(Mechanism):
         check_released_count(public, released, refuse)
         columns = mixture_columns(schema)
         if not columns:
-            raise refuse(f"--model {req.model} needs at least one numeric column; the schema has none; choose "
-                         "another --model")
+            raise refuse(f"--model {req.model} needs at least one numeric column; the schema has none",
+                         fix="choose another --model")
         try:
             transform = mixture_transform(req, schema)
         except ReleaseError as exc:
-            raise refuse(str(exc)) from None
+            raise refuse(exc.problem, fix=exc.fix) from None
         k = req.components if req.components is not None else MIXTURE_DEFAULT_COMPONENTS
         process: Literal["dirichlet_process", "dirichlet_distribution"] = (
             "dirichlet_process" if req.model == "dpgmm" else "dirichlet_distribution")

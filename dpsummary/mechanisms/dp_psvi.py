@@ -152,8 +152,8 @@ class DpPsvi(GlmMechanism):
         try:
             result = boot.fit(output.summary, progress=progress)
         except Exception as exc:  # a bug: the budget is charged, the release refuses in one line
-            raise ChargedRefusal(f"the parametric bootstrap of DP-PSVI failed ({type(exc).__name__}); "
-                                 "report this bug") from None
+            raise ChargedRefusal(f"the parametric bootstrap of DP-PSVI failed ({type(exc).__name__})",
+                                 fix="report this bug") from None
         cal = result.calibration
         say(f"bootstrap done: calibrated posterior (bias and spread per coordinate), "
             f"leave-one-out coverage on its own synthetic replicates {cal.loo_coverage:.0%} (Monte Carlo se "

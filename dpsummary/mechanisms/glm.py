@@ -23,13 +23,14 @@ def check_model_for_schema(model_name: str | None, schema: Any) -> None:
         return
     kind = dmod.target_kind(schema)
     if model_name == "logistic" and kind != "binary":
-        raise ReleaseError(f"logistic regression needs a binary target; the schema's target is {kind}; "
-                           "choose --model for it or fix the schema")
+        raise ReleaseError(f"logistic regression needs a binary target; the schema's target is {kind}",
+                           fix="choose --model for it or fix the schema (`dpsummary policy init DATA` writes a "
+                           "schema skeleton)")
     n_features = dmod.Transform.from_schema(schema).num_features
     point_dim = n_features + (0 if schema.target is None else 1)
     if get_model_class(model_name)(n_features).point_dim != point_dim:
-        raise ReleaseError(f"model {model_name!r} does not match the schema's target ({kind}); "
-                           "choose another --model")
+        raise ReleaseError(f"model {model_name!r} does not match the schema's target ({kind})",
+                           fix="choose another --model")
 
 
 def glm_model(public: PublicPlan, released: Released) -> tuple[str, Any, Any]:
@@ -48,9 +49,9 @@ def glm_model(public: PublicPlan, released: Released) -> tuple[str, Any, Any]:
     transform = dmod.Transform.from_schema(schema)
     model = get_model_class(model_name)(transform.num_features)
     if model.point_dim != transform.point_dim:
-        raise refuse(f"model {model_name!r} does not match the data's target ({kind}); choose another --model")
+        raise refuse(f"model {model_name!r} does not match the data's target ({kind})", fix="choose another --model")
     if model_name == "logistic" and kind != "binary":
-        raise refuse(f"logistic regression needs a binary target; the target is {kind}; choose another --model")
+        raise refuse(f"logistic regression needs a binary target; the target is {kind}", fix="choose another --model")
     return model_name, transform, model
 
 

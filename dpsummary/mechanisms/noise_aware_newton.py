@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..errors import ChargedRefusal
 from .base import (
+    NON_FINITE_FIT_FIX,
     NON_FINITE_FIT_MESSAGE,
     CheckpointFn,
     MechanismOutput,
@@ -93,7 +94,7 @@ def noise_aware_summaries(plan: MechanismPlan, records: Any, size: int, generato
         result = noise_aware.fit(model, release, bounds, schedule=schedule, sigma=plan.noise_multiplier,
                                  feature_norm=feature_norm, target_bound=target_bound, generator=generator)
     except noise_aware.NonFiniteFit:
-        raise ChargedRefusal(NON_FINITE_FIT_MESSAGE) from None
+        raise ChargedRefusal(NON_FINITE_FIT_MESSAGE, fix=NON_FINITE_FIT_FIX) from None
     posterior = result.posterior
     # The fit's model: the same likelihood, with the prior the posterior was taken under (a
     # Poisson release re-centres it at the noisy log-mean, noise_aware 5.); the summary carries it.
@@ -111,7 +112,7 @@ def noise_aware_summaries(plan: MechanismPlan, records: Any, size: int, generato
         points, weights, loss, how = pseudocoreset_of_gaussian(
             model, posterior, size=size, initial_features=tf.sample_public_features(size, generator), generator=generator)
     if not (math.isfinite(loss) and bool(torch.isfinite(points).all()) and bool(torch.isfinite(weights).all())):
-        raise ChargedRefusal(NON_FINITE_FIT_MESSAGE)
+        raise ChargedRefusal(NON_FINITE_FIT_MESSAGE, fix=NON_FINITE_FIT_FIX)
     wider = directions_wider_than_prior(model, posterior)
     summary = Summary(points, weights, model, noise_aware.MECHANISM, tf.to_dict(),
                       {"posterior": "noise_aware", "match_symmetric_kl": loss, "match_method": how,

@@ -179,20 +179,22 @@ def schema_from_release(
                 spec, why = _one_vs_rest(spec, values, text=t["text"], noise_sd=s, why=why)
         if spec is None:
             if is_target:
-                raise DataError(f"target {name!r}: {why}; {TARGET_FIX}")
+                raise DataError(f"target {name!r}: {why}", fix=TARGET_FIX)
             dropped.append(name)
             notes.append(f"{name}: dropped ({why})")
             continue
         specs.append(spec)
         notes.append(why)
     if not [c for c in specs if c.name != tgt]:
-        raise DataError("no feature column could be estimated privately; give the policy a public schema instead "
-                        "(`dpsummary policy init DATA` writes a skeleton to fill in, then pass it with --policy)")
+        raise DataError("no feature column could be estimated privately",
+                        fix="give the policy a public schema instead (`dpsummary policy init DATA` writes a skeleton "
+                        "to fill in, then pass it with --policy)")
     schema = Schema(columns=specs, target=tgt)
     spec_t = schema.target_column
     if spec_t is not None and spec_t.kind == "categorical" and len(spec_t.categories or []) == 1 \
             and not spec_t.other_class:
-        raise DataError(f"target {tgt!r} has a single class (the rest is not clearly above the noise); {TARGET_FIX}")
+        raise DataError(f"target {tgt!r} has a single class (the rest is not clearly above the noise)",
+                        fix=TARGET_FIX)
     kind = target_kind(schema)
     if tgt is not None:
         notes.append(f"target {tgt!r}: {kind}")

@@ -22,7 +22,7 @@ interface exists.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
@@ -37,36 +37,16 @@ from .fixed_point import MAX_EXACT_ROWS as MAX_EXACT_ROWS
 from .fixed_point import MechanismError as MechanismError
 from .fixed_point import clip_rows as clip_rows
 from .fixed_point import fixed_point_unit as fixed_point_unit
+
+# The protocol lives in its own module so score_stats can name it without importing this one
+# (issue 49: the type-only cycle mechanism <-> score_stats); re-exported for every caller.
+from .randomness import PrivacyRandomness as PrivacyRandomness
 from .store import RecordStore
 
 if TYPE_CHECKING:
     from ..postprocess.marginals import NoisyMarginals
     from .marginals import HistogramLayout
     from .score_stats import NoisyStatistics
-
-
-class PrivacyRandomness(Protocol):
-    """Where every privacy coin and every noise draw of a mechanism comes from.
-
-    The release uses :class:`SystemRandomness` only. Tests and the self-test replay neighbouring
-    data sets with identical randomness by passing a recording implementation (the hook this
-    protocol exists for). The mechanisms draw a step's sample through :func:`draw_sample`:
-    ``sample_indices`` when the implementation has it, else the included positions of ``coins``,
-    so a replay double may implement either (``coins`` alone is enough for small tests)."""
-
-    def coins(self, num_records: int, sample_rate: float) -> np.ndarray:
-        """Boolean inclusion mask, each entry true independently with probability sample_rate."""
-        ...
-
-    def sample_indices(self, num_records: int, sample_rate: float) -> np.ndarray:
-        """Sorted distinct int64 indices of the included records of ``0 .. num_records-1``:
-        each independently with probability sample_rate (Poisson sampling). The same
-        distribution as ``flatnonzero(coins(...))``, in O(q N) expected time."""
-        ...
-
-    def gaussian(self, values: np.ndarray, *, noise_std: float, clip_norm: float) -> np.ndarray:
-        """``values`` plus independent N(0, noise_std^2) noise per coordinate."""
-        ...
 
 
 class SystemRandomness:

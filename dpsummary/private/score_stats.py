@@ -47,7 +47,7 @@ import torch
 from ..models import DTYPE, Model
 
 if TYPE_CHECKING:
-    from .mechanism import PrivacyRandomness
+    from .randomness import PrivacyRandomness
     from .store import RecordStore
 
 @dataclass(frozen=True)

@@ -742,7 +742,8 @@ class SparkRecords:
         src = self._source
         coins = src._coins if src._coins is not None else StepCoins.generate(sample_rate, src._steps)
         if coins.sample_rate != sample_rate or coins.steps != src._steps:
-            raise SparkEngineError("internal: the step coins do not match the planned rate and steps")
+            raise SparkEngineError("internal: the step coins do not match the planned rate and steps",
+                                   fix="report this bug")
         spark_out = src._scratch / "pairs"
         steps_dir = src._scratch / "steps"
         steps_dir.mkdir(mode=0o700)
@@ -757,8 +758,8 @@ class SparkRecords:
         except Exception as exc:  # noqa: BLE001
             raise _job_failed(exc) from None
         if not (spark_out / "_SUCCESS").exists():  # always written: a public fact about storage
-            raise SparkEngineError("the step files written by the executors are not visible on the driver; "
-                                   "point TMPDIR at storage that driver and executors share")
+            raise SparkEngineError("the step files written by the executors are not visible on the driver",
+                                   fix="point TMPDIR at storage that driver and executors share")
         try:
             _split_by_step(spark_out, steps_dir, dim)
         finally:

@@ -30,8 +30,8 @@ def open_spark_source(location: str | Path, options: SparkOptions, *, steps: int
         # any reservation, so this refusal costs no budget. The message names the exception
         # type only (Spark's own text may carry host details, never data).
         raise SparkEngineError(
-            f"--engine spark: could not start a Spark session on {options.master!r} ({type(exc).__name__}); "
-            "check --spark-master, --spark-conf and that the cluster is reachable") from None
+            f"--engine spark: could not start a Spark session on {options.master!r} ({type(exc).__name__})",
+            fix="check --spark-master, --spark-conf and that the cluster is reachable") from None
 
     def end_scope() -> None:
         scope.__exit__(None, None, None)

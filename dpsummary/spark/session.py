@@ -38,6 +38,20 @@ class SparkEngineError(Refusal):
     dpsummary): a public fact, decided before the reservation; one line."""
 
 
+#: The fix of ``--engine spark`` without pyspark or Java (the reason names what to install).
+SPARK_MISSING_FIX = "install what is missing, or use --engine local"
+
+
+def to_parquet_fix(path: Path) -> str:
+    """How to turn a CSV into the Parquet file ``--engine spark`` reads (pyarrow, a dependency of
+    dpsummary, does it in one line; the file is the user's own, so nothing is revealed)."""
+    src = str(path)
+    dst = str(path.with_suffix(".parquet"))
+    return ("convert it once with pyarrow: python -c \"import pyarrow.csv as c, pyarrow.parquet as p; "
+            f"p.write_table(c.read_csv({src!r}), {dst!r})\", then pass {dst}; or use --engine local, "
+            "which reads CSV")
+
+
 def spark_available() -> str | None:
     """None if pyspark and a Java runtime are present, else a one-line reason (public)."""
     try:
@@ -56,7 +70,8 @@ def parse_spark_conf(items: list[str] | None) -> dict[str, str]:
     for item in items or []:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
-            raise SparkEngineError(f"--spark-conf expects key=value, got {item!r}")
+            raise SparkEngineError(f"--spark-conf expects key=value, got {item!r}",
+                                   fix="pass e.g. --spark-conf spark.executor.memory=4g")
         out[key.strip()] = value.strip()
     return out
 
@@ -69,16 +84,18 @@ def public_header(location: str | Path, policy: Any) -> list[str]:
     (:meth:`dpsummary.private.spark_engine.SparkSource.estimate_schema`)."""
     reason = spark_available()
     if reason is not None:
-        raise SparkEngineError(f"--engine spark: {reason}")
+        raise SparkEngineError(f"--engine spark: {reason}", fix=SPARK_MISSING_FIX)
     path = Path(location)
     if path.is_dir():
         files = sorted(f for f in path.rglob("*.parquet") if not any(part.startswith((".", "_"))
                                                                       for part in f.relative_to(path).parts))
         if not files:
-            raise SparkEngineError(f"no Parquet files under {path}")
+            raise SparkEngineError(f"no Parquet files under {path}",
+                                   fix="pass a .parquet file or a directory that holds some")
         path = files[0]
     elif path.suffix.lower() not in (".parquet", ".pq"):
-        raise SparkEngineError("--engine spark reads Parquet (a .parquet file or a directory of them)")
+        raise SparkEngineError(f"--engine spark reads Parquet (a .parquet file or a directory of them), not {path.name}",
+                               fix=to_parquet_fix(path))
     from ..data import read_header
 
     return read_header(path)
@@ -101,8 +118,8 @@ class SparkOptions:
 
     def __post_init__(self) -> None:
         if not MASTER_URL.fullmatch(self.master):
-            raise SparkEngineError(f"--spark-master {self.master!r} is not a Spark master URL (local, local[N], "
-                                   "local[*], spark://HOST:PORT, yarn, k8s://URL)")
+            raise SparkEngineError(f"--spark-master {self.master!r} is not a Spark master URL",
+                                   fix="pass local, local[N], local[*], spark://HOST:PORT, yarn or k8s://URL")
 
 
 def private_dir(prefix: str = "dpsummary-spark-") -> Path:
@@ -123,7 +140,7 @@ def build_session(options: SparkOptions, scratch: Path) -> Any:
     fixed when it was created (the tests' fixture puts them in a private temp dir too)."""
     reason = spark_available()
     if reason is not None:
-        raise SparkEngineError(f"--engine spark: {reason}")
+        raise SparkEngineError(f"--engine spark: {reason}", fix=SPARK_MISSING_FIX)
     warnings.filterwarnings("ignore", category=FutureWarning, module=r"pyspark\..*")
     from pyspark.sql import SparkSession
 
@@ -263,8 +280,9 @@ def check_executors(spark: Any, scratch: Path, options: SparkOptions) -> None:
         what = f"cannot import dpsummary {__version__} and its dependencies ({detail})"
     python = worker_python(options) or "the cluster's default python"
     raise SparkEngineError(
-        f"--engine spark: the Spark executors ({python}) {what}; install dpsummary with its 'spark' extra in "
-        "the executors' Python, or point them at one that has it (--spark-conf spark.pyspark.python=/path/to/python)")
+        f"--engine spark: the Spark executors ({python}) {what}",
+        fix="install dpsummary with its 'spark' extra in the executors' Python, or point them at one that has it "
+        "(--spark-conf spark.pyspark.python=/path/to/python)")
 
 
 @contextmanager
@@ -273,7 +291,7 @@ def spark_scope(options: SparkOptions) -> Iterator[tuple[Any, Path]]:
     session created here is stopped on every exit path."""
     reason = spark_available()
     if reason is not None:
-        raise SparkEngineError(f"--engine spark: {reason}")
+        raise SparkEngineError(f"--engine spark: {reason}", fix=SPARK_MISSING_FIX)
     from pyspark.sql import SparkSession
 
     scratch = private_dir()
