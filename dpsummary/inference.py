@@ -8,7 +8,7 @@ Called once per optimisation step by every constructor, so it is built for speed
   covariance or, for large d, a diagonal one;
 * anything else: Newton on the autograd Hessian of the weighted log posterior.
 
-Gradient-based MCMC (HMC) to check Laplace and to serve analysts lives in :mod:`dpsummary.mcmc`.
+MCMC (NUTS, with diagnostics) to check Laplace and to serve analysts lives in :mod:`dpsummary.sampling`.
 """
 
 from __future__ import annotations

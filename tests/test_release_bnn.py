@@ -73,15 +73,19 @@ def test_cli_release_verifies_loads_and_predicts(released: dict[str, Any]) -> No
     assert rel.points.shape == (SIZE, rel.model.point_dim)
     assert float(rel.weights.sum()) == pytest.approx(600.0)  # total weight = the (public) count
     draws = rel.sample(200, seed=0, vi_steps=50)
-    assert draws.shape == (200, rel.dim) and torch.isfinite(draws).all()
-    assert torch.equal(draws, rel.sample(200, seed=0, vi_steps=50))  # our sampler is deterministic per seed
+    assert draws.shape == (200, rel.dim) and np.isfinite(draws).all()
+    np.testing.assert_array_equal(draws, rel.sample(200, seed=0, vi_steps=50))  # deterministic per seed
     p = rel.posterior_predictive([{"x1": "2.0", "x2": "a"}, {"x1": "9.5", "x2": "b"}], draws)
     assert p.shape == (200, 2) and bool(((p >= 0) & (p <= 1)).all())
     ll = rel.posterior_predictive(rel.points[:3], draws[:4], kind="log_likelihood")
     assert ll.shape == (4, 3) and bool((ll <= 0).all())
-    assert torch.isfinite(rel.log_density(draws[:3])).all()
-    hmc = rel.sample(20, seed=1, method="hmc", num_warmup=20)
-    assert hmc.shape == (20, rel.dim)
+    assert np.isfinite(rel.log_density(draws[:3])).all()
+    # NUTS through the torch log density (a BNN has no JAX form); short: a smoke test of the route.
+    from dpsummary.sampling import SamplingWarning
+
+    with pytest.warns(SamplingWarning, match="one chain"):
+        nuts = rel.sample(20, seed=1, method="nuts", chains=1, num_warmup=100)
+    assert nuts.shape == (20, rel.dim) and np.isfinite(nuts).all()
     with pytest.raises(ValueError, match="vi"):
         rel.sample(5, method="laplace")
 

@@ -96,20 +96,21 @@ def evaluate_variational(model: Model, mu: torch.Tensor, rho: torch.Tensor, test
 
 
 def hmc_reference(model: Model, data: torch.Tensor, generator: torch.Generator, *, init: torch.Tensor,
-                  num_samples: int = 200, num_warmup: int = 300, num_leapfrog: int = 20) -> torch.Tensor:
-    """Full-data HMC draws ``(num_samples, d)`` with :func:`dpsummary.mcmc.hmc` (small problems:
-    every leapfrog step touches all N records). ``init`` (d,) is the chain's start, e.g. the
-    full-data VI mean (the prior's centre is a saddle of a BNN posterior)."""
-    from ..inference import weighted_log_posterior
-    from ..mcmc import hmc
+                  num_samples: int = 200, num_warmup: int = 300, init_scale: torch.Tensor | None = None) -> torch.Tensor:
+    """Full-data NUTS draws ``(num_samples, d)`` (:mod:`dpsummary.sampling`, one chain, small
+    problems: every gradient touches all N records). ``init`` (d,) is the chain's start and
+    whitening centre, e.g. the full-data VI mean (the prior's centre is a saddle of a BNN
+    posterior); ``init_scale`` (d,) the whitening scale (default 0.1 prior sds)."""
+    from ..gaussian import GaussianPosterior
+    from ..sampling import NutsSettings, sample_posterior
 
     ones = torch.ones(data.shape[0], dtype=DTYPE)
-
-    def log_density(theta: torch.Tensor) -> torch.Tensor:
-        return weighted_log_posterior(model, data, ones, theta[None])[0]
-
-    return hmc(log_density, init.detach().clone(), num_samples=num_samples, num_warmup=num_warmup,
-               generator=generator, num_leapfrog=num_leapfrog)
+    scale = init_scale if init_scale is not None else torch.full_like(init, 0.1 * model.prior_scale)
+    start = GaussianPosterior(mean=init.detach().to(DTYPE), scale_tril=torch.diag(scale.detach().to(DTYPE)))
+    seed = int(torch.randint(2**62, (1,), generator=generator))
+    draws = sample_posterior(model, data, ones, start=start, seed=seed,
+                             settings=NutsSettings(chains=1, num_warmup=max(num_warmup, 100), draws_per_chain=num_samples))
+    return torch.as_tensor(draws.flat(), dtype=DTYPE)
 
 
 def mean_std(values: list[float]) -> tuple[float, float]:

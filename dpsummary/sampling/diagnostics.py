@@ -184,9 +184,15 @@ class Diagnostics:
         return out
 
     def summary(self) -> str:
-        """One line: the worst figures."""
-        return (f"{self.chains} chains x {self.draws_per_chain} draws: max R-hat {float(np.nanmax(self.rhat)):.3f}, "
-                f"min bulk ESS {float(np.nanmin(self.ess_bulk)):.0f}, min tail ESS {float(np.nanmin(self.ess_tail)):.0f}, "
+        """One line: the worst figures (``nan`` where a figure is not defined, e.g. R-hat of one chain)."""
+        def worst(values: np.ndarray, largest: bool) -> float:
+            finite = values[np.isfinite(values)]
+            if finite.size == 0:
+                return math.nan
+            return float(finite.max() if largest else finite.min())
+
+        return (f"{self.chains} chains x {self.draws_per_chain} draws: max R-hat {worst(self.rhat, True):.3f}, "
+                f"min bulk ESS {worst(self.ess_bulk, False):.0f}, min tail ESS {worst(self.ess_tail, False):.0f}, "
                 f"{self.divergences} divergence(s)")
 
 

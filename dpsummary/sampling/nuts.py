@@ -28,7 +28,8 @@ How it runs (all of it public post-processing of a release: it costs no privacy)
 
 Randomness: a JAX PRNG key from ``seed`` (reproducible) or, with ``seed=None``, from the OS
 (:func:`secrets.randbits`); no global state is read or set. JAX's 64-bit mode is switched on only
-inside these calls (``jax.enable_x64``), never process-wide.
+inside these calls (``jax.enable_x64``; for a torch-callback density process-wide for the run,
+then restored, see :func:`run_nuts`).
 """
 
 from __future__ import annotations
@@ -176,18 +177,27 @@ def run_nuts(
     tril = np.asarray(tril, dtype=np.float64)
     if not (np.isfinite(centre).all() and np.isfinite(tril).all()):
         raise ValueError("the sampler's starting Gaussian is not finite")
-    with jax.enable_x64(True):
-        key = _key(seed)
-        if glm is not None:
+    if glm is not None:
+        with jax.enable_x64(True):
             program = _glm_program(glm.family, settings)
-            out = program(key, *(jnp.asarray(a) for a in glm.arrays()), jnp.asarray(centre), jnp.asarray(tril))
-        elif log_density is not None:
+            out = program(_key(seed), *(jnp.asarray(a) for a in glm.arrays()), jnp.asarray(centre), jnp.asarray(tril))
+            positions, divergent, steps, step_size = (np.asarray(a) for a in out)
+    elif log_density is not None:
+        # The torch density runs in a host callback on another thread, where the thread-local
+        # ``jax.enable_x64`` context does not reach (JAX would cast its float64 result to
+        # float32 and refuse it): 64-bit mode is switched on process-wide for the run and
+        # restored after it.
+        previous = bool(jax.config.jax_enable_x64)
+        jax.config.update("jax_enable_x64", True)
+        try:
             c, t = jnp.asarray(centre), jnp.asarray(tril)
             lp = log_density
-            out = jax.jit(lambda k: _nuts_chains(lambda z: lp(c + t @ z), k, c.shape[0], settings))(key)
-        else:
-            raise ValueError("pass glm= or log_density=")
-        positions, divergent, steps, step_size = (np.asarray(a) for a in out)
+            out = jax.jit(lambda k: _nuts_chains(lambda z: lp(c + t @ z), k, c.shape[0], settings))(_key(seed))
+            positions, divergent, steps, step_size = (np.asarray(a) for a in out)
+        finally:
+            jax.config.update("jax_enable_x64", previous)
+    else:
+        raise ValueError("pass glm= or log_density=")
     values = centre + np.einsum("ij,cnj->cni", tril, positions)
     diag = diagnose(values, divergences=int(divergent.sum()))
     return Draws(values=values, diagnostics=diag, names=list(names or []), divergent=divergent.astype(bool),
