@@ -27,6 +27,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from dpsummary.data import ColumnSpec, Schema, Transform
+from dpsummary.private.spark_engine import BatchEncoder
 
 #: Records of D (one Arrow batch: far below STREAM_BATCH_ROWS).
 N = 400
@@ -194,3 +195,19 @@ def check_stage2(base: tuple[np.ndarray, np.ndarray, np.ndarray], neighbour: tup
     assert np.array_equal(q_a, q_b[:n])
     assert np.abs(q_b.sum(axis=0).astype(np.int64) - q_a.sum(axis=0).astype(np.int64)).max() <= 1
     assert int(kept_b.sum()) - int(kept_a.sum()) in (0, 1)
+
+
+def encodings(batches: list[pa.RecordBatch], transform: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per-record (kept, rows with NaN where dropped, quality flags) by the shared encoder."""
+    encoder = BatchEncoder(transform, "drop", "other")
+    kept_all, rows_all, quality_all = [], [], []
+    for batch in batches:
+        rows, kept, quality = encoder(batch)
+        mask = np.zeros(batch.num_rows, dtype=bool)
+        mask[kept] = True
+        full = np.full((batch.num_rows, rows.shape[1]), np.nan)
+        full[kept] = rows
+        kept_all.append(mask)
+        rows_all.append(full)
+        quality_all.append(quality)
+    return np.concatenate(kept_all), np.concatenate(rows_all), np.concatenate(quality_all)

@@ -79,9 +79,55 @@ def public_header(location: str | Path, policy: Any) -> list[str]:
         path = files[0]
     elif path.suffix.lower() not in (".parquet", ".pq"):
         raise SparkEngineError("--engine spark reads Parquet (a .parquet file or a directory of them)")
+    else:
+        files = [path]
     from ..data import read_header
 
-    return read_header(path)
+    header = read_header(path)
+    for f in files:
+        bad = spark_unsafe_column(f)
+        if bad is not None:
+            raise SparkEngineError(
+                f"--engine spark: column {bad[0]!r} of {f.name} is {bad[1]}: {bad[2]}; convert it (e.g. to "
+                "string, double or int64 microseconds) or use --engine local")
+    return header
+
+
+def spark_unsafe_column(path: Path) -> tuple[str, str, str] | None:
+    """The first column of a Parquet file (its footer's schema: public metadata, no record)
+    whose type Spark cannot read record by record, as ``(column, type, why)``, else None.
+
+    Issue 47: Spark refuses float16, decimals wider than 38 digits, TIME, nanosecond TIMESTAMP
+    and UUID columns when it opens the file (a job failure after the charge, were it not
+    checked here), and it converts a millisecond TIMESTAMP to microseconds with a checked
+    multiply, so ONE extreme value (beyond about year 294,000) fails the whole pass after the
+    charge: a record deciding the release. The local engine reads all of them per record. A
+    rule on every leaf column's Parquet type (nested fields included: Spark reads them too)."""
+    import pyarrow.parquet as pq
+
+    try:
+        schema = pq.ParquetFile(path).schema
+    except (OSError, ValueError):
+        raise SparkEngineError(f"cannot read the Parquet file {path}; is it Parquet?") from None
+    unreadable = "Spark's Parquet reader cannot read it"
+    for i in range(len(schema)):
+        column = schema.column(i)
+        logical = str(column.logical_type)
+        name = column.path.split(".")[0]
+        if logical == "Float16":
+            return name, "float16", unreadable
+        if logical.startswith("Decimal(") and column.precision > 38:
+            return name, f"a decimal of {column.precision} digits", "Spark reads at most 38 digits"
+        if logical.startswith("Time("):
+            return name, "a TIME", unreadable
+        if logical == "UUID":
+            return name, "a UUID", unreadable
+        if logical.startswith("Timestamp(") and "timeUnit=nanoseconds" in logical:
+            return name, "a nanosecond TIMESTAMP", unreadable
+        if logical.startswith("Timestamp(") and "timeUnit=milliseconds" in logical:
+            return name, "a millisecond TIMESTAMP", ("Spark's reader fails the whole pass on one value beyond "
+                                                         "its microsecond range")
+    return None
 
 
 #: The master URL forms Spark accepts (local modes, standalone, YARN, Kubernetes, Mesos).

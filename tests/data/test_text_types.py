@@ -11,15 +11,22 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import pyarrow as pa
 import pytest
-from text_types_support import CASE_IDS, N, check_stage1, check_stage2, tables, transforms, write
+from text_types_support import (
+    CASE_IDS,
+    N,
+    check_stage1,
+    check_stage2,
+    encodings,
+    tables,
+    transforms,
+    write,
+)
 
 from dpsummary.data import text_column
 from dpsummary.data.stream import BatchStream, text_kind
 from dpsummary.private.source import PrivateSource
-from dpsummary.private.spark_engine import BatchEncoder
 
 
 def _stage1(path: Path) -> tuple[object, int]:
@@ -29,22 +36,6 @@ def _stage1(path: Path) -> tuple[object, int]:
         return src._schema_counts.vector(), int(src._rows)
     finally:
         src.close()
-
-
-def encodings(batches: list[pa.RecordBatch], transform: object) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per-record (kept, rows with NaN where dropped, quality flags) by the shared encoder."""
-    encoder = BatchEncoder(transform, "drop", "other")
-    kept_all, rows_all, quality_all = [], [], []
-    for batch in batches:
-        rows, kept, quality = encoder(batch)
-        mask = np.zeros(batch.num_rows, dtype=bool)
-        mask[kept] = True
-        full = np.full((batch.num_rows, rows.shape[1]), np.nan)
-        full[kept] = rows
-        kept_all.append(mask)
-        rows_all.append(full)
-        quality_all.append(quality)
-    return np.concatenate(kept_all), np.concatenate(rows_all), np.concatenate(quality_all)
 
 
 @pytest.mark.parametrize("name", CASE_IDS)
