@@ -211,3 +211,40 @@ def encodings(batches: list[pa.RecordBatch], transform: Any) -> tuple[np.ndarray
         rows_all.append(full)
         quality_all.append(quality)
     return np.concatenate(kept_all), np.concatenate(rows_all), np.concatenate(quality_all)
+
+
+#: The issue's table: 60,000 records (the issue's size; at epsilon 0.5 the feature category
+#: threshold is about 1,400 records and FR's 20,000 sit more than 100 noise sds above it, so
+#: either outcome below fails with probability far below 1e-12).
+ISSUE_ROWS = 60_000
+
+
+def issue_table(path: Path, *, bad_row: bool) -> Path:
+    """``cc`` ``fixed_size_binary(2)`` (FR one in three, else US), ``x`` in [0, 10], target
+    ``y``; with ``bad_row`` one more record whose ``cc`` is ``b'\\xff\\xff'``."""
+    rng = np.random.default_rng(47)
+    x = rng.uniform(0, 10, ISSUE_ROWS)
+    y = np.where(rng.random(ISSUE_ROWS) < 1 / (1 + np.exp(-(x - 5) / 2)), "yes", "no")
+    cc = [b"FR" if i % 3 == 0 else b"US" for i in range(ISSUE_ROWS)]
+    extra = 1 if bad_row else 0
+    tbl = pa.table({"cc": pa.array(cc + [b"\xff\xff"] * extra, pa.binary(2)),
+                    "x": pa.array(x.tolist() + [5.0] * extra), "y": pa.array(y.tolist() + ["yes"] * extra)})
+    pq.write_table(tbl, path)
+    return path
+
+
+def release_issue_table(tmp_path: Path, *, bad_row: bool, engine: str) -> str:
+    """The issue's release: zero configuration (no policy, no schema), epsilon 0.5, target
+    ``y``, through the CLI; returns its output after asserting a signed artifact."""
+    from typer.testing import CliRunner
+
+    import dpsummary
+    from dpsummary.cli import app
+
+    data = issue_table(tmp_path / f"cc{int(bad_row)}.parquet", bad_row=bad_row)
+    out = tmp_path / f"cc{int(bad_row)}.json"
+    r = CliRunner().invoke(app, ["release", "--epsilon", "0.5", "--target", "y", "--engine", engine, "--out", str(out),
+                                 str(data)])
+    assert r.exit_code == 0, r.output[-2000:]
+    assert dpsummary.load(out) is not None
+    return " ".join(r.output.split())
