@@ -196,6 +196,10 @@ def _cast_per_value(col: Any) -> Any:
     import pyarrow as pa
     import pyarrow.compute as pc
 
+    if pa.types.is_timestamp(col.type) and col.type.tz is not None:
+        # An instant with a zone prints in UTC ("...Z"), whatever zone the reader attached: a
+        # Spark executor attaches its session's zone, so the two engines read the same text.
+        col = col.cast(pa.timestamp(col.type.unit, tz="UTC"))
     try:
         return pc.cast(col, pa.string())
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
