@@ -48,7 +48,8 @@ Privacy caveats (see SECURITY.md, "The Spark engine"):
 * Task retries cannot double-count a record: full-pass partials are taken from one successful
   attempt per partition (``collect``), step files go through Spark's output committer. A
   retried :class:`ValueSelection` task draws fresh noise and only one attempt's output reaches
-  the driver (a retry is caused by a failure, never by the output's value; speculation is off).
+  the driver (a retry is caused by a failure, never by the output's value; speculation is off, and
+  a release refuses to run with it on: :func:`dpsummary.spark.session.check_session_settings`).
 * On a cluster, the PRF key travels inside the task closure to the executors: enable Spark's
   RPC/IO encryption (``--spark-conf spark.network.crypto.enabled=true --spark-conf
   spark.io.encryption.enabled=true``) and treat the executors like the curator's machine. The
