@@ -158,6 +158,24 @@ def published_timestamp(iso_time: Any) -> float | None:
     return float(int(t.timestamp()))
 
 
+def stamp_published_time(paths: Any, iso_time: Any) -> None:
+    """Set the access and modification times of ``paths`` (those that exist) to the published
+    time ``iso_time`` (see :func:`published_timestamp`; nothing happens when it is not one).
+
+    Call it AFTER the last read of the files: reading a file moves its access time to the
+    moment of the read (Linux ``relatime`` does so whenever atime <= mtime, as here), which would
+    time the run (issue 47). What it cannot set: a file's ctime (the kernel's) and the times of
+    the directories holding it (SECURITY.md: publish a copy)."""
+    stamp = published_timestamp(iso_time)
+    if stamp is None:
+        return
+    for path in paths:
+        if path is None:
+            continue
+        with contextlib.suppress(OSError):
+            os.utime(path, (stamp, stamp))
+
+
 def _atomic_write(path: Path, data: bytes, *, file_time: float | None = None) -> None:
     """Write ``data`` to ``path`` atomically (temporary file, fsync, rename); ``file_time``: the
     access and modification times the file gets before it appears (see :func:`published_timestamp`)."""

@@ -283,6 +283,11 @@ def run_release(
     # PRV (about 0.5 s more per call) is in the claim already and in `dpsummary audit`.
     shown: tuple[Accountant, ...] = ("rdp", "prv", "pld") if public.accountant == "prv" else ("rdp", "pld")
     spent = public.ledger.spent(public.source_id, delta=public.policy.total_delta, accountants=shown)
+    # After the last read of the ledger (spent) and of the artifact: their file times are the
+    # recorded start again (a read moves the access time to now; issue 47).
+    from .artifact import stamp_published_time
+
+    stamp_published_time((public.out, public.ledger_path), public.started)
     return ReleaseResult(
         out=public.out, artifact_digest=digest, source_id=public.source_id, epsilons=output.epsilons,
         delta=public.delta_total, noise_multiplier=plan.noise_multiplier, sample_rate=plan.sample_rate,

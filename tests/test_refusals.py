@@ -194,7 +194,10 @@ def test_refusal(rid: str, tmp_path: Path, home: Path, monkeypatch: pytest.Monke
             monkeypatch.setattr(spark_session, "build_session", unreachable)
         if rid == "spark-executors":  # the probe's answer from executors without dpsummary (the real
             # probe against a bare Python: tests/spark/test_workers.py)
-            session = type("Session", (), {"stop": lambda self: None})()
+            # Settings read back before the probe (issue 47): none set.
+            conf = type("Conf", (), {"get": lambda self, key, default=None: default})()
+            context = type("Context", (), {"getConf": lambda self: conf})()
+            session = type("Session", (), {"stop": lambda self: None, "sparkContext": context, "conf": conf})()
             monkeypatch.setattr(spark_session, "build_session", lambda options, scratch: session)
             monkeypatch.setattr(spark_session, "executor_report",
                                 lambda spark, scratch: [("error", "ModuleNotFoundError: No module named 'dpsummary'")])

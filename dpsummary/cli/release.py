@@ -99,6 +99,11 @@ def release(
 
         result = run_release(req, progress=progress, notice=lambda m: err.print(f"note: {m}"), checkpoint=stage)
     view = _release_view(result, req)
+    # The view read the artifact and the ledger back (the last reads of this command): put
+    # their access and modification times back to the release's recorded start (issue 47).
+    from ..artifact import stamp_published_time
+
+    stamp_published_time((result.out, result.ledger), view.created)
     written = f"{result.out} ({'replaced the previous file, --force' if replacing else 'new file'})"
     if json_output:
         typer.echo(json.dumps({**result.as_dict(), "written": written,
@@ -126,6 +131,7 @@ class _ReleaseView:
 
     claim: dict[str, Any]
     spending: list[Any]
+    created: str = ""  # the release's recorded start (the artifact body's ``created``)
 
 
 def _release_view(r: Any, req: Any) -> _ReleaseView:
@@ -144,7 +150,7 @@ def _release_view(r: Any, req: Any) -> _ReleaseView:
         ledger_path=r.ledger, public_key=public, source_id=r.source_id, release_id=body["release_id"],
         policy=pol, release_epsilons=r.epsilons, release_delta=r.delta, composed=tuple(r.composed_total),
     )
-    return _ReleaseView(claim=claim, spending=spending)
+    return _ReleaseView(claim=claim, spending=spending, created=str(body.get("created", "")))
 
 
 def _print_table(r: Any, view: _ReleaseView, written: str) -> None:

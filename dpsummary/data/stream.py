@@ -84,11 +84,25 @@ def arrow_to_numpy(arr: Any, *, null: Any = None) -> np.ndarray:
 def text_column(col: Any) -> tuple[Any, np.ndarray]:
     """One Arrow column of a batch as normalised text, and which rows held undecodable bytes.
 
-    The reader's public rules, vectorised: binary columns are decoded as UTF-8 (undecodable
-    bytes become U+FFFD and flag their row), typed columns (Parquet) are cast to their Arrow text
-    form, nulls are missing (""), then Unicode NFKC (skipped for all-ASCII batches, where it is
-    the identity) and leading/trailing Unicode whitespace removed. Returns ``(pa.StringArray,
-    bool ndarray)``; PRIVATE (the flags go only into the quality-count mechanism)."""
+    The reader's public rules, vectorised, decided by the column's Arrow TYPE alone (the file's
+    schema, public; :func:`text_kind`), never by its values (issue 47):
+
+    * byte-like types (``string``, ``large_string``, ``string_view``, ``binary``,
+      ``large_binary``, ``binary_view``, ``fixed_size_binary``; dictionaries and extension types
+      stored as any of them) are decoded as UTF-8 value by value: undecodable bytes become
+      U+FFFD and flag their row, every other row is untouched;
+    * types with a text form (integers, floats, decimals, dates, times, timestamps, durations,
+      booleans, null) are cast to Arrow's text form; that cast is total on these types (an
+      out-of-range date or timestamp reads as Arrow's ``<value out of range: N>`` text, tested
+      in tests/data/test_text_types.py), and should a value ever fail it, only that value
+      reads as missing (:func:`_cast_per_value`);
+    * every other type (lists, structs, maps, unions) has no text form: every value of the
+      column reads as missing, a rule on the schema decided before any value is looked at.
+
+    Then nulls are missing (""), Unicode NFKC (skipped for all-ASCII batches, where it is the
+    identity) and leading/trailing Unicode whitespace removed. Returns ``(pa.StringArray or
+    pa.LargeStringArray, bool ndarray)``; PRIVATE (the flags go only into the quality-count
+    mechanism)."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -96,29 +110,107 @@ def text_column(col: Any) -> tuple[Any, np.ndarray]:
         col = col.combine_chunks() if col.num_chunks else pa.array([], type=col.type)
     n = len(col)
     bad = np.zeros(n, dtype=bool)
+    kind = text_kind(col.type)
+    while isinstance(col.type, pa.BaseExtensionType):
+        col = col.storage
     if pa.types.is_dictionary(col.type):
-        col = col.dictionary_decode()
-    if pa.types.is_string(col.type) or pa.types.is_large_string(col.type):
-        # Arrow does not validate a string column's bytes when it reads one: Parquet writers
-        # (Spark, pyarrow from buffers) can store invalid UTF-8 under a string type, and every
-        # string kernel (utf8_normalize, utf8_trim_whitespace) then raises. Read the bytes as
-        # binary instead, so a string column goes through the same decode-with-replacement rule
-        # as a CSV field (issue 35: one record's bytes must never stop a release).
-        col = col.view(pa.large_binary() if pa.types.is_large_string(col.type) else pa.binary())
-    if pa.types.is_binary(col.type) or pa.types.is_large_binary(col.type):
-        text, bad = _decode_utf8(col)
+        # Each distinct value read once by the same rules, then looked up per row (a row's text
+        # and flag depend only on its own value; a null index is missing).
+        words, flags = text_column(col.dictionary)
+        indices = col.indices
+        valid = arrow_to_numpy(pc.is_valid(indices))
+        codes = arrow_to_numpy(indices.cast(pa.int64()), null=0) if n else np.zeros(0, np.int64)
+        bad = flags[codes] & valid if len(flags) else bad
+        return pc.fill_null(pc.take(words, indices), arrow_empty_string()), bad
+    if kind == "bytes":
+        text, bad = _decode_utf8(_as_binary(col))
+    elif kind == "cast":
+        text = _cast_per_value(col)
     else:
-        try:
-            text = pc.cast(col, pa.string())
-        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
-            # A column whose Arrow type has no text form (nested lists, structs, maps): the type
-            # is in the file's schema (public), so this rule is public and per column, never
-            # per record: every value of the column reads as missing.
-            text = pa.nulls(n, pa.string())
+        text = pa.nulls(n, pa.string())
     text = pc.fill_null(text, arrow_empty_string())
     if not pc.all(pc.string_is_ascii(text)).as_py() if n else False:
         text = pc.utf8_normalize(text, "NFKC")
     return pc.utf8_trim_whitespace(text), bad
+
+
+def _value_type(typ: Any) -> Any:
+    """The type a column's values have once dictionary encoding and extension wrappers (e.g.
+    ``arrow.uuid`` over ``fixed_size_binary(16)``, ``arrow.json`` over ``string``) are removed."""
+    import pyarrow as pa
+
+    while True:
+        if pa.types.is_dictionary(typ):
+            typ = typ.value_type
+        elif isinstance(typ, pa.BaseExtensionType):
+            typ = typ.storage_type
+        else:
+            return typ
+
+
+def text_kind(typ: Any) -> str:
+    """How :func:`text_column` reads a column of Arrow type ``typ``: ``"bytes"`` (decoded as
+    UTF-8 value by value, undecodable bytes replaced and flagged), ``"cast"`` (Arrow's text form
+    of a number, decimal, date, time, timestamp, duration, boolean or null) or ``"none"`` (no
+    text form: all missing). A function of the type alone (the file's public schema)."""
+    import pyarrow as pa
+
+    t = _value_type(typ)
+    if (pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t)
+            or pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_binary_view(t)
+            or pa.types.is_fixed_size_binary(t)):
+        return "bytes"
+    if (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_decimal(t) or pa.types.is_date(t)
+            or pa.types.is_time(t) or pa.types.is_timestamp(t) or pa.types.is_duration(t)
+            or pa.types.is_boolean(t) or pa.types.is_null(t)):
+        return "cast"
+    return "none"
+
+
+def _as_binary(col: Any) -> Any:
+    """A byte-like column (see :func:`text_kind`) as ``binary`` or ``large_binary`` holding the
+    same bytes per row. String types are VIEWED as bytes, never validated: Arrow does not check
+    a string column's UTF-8 when it reads one (Parquet writers such as Spark, or pyarrow from
+    buffers, can store invalid bytes under a string type) and every string kernel then raises
+    (issue 35). Views and fixed-size binaries go to ``large_binary`` (their total can exceed
+    32-bit offsets), a cast that copies bytes and cannot fail."""
+    import pyarrow as pa
+
+    t = col.type
+    if pa.types.is_string(t):
+        return col.view(pa.binary())
+    if pa.types.is_large_string(t):
+        return col.view(pa.large_binary())
+    if pa.types.is_string_view(t):
+        col = col.view(pa.binary_view())
+    if pa.types.is_binary(t) or pa.types.is_large_binary(t):
+        return col
+    return col.cast(pa.large_binary())
+
+
+def _cast_per_value(col: Any) -> Any:
+    """Arrow's text form of a column of a type with one (:func:`text_kind` ``"cast"``). The
+    cast of the whole column is total on every such type pyarrow reads from Parquet (out-of-range
+    temporal values print as ``<value out of range: N>``); should it ever raise, each value is
+    cast on its own and a value that fails reads as missing: per record, never per column."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if pa.types.is_timestamp(col.type) and col.type.tz is not None:
+        # An instant with a zone prints in UTC ("...Z"), whatever zone the reader attached: a
+        # Spark executor attaches its session's zone, so the two engines read the same text.
+        col = col.cast(pa.timestamp(col.type.unit, tz="UTC"))
+    try:
+        return pc.cast(col, pa.string())
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+        pass
+    values: list[str | None] = []
+    for i in range(len(col)):
+        try:
+            values.append(pc.cast(col.slice(i, 1), pa.string())[0].as_py())
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+            values.append(None)
+    return pa.array(values, type=pa.string())  # one batch of short texts: far below 2 GiB
 
 
 def _decode_utf8(col: Any) -> tuple[Any, np.ndarray]:

@@ -48,7 +48,8 @@ Privacy caveats (see SECURITY.md, "The Spark engine"):
 * Task retries cannot double-count a record: full-pass partials are taken from one successful
   attempt per partition (``collect``), step files go through Spark's output committer. A
   retried :class:`ValueSelection` task draws fresh noise and only one attempt's output reaches
-  the driver (a retry is caused by a failure, never by the output's value; speculation is off).
+  the driver (a retry is caused by a failure, never by the output's value; speculation is off, and
+  a release refuses to run with it on: :func:`dpsummary.spark.session.check_session_settings`).
 * On a cluster, the PRF key travels inside the task closure to the executors: enable Spark's
   RPC/IO encryption (``--spark-conf spark.network.crypto.enabled=true --spark-conf
   spark.io.encryption.enabled=true``) and treat the executors like the curator's machine. The
@@ -437,12 +438,34 @@ def read_positions(spark: Any, location: str | Path) -> tuple[Any, dict[str, int
     from pyspark.sql import functions as F
 
     loc = str(location)
-    df = spark.read.parquet(loc) if Path(loc).exists() or "://" in loc else spark.table(loc)
+    try:
+        # Spark infers the schema here from the files' footers (a job that reads no record).
+        df = spark.read.parquet(loc) if Path(loc).exists() or "://" in loc else spark.table(loc)
+    except Exception as exc:  # noqa: BLE001 - a public fact about the input's schema: one line
+        raise _unreadable(exc) from None
     files = df.inputFiles()
     index = _file_index_of(files)
     out = df.select("*", F.col("_metadata.file_path").alias(FILE_COLUMN),
                     F.col("_metadata.row_index").alias(ROW_COLUMN))
     return out, index
+
+
+def _unreadable(exc: BaseException) -> SparkEngineError:
+    """Spark could not open the input: its reader refuses a column's Parquet type (float16,
+    decimals beyond 38 digits, TIME, TIMESTAMP(NANOS), UUID: issue 47) or the table is missing.
+    Decided from the schema and the file list, before any reservation (the source is opened
+    first), so the refusal is free and the same for every neighbouring data set. The message
+    names Spark's error condition only (a type rule; Spark's text is not repeated)."""
+    get = getattr(exc, "getCondition", None) or getattr(exc, "getErrorClass", None)
+    condition = None
+    try:
+        condition = get() if get is not None else None
+    except Exception:  # noqa: BLE001 - no condition: the exception type names it
+        condition = None
+    return SparkEngineError(
+        f"--engine spark: Spark cannot read the input ({condition or type(exc).__name__}); Spark reads no float16, "
+        "decimal wider than 38 digits, TIME, nanosecond TIMESTAMP or UUID column",
+        fix="convert such columns (e.g. to string, double or int64) or use --engine local")
 
 
 def _collect(df: Any, fn: Any) -> dict[str, Any]:

@@ -10,14 +10,22 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..private.spark_engine import SparkSource
-from .session import SparkEngineError, SparkOptions, check_executors, spark_scope
+from .session import (
+    SparkEngineError,
+    SparkOptions,
+    check_executors,
+    check_session_settings,
+    spark_scope,
+)
 
 
 def open_spark_source(location: str | Path, options: SparkOptions, *, steps: int) -> SparkSource:
     """For a release, BEFORE any reservation: a private 0700 directory, a SparkSession (or the
     active one) whose temp/spill dirs live inside it, the executor probe, and the input's metadata
     (schema, file list; no record is read until a mechanism runs). A session that cannot start,
-    or executors without the driver's dpsummary, is a public, one-line :class:`SparkEngineError`.
+    one whose effective settings the noise argument forbids (speculation; checked by reading
+    them back from the session), or executors without the driver's dpsummary, is a public,
+    one-line :class:`SparkEngineError`.
     :meth:`SparkSource.close` (or its context manager) stops a session started here and deletes
     the directory: step files never outlive the release."""
     scope = spark_scope(options)
@@ -37,6 +45,7 @@ def open_spark_source(location: str | Path, options: SparkOptions, *, steps: int
         scope.__exit__(None, None, None)
 
     try:
+        check_session_settings(spark)
         check_executors(spark, scratch, options)
         return SparkSource(spark, location, scratch, steps=steps, on_close=end_scope)
     except BaseException:

@@ -65,7 +65,8 @@ def spark_available() -> str | None:
 
 
 def parse_spark_conf(items: list[str] | None) -> dict[str, str]:
-    """``["k=v", ...]`` from ``--spark-conf`` to a dict; a malformed item is a public error."""
+    """``["k=v", ...]`` from ``--spark-conf`` to a dict; a malformed item, or a setting the
+    noise argument does not allow (:func:`unsafe_setting`), is a public error."""
     out: dict[str, str] = {}
     for item in items or []:
         key, sep, value = item.partition("=")
@@ -73,7 +74,58 @@ def parse_spark_conf(items: list[str] | None) -> dict[str, str]:
             raise SparkEngineError(f"--spark-conf expects key=value, got {item!r}",
                                    fix="pass e.g. --spark-conf spark.executor.memory=4g")
         out[key.strip()] = value.strip()
+    reason = unsafe_setting(out.get)
+    if reason is not None:
+        raise SparkEngineError(f"--spark-conf {reason}", fix="leave that setting out (or set it to its default)")
     return out
+
+
+#: Spark settings the release's privacy argument depends on, with the values it forbids
+#: (compared case-insensitively) and why. Speculation: the driver keeps the FIRST of two
+#: independently noised attempts of a task to finish, and OpenDP's sampler takes longer for some
+#: noise values than others, so the kept noise is no longer the declared Gaussian (issue 47). A
+#: rebase mode of EXCEPTION: one record's date before 1582 in a file written by a legacy Spark
+#: fails the whole pass after the charge (the default, CORRECTED, reads it per record).
+FORBIDDEN_SETTINGS: dict[str, tuple[str, str]] = {
+    "spark.speculation": ("true", "speculative attempts would let the fastest of two independently noised "
+                                  "attempts decide which noise is released"),
+    "spark.sql.parquet.datetimeRebaseModeInRead": ("exception", "one record's ancient date would fail the whole "
+                                                                "pass after the charge"),
+    "spark.sql.parquet.int96RebaseModeInRead": ("exception", "one record's ancient timestamp would fail the "
+                                                             "whole pass after the charge"),
+}
+
+
+def unsafe_setting(get: Any) -> str | None:
+    """The first forbidden setting (:data:`FORBIDDEN_SETTINGS`) among the values ``get(key)``
+    returns (None: not set), as ``"key=value: why; ..."``, else None. A public fact."""
+    for key, (bad, why) in FORBIDDEN_SETTINGS.items():
+        value = get(key)
+        if value is not None and str(value).strip().lower() == bad:
+            return f"{key}={value}: {why}; dpsummary runs Spark without it (remove the setting)"
+    return None
+
+
+def check_session_settings(spark: Any) -> None:
+    """Before any reservation: the EFFECTIVE values of :data:`FORBIDDEN_SETTINGS`, read back
+    from the running session (core settings from the SparkContext's conf, SQL settings from the
+    session's), whatever set them (``--spark-conf``, ``spark-defaults.conf``, an active
+    session). A forbidden value is a one-line :class:`SparkEngineError`."""
+    core = spark.sparkContext.getConf()
+
+    def get(key: str) -> str | None:
+        value = core.get(key, None)
+        if value is None:
+            try:
+                value = spark.conf.get(key, None)
+            except Exception:  # noqa: BLE001 - a setting the session does not know is unset
+                value = None
+        return value
+
+    reason = unsafe_setting(get)
+    if reason is not None:
+        raise SparkEngineError(f"--engine spark: the Spark session has {reason}",
+                               fix="remove that setting from spark-defaults.conf or the active session")
 
 
 def public_header(location: str | Path, policy: Any) -> list[str]:
@@ -96,9 +148,56 @@ def public_header(location: str | Path, policy: Any) -> list[str]:
     elif path.suffix.lower() not in (".parquet", ".pq"):
         raise SparkEngineError(f"--engine spark reads Parquet (a .parquet file or a directory of them), not {path.name}",
                                fix=to_parquet_fix(path))
+    else:
+        files = [path]
     from ..data import read_header
 
-    return read_header(path)
+    header = read_header(path)
+    for f in files:
+        bad = spark_unsafe_column(f)
+        if bad is not None:
+            raise SparkEngineError(
+                f"--engine spark: column {bad[0]!r} of {f.name} is {bad[1]}: {bad[2]}",
+                fix="convert it (e.g. to string, double or int64 microseconds) or use --engine local")
+    return header
+
+
+def spark_unsafe_column(path: Path) -> tuple[str, str, str] | None:
+    """The first column of a Parquet file (its footer's schema: public metadata, no record)
+    whose type Spark cannot read record by record, as ``(column, type, why)``, else None.
+
+    Issue 47: Spark refuses float16, decimals wider than 38 digits, TIME, nanosecond TIMESTAMP
+    and UUID columns when it opens the file (a job failure after the charge, were it not
+    checked here), and it converts a millisecond TIMESTAMP to microseconds with a checked
+    multiply, so ONE extreme value (beyond about year 294,000) fails the whole pass after the
+    charge: a record deciding the release. The local engine reads all of them per record. A
+    rule on every leaf column's Parquet type (nested fields included: Spark reads them too)."""
+    import pyarrow.parquet as pq
+
+    try:
+        schema = pq.ParquetFile(path).schema
+    except (OSError, ValueError):
+        raise SparkEngineError(f"cannot read the Parquet file {path}",
+                               fix="check that it is a Parquet file (pyarrow.parquet.read_table opens it)") from None
+    unreadable = "Spark's Parquet reader cannot read it"
+    for i in range(len(schema)):
+        column = schema.column(i)
+        logical = str(column.logical_type)
+        name = column.path.split(".")[0]
+        if logical == "Float16":
+            return name, "float16", unreadable
+        if logical.startswith("Decimal(") and column.precision > 38:
+            return name, f"a decimal of {column.precision} digits", "Spark reads at most 38 digits"
+        if logical.startswith("Time("):
+            return name, "a TIME", unreadable
+        if logical == "UUID":
+            return name, "a UUID", unreadable
+        if logical.startswith("Timestamp(") and "timeUnit=nanoseconds" in logical:
+            return name, "a nanosecond TIMESTAMP", unreadable
+        if logical.startswith("Timestamp(") and "timeUnit=milliseconds" in logical:
+            return name, "a millisecond TIMESTAMP", ("Spark's reader fails the whole pass on one value beyond "
+                                                         "its microsecond range")
+    return None
 
 
 #: The master URL forms Spark accepts (local modes, standalone, YARN, Kubernetes, Mesos).
@@ -196,7 +295,7 @@ def worker_python(options: SparkOptions) -> str | None:
 
 # ---- the executors' dpsummary: shipped, then checked by a probe that touches no record ------
 #: Modules an executor imports to run the engine's passes (the probe imports them all).
-EXECUTOR_MODULES = ("numpy", "pyarrow", "torch", "opendp.measurements", "dpsummary.data.encode",
+EXECUTOR_MODULES = ("numpy", "pyarrow", "pandas", "torch", "opendp.measurements", "dpsummary.data.encode",
                     "dpsummary.private.kernel", "dpsummary.private.preprocess", "dpsummary.private.spark_engine",
                     "dpsummary.private.prf")
 
@@ -249,17 +348,61 @@ def _probe_function() -> Any:
     return probe
 
 
+def _arrow_probe_function() -> Any:
+    """The probe as a ``mapInArrow`` function (nested: pickled by value): the release's passes
+    run through ``mapInArrow``, whose driver side needs pandas and whose executor side needs
+    pyarrow, so the probe goes through exactly that path. It reads no record (its input is
+    ``spark.range``, a public constant)."""
+    probe = _probe_function()
+
+    def arrow_probe(batches: Any) -> Any:
+        import pyarrow as pa
+
+        for _ in batches:
+            pass
+        kind, detail = probe(None)
+        yield pa.RecordBatch.from_pydict({"kind": [kind], "detail": [detail]})
+
+    return arrow_probe
+
+
 def executor_report(spark: Any, scratch: Path) -> list[tuple[str, str]]:
-    """Ship the package, then run the probe in one task per default-parallelism slot: the
-    distinct answers (("ok", version) or ("error", one line)). A job that fails (e.g. the
-    executors' Python cannot start) is one ("job", exception type) answer."""
+    """Ship the package, then run the probe in one task per default-parallelism slot, first as a
+    plain RDD map (its answer names a missing module), then through ``mapInArrow`` (the path
+    every release pass takes: pyspark's pandas and Arrow requirements, issue 47): the distinct
+    answers (("ok", version) or ("error", one line)). A job that fails (e.g. the executors'
+    Python cannot start) is one ("job", exception type) answer; a package pyspark itself wants
+    on the driver (pandas for ``mapInArrow``) is one ("driver", its one-line message) answer."""
     ship_package(spark, scratch)
     sc = spark.sparkContext
     slots = max(1, int(sc.defaultParallelism))
     try:
-        return sorted(set(sc.parallelize(range(slots), slots).map(_probe_function()).collect()))
+        answers = set(sc.parallelize(range(slots), slots).map(_probe_function()).collect())
     except Exception as exc:  # noqa: BLE001 - a worker that cannot start: one line, no traceback
         return [("job", type(exc).__name__)]
+    if answers != {("ok", _version())}:
+        return sorted(answers)
+    try:
+        frame = spark.range(0, slots, 1, slots).mapInArrow(_arrow_probe_function(), "kind string, detail string")
+    except Exception as exc:  # noqa: BLE001 - pyspark's own driver-side requirement check (pandas)
+        return [("driver", _one_line(exc))]
+    try:
+        return sorted({(r["kind"], r["detail"]) for r in frame.collect()})
+    except Exception as exc:  # noqa: BLE001
+        return [("job", type(exc).__name__)]
+
+
+def _version() -> str:
+    from .. import __version__
+
+    return str(__version__)
+
+
+def _one_line(exc: BaseException) -> str:
+    """The first line of an exception's message, without pyspark's ``[CONDITION]`` prefix
+    decoration kept (it names the missing package; no data is involved)."""
+    text = (str(exc).strip().splitlines() or [""])[0]
+    return f"{type(exc).__name__}: {text}"[:200]
 
 
 def check_executors(spark: Any, scratch: Path, options: SparkOptions) -> None:
@@ -272,6 +415,10 @@ def check_executors(spark: Any, scratch: Path, options: SparkOptions) -> None:
     if not bad:
         return
     kind, detail = bad[0]
+    if kind == "driver":
+        raise SparkEngineError(
+            f"--engine spark: pyspark cannot run the engine's Arrow passes on this driver ({detail})",
+            fix="install dpsummary with its 'spark' extra (pip install 'dpsummary[spark]'), which includes it")
     if kind == "ok":
         what = f"import dpsummary {detail}, not the driver's {__version__}"
     elif kind == "job":
