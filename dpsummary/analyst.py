@@ -383,7 +383,7 @@ class Release:
         if not getattr(self.model, "parameter_draws", True):
             raise ValueError(f"a {self.model.name} release is fitted by weighted variational inference, not sampled: "
                              "use Release.fit_mixture() (or read Release.mixture for the published fit)")
-        if method == "hmc":  # type: ignore[comparison-overlap]
+        if method == "hmc":
             raise ValueError("method='hmc' was replaced by method='nuts' (NUTS with diagnostics, dpsummary.sampling)")
         if method not in ("auto", "exact", "laplace", "nuts", "vi"):
             raise ValueError(f"unknown method {method!r}; use 'auto', 'exact', 'laplace', 'nuts' or 'vi'")

@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
+import numpy as np
 import torch
 
 from .inference import GaussianPosterior, coreset_posterior, laplace, prior_posterior

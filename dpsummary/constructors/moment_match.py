@@ -21,8 +21,9 @@ What this does (post-processing of the DP target and public values: it costs no 
    ``S_t <- D S_t D`` with ``D = diag(sd_S / sd_exact)`` (correlations kept; whitened by ``S``
    its eigenvalues are kept in ``[MIN_RELATIVE_VARIANCE, carrier prior)``). It stops when every mean is within
    :data:`MEAN_TOLERANCE` sds and every sd within :data:`SD_TOLERANCE` (relative), or after
-   :data:`MAX_ITERATIONS`; the best iterate is kept, and its measured agreement is what the
-   artifact records (the issue's criterion: 0.05 sd and 3%).
+   :data:`MAX_ITERATIONS`; the best iterate is kept, and its agreement is measured again by
+   :data:`VERIFY_RUNS` fresh NUTS runs: that is what the artifact records (the issue's criterion:
+   0.05 sd and 3%).
 
 The stopping rule reads only the target, public values and draws from the pseudocoreset's
 posterior: no record is touched. The sampler's randomness comes from the release's non-private
@@ -48,6 +49,8 @@ SD_TOLERANCE = 0.02
 MAX_ITERATIONS = 5
 #: NUTS per iteration: the whitened start is already close, so a short warm-up suffices.
 MATCH_WARMUP = 300
+#: Independent NUTS runs (of 4,000 draws each) that measure the chosen pseudocoreset's agreement.
+VERIFY_RUNS = 2
 #: The carrier prior is needed where the target's largest variance is above the prior's over
 #: CARRIER_NEEDED (a widening of up to 10% must stay possible), and then its variance is
 #: CARRIER_MARGIN times that largest variance. Widening more than needed costs agreement: a
@@ -85,7 +88,7 @@ class MomentMatch:
         return (self.max_mean_error_sd <= AGREEMENT_MEAN_SD
                 and abs(self.sd_ratio_min - 1.0) <= AGREEMENT_SD_RATIO and abs(self.sd_ratio_max - 1.0) <= AGREEMENT_SD_RATIO)
 
-    def claim(self) -> dict[str, float | int | bool | None]:
+    def claim(self) -> dict[str, str | float | int | bool | None]:
         """What the artifact records (public: functions of the DP target and public values)."""
         return {"method": "moments (NUTS)", "iterations": self.iterations,
                 "max_mean_error_sd": round(self.max_mean_error_sd, 4), "sd_ratio_min": round(self.sd_ratio_min, 4),
@@ -168,7 +171,14 @@ def match_moments(model: GLM, target: GaussianPosterior, *, size: int, generator
         cur_cov = chol @ ((vec * np.clip(lam, MIN_RELATIVE_VARIANCE, cap)) @ vec.T) @ chol.T
         cur_cov = 0.5 * (cur_cov + cur_cov.T)
     assert best is not None
-    out = best[1]
-    return MomentMatch(points=out.points, weights=out.weights, model=out.model, iterations=it,
-                       max_mean_error_sd=out.max_mean_error_sd, sd_ratio_min=out.sd_ratio_min,
-                       sd_ratio_max=out.sd_ratio_max, draws=out.draws, carrier_prior_scale=widened)
+    # The figures recorded are not the chosen iterate's own (choosing the best of noisy estimates
+    # flatters them): VERIFY_RUNS fresh NUTS runs of the chosen pseudocoreset measure them again.
+    chosen = best[1]
+    runs = [sample_posterior(carrier, chosen.points, chosen.weights, start=target, settings=cfg,
+                             seed=int(torch.randint(2**62, (1,), generator=generator))).flat()
+            for _ in range(VERIFY_RUNS)]
+    flat = np.concatenate(runs, axis=0)
+    ratio = flat.std(0, ddof=1) / sd
+    return MomentMatch(points=chosen.points, weights=chosen.weights, model=chosen.model, iterations=it,
+                       max_mean_error_sd=float(np.max(np.abs(flat.mean(0) - m) / sd)), sd_ratio_min=float(ratio.min()),
+                       sd_ratio_max=float(ratio.max()), draws=int(flat.shape[0]), carrier_prior_scale=widened)

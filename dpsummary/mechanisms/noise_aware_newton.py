@@ -53,13 +53,13 @@ def noise_aware_summaries(plan: MechanismPlan, records: Any, size: int, generato
 
     from .. import noise_aware
     from ..constructors.base import Summary
-    from ..constructors.moment_match import match_moments
-    from ..models import GLM
     from ..constructors.gaussian_target import (
         MATCH_KL_WARNING,
         directions_wider_than_prior,
         pseudocoreset_of_gaussian,
     )
+    from ..constructors.moment_match import match_moments
+    from ..models import GLM
 
     model, tf, schedule = plan.model, plan.transform, plan.settings["schedule"]
     requested = size

@@ -187,7 +187,7 @@ def run_nuts(
         # ``jax.enable_x64`` context does not reach (JAX would cast its float64 result to
         # float32 and refuse it): 64-bit mode is switched on process-wide for the run and
         # restored after it.
-        previous = bool(jax.config.jax_enable_x64)
+        previous = bool(jax.config.read("jax_enable_x64"))
         jax.config.update("jax_enable_x64", True)
         try:
             c, t = jnp.asarray(centre), jnp.asarray(tril)

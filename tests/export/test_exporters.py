@@ -29,8 +29,8 @@ os.environ.setdefault("XDG_CACHE_HOME", str(ROOT / ".cache" / "xdg"))
 from dpsummary.analyst import Release  # noqa: E402
 from dpsummary.constructors.base import Summary  # noqa: E402
 from dpsummary.export import FORMATS, export, neutral, stan  # noqa: E402
-from dpsummary.sampling.diagnostics import ess_bulk  # noqa: E402
 from dpsummary.models import DTYPE, from_spec  # noqa: E402
+from dpsummary.sampling.diagnostics import ess_bulk  # noqa: E402
 
 RTOL = 1e-6
 
