@@ -681,7 +681,7 @@ def artifact_reference(artifact: Path, data: Path, epsilon: float, *, posterior:
     if rel.transform is None:
         raise ValueError(f"{artifact} carries no public transform (not a GLM release)")
     delta = float(rel.claim["delta_accounting"])
-    model = rel.model
+    model = modelling_model(rel)
     key = json.dumps({"data": str(data), "transform": rel.transform.to_dict(), "model": repr(model),
                       "prior_mean": model.prior_mean.tolist()}, sort_keys=True, default=str)
     ref = cached_reference(key, epsilon, delta)
@@ -692,14 +692,38 @@ def artifact_reference(artifact: Path, data: Path, epsilon: float, *, posterior:
     return rel, ref
 
 
-def judge_artifact(artifact: Path, data: Path, epsilon: float) -> dict[str, Any]:
-    """Judge one signed artifact in its own model space (:func:`artifact_reference`): the
-    posterior an analyst loads by default, the Laplace posterior of its weighted pseudocoreset."""
+def modelling_model(rel: Any) -> Any:
+    """The release's model with the prior its posterior was computed under: a pseudocoreset
+    carried under a wider prior (``pseudocoreset_match.carrier_prior_scale``, issue 48) is
+    judged against the full-data posterior under the model's own prior."""
+    match = (rel.body.get("posterior") or {}).get("pseudocoreset_match") or {}
+    scale = match.get("model_prior_scale")
+    model = rel.model
+    if scale is None or float(scale) == model.prior_scale:
+        return model
+    spec = {**model.spec(), "prior_scale": float(scale)}
+    del spec["name"]
+    return type(model)(spec.pop("num_features"), **spec)
+
+
+#: Draws of ``Release.sample()`` judged per release (its default NUTS settings otherwise).
+SAMPLED_DRAWS = 4000
+
+
+def judge_artifact(artifact: Path, data: Path, epsilon: float, *, sampled: bool = True) -> dict[str, Any]:
+    """Judge one signed artifact in its own model space (:func:`artifact_reference`): the Laplace
+    posterior of its weighted pseudocoreset (the ``coverage`` columns), the Gaussian it signs
+    (``gaussian_*``) and, with ``sampled``, what analysts get: ``Release.sample()``'s default
+    NUTS draws of the pseudocoreset's exact posterior, judged by their quantile intervals
+    (``sampled_*``, :func:`dpsummary.metrics.draws_report`), with the draws' worst R-hat and ESS."""
+    import warnings
+
     from dpsummary.gaussian import GaussianPosterior
     from dpsummary.inference import coreset_posterior
+    from dpsummary.metrics import draws_report
 
     rel, ref = artifact_reference(artifact, data, epsilon)
-    post = coreset_posterior(ref.model, rel.summary.points, rel.summary.weights)
+    post = coreset_posterior(rel.model, rel.summary.points, rel.summary.weights)
     out = judge(post, ref)
     out.update(delta=float(rel.claim["delta_accounting"]), n_rows=int(ref.points.shape[0]),
                posterior=rel.summary.info.get("posterior", ""),
@@ -719,6 +743,25 @@ def judge_artifact(artifact: Path, data: Path, epsilon: float) -> dict[str, Any]
         gj = judge(gauss, ref)
         out.update(gaussian_coverage=gj["coverage"], gaussian_width_ratio=gj["width_ratio"],
                    gaussian_wrong_sign=gj["effects_wrong_sign"])
+    if sampled and getattr(rel.model, "parameter_draws", True):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the diagnostics are recorded, not printed
+            if rel.model.conjugate:
+                values, rhat, ess = rel.sample(SAMPLED_DRAWS, seed=0), None, None
+            else:
+                drawn = rel.sample(SAMPLED_DRAWS, seed=0, return_draws=True)
+                values = drawn.flat()
+                rhat = float(drawn.diagnostics.rhat.max())
+                ess = float(min(drawn.diagnostics.ess_bulk.min(), drawn.diagnostics.ess_tail.min()))
+        sj = draws_report(values, ref.full, floor=ref.floor)
+        out.update(sampled_coverage=sj["coverage"], sampled_width_ratio=sj["width_ratio"],
+                   sampled_width_vs_floor=sj["width_vs_floor"], sampled_effects_found=sj["effects_found"],
+                   sampled_wrong_sign=sj["effects_wrong_sign"], sampled_mean_error_sd_max=sj["mean_error_sd_max"],
+                   sampled_rhat=rhat, sampled_ess=ess)
+    match = (rel.body.get("posterior") or {}).get("pseudocoreset_match") or {}
+    if match:
+        out.update(exact_mean_error_sd=match.get("max_mean_error_sd"),
+                   exact_sd_ratio_min=match.get("sd_ratio_min"), exact_sd_ratio_max=match.get("sd_ratio_max"))
     return out
 
 
@@ -749,7 +792,10 @@ FIELDS = ["table", "kind", "model", "mode", "epsilon", "mechanism", "run", "outc
           "n_rows", "delta", "coverage", "effects_wrong_sign", "width_ratio", "effects_full", "effects_found",
           "floor_coverage", "floor_width_ratio", "width_vs_floor", "floor_effects_found", "effects_vs_floor", "floor_wrong_sign",
           "mean_error_sd_median", "mean_error_sd_max", "kl_full_summary", "posterior", "match_kl",
-          "gaussian_coverage", "gaussian_width_ratio", "gaussian_wrong_sign", "release_seconds", "judge_seconds",
+          "gaussian_coverage", "gaussian_width_ratio", "gaussian_wrong_sign",
+          "sampled_coverage", "sampled_width_ratio", "sampled_width_vs_floor", "sampled_effects_found",
+          "sampled_wrong_sign", "sampled_mean_error_sd_max", "sampled_rhat", "sampled_ess",
+          "exact_mean_error_sd", "exact_sd_ratio_min", "exact_sd_ratio_max", "release_seconds", "judge_seconds",
           "code", "started"]
 
 
@@ -899,6 +945,12 @@ class Cell:
     verdict: str
     message: str
     gaussian_coverage: float | None = None
+    #: The analyst's ``sample()`` draws (issue 48): median coverage, width over the floor's,
+    #: effects found, and wrong-sign effects summed over the runs (None: not judged).
+    sampled_coverage: float | None = None
+    sampled_width_vs_floor: float | None = None
+    sampled_effects_found: float | None = None
+    sampled_wrong_sign: int | None = None
 
 
 def floor_dishonest(floor_coverage: float | None, floor_wrong: float | None) -> bool:
@@ -1014,13 +1066,22 @@ def cells(rows: list[dict[str, str]]) -> dict[CellKey, Cell]:
         fwrong_runs = _floats(ok, "floor_wrong_sign")
         fwrong = sum(fwrong_runs) if ok and len(fwrong_runs) == len(ok) else None
         v, thr, fj = verdict(cov, fcov, wrong, refused, errors, fwrong)
+        # Issue 48: a cell is honest only when every posterior judged in it is: the loaded
+        # Laplace posterior, the signed Gaussian and the analyst's sample() draws (runs judged
+        # before a column existed have no value for it and are judged on the rest).
+        for cov_key, wrong_key in (("gaussian_coverage", "gaussian_wrong_sign"), ("sampled_coverage", "sampled_wrong_sign")):
+            if v == "HONEST" and _floats(ok, cov_key):
+                other, _, _ = verdict(_median(ok, cov_key), fcov, int(sum(_floats(ok, wrong_key))), refused, errors, fwrong)
+                v = other if other != "HONEST" else v
         covs = _floats(ok, "coverage")
         msgs = sorted({r["message"] for r in rs if r.get("message")})
         out[key] = Cell(key, len(rs), len(ok), refused, errors, cov, min(covs) if covs else None, fcov, thr, fj, wrong,
                         fwrong, _median(ok, "width_ratio"), _median(ok, "floor_width_ratio"), _median(ok, "width_vs_floor"),
                         _median(ok, "effects_full"), _median(ok, "effects_found"), _median(ok, "floor_effects_found"),
                         ok[0]["param_dim"] if ok else "-", v, msgs[0] if msgs else "",
-                        _median(ok, "gaussian_coverage"))
+                        _median(ok, "gaussian_coverage"), _median(ok, "sampled_coverage"),
+                        _median(ok, "sampled_width_vs_floor"), _median(ok, "sampled_effects_found"),
+                        int(sum(_floats(ok, "sampled_wrong_sign"))) if _floats(ok, "sampled_wrong_sign") else None)
     return out
 
 
@@ -1130,8 +1191,8 @@ def report(results: Path, target: Path, plot: Path | None = None, note: str = ""
     lines += ["", "## Cells", "",
               "| table | model | mode | eps | mechanism | d | runs (refused) | coverage (min) | floor cov. | threshold | "
               "wrong | floor wrong | width / full | floor width | width / floor | effects found / floor / full | "
-              "verdict | Gaussian cov. |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+              "verdict | Gaussian cov. | sample() cov. / width over floor / effects / wrong |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for key in sorted(cs, key=_order):
         c = cs[key]
         t, model, mode, eps, mech = key
@@ -1142,7 +1203,10 @@ def report(results: Path, target: Path, plot: Path | None = None, note: str = ""
             f"{_f(c.threshold)}{' floor' if c.floor_judged else ''} | {c.wrong_sign} | {_f(c.floor_wrong, 1)} | "
             f"{_x(c.width)} | "
             f"{_x(c.floor_width)} | {_f(c.width_vs_floor)} | {_f(c.effects_found, 1)} / {_f(c.floor_effects, 1)} / "
-            f"{_f(c.effects_full, 0)} | {c.verdict} | {_f(c.gaussian_coverage)} |")
+            f"{_f(c.effects_full, 0)} | {c.verdict} | {_f(c.gaussian_coverage)} | "
+            + ("-" if c.sampled_coverage is None else
+               f"{_f(c.sampled_coverage)} / {_f(c.sampled_width_vs_floor)} / {_f(c.sampled_effects_found, 1)} / "
+               f"{c.sampled_wrong_sign}") + " |")
     lines += ["", "Re-run one cell (appends to the CSV; then `report`): `python benchmarks/calibration.py run "
               "--tables TABLE --modes MODE --epsilons EPS --mechanisms MECH --runs N --out CSV`.", ""]
     notes = ""
