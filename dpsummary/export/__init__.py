@@ -17,8 +17,10 @@ Every directory also holds ``release.json``, whose ``checks`` block the adapter 
 A release whose mechanism records that its intervals are not validated on real tables (DP-PSVI,
 :mod:`dpsummary.caveats`) carries the caveat into every export: ``release.json``'s
 ``interval_calibration`` field, a ``WARNING`` comment atop each program written, and a
-``warning:`` line each program prints when run. Files are written atomically. Exporting costs
-no privacy.
+``warning:`` line each program prints when run. Likewise a release whose sampling cannot be
+trusted: at export dpsummary's NUTS samples it once (``release.json``'s ``sampling_check``), and any
+failed diagnostic becomes a ``WARNING`` comment atop each program. Files are written atomically.
+Exporting costs no privacy.
 """
 
 from __future__ import annotations
@@ -51,6 +53,9 @@ def export(release: Any, to: str, out: str | Path) -> list[Path]:
         doc = neutral.to_neutral(release)
     except NotImplementedError as exc:
         raise UnsupportedExport(f"--to {to}: {exc}") from None
+    # Issue 48: our sampler's diagnostics on this release ride along (release.json's
+    # "sampling_check"), and a failure becomes a WARNING comment atop every program written.
+    doc["sampling_check"] = neutral.sampling_check(release)
     if to == "json":
         return neutral.write(release, out, neutral=doc)
     if to == "stan":

@@ -176,18 +176,50 @@ def to_neutral(release: Release, *, num_random_checks: int = 2, seed: int = 0) -
     }
 
 
+def sampling_check(release: Release, seed: int = 0) -> dict[str, Any] | None:
+    """What dpsummary's own NUTS found on the release's weighted posterior at export time
+    (``Release.sample``'s defaults, fixed ``seed``): its diagnostics line and the checks that
+    failed (R-hat > 1.01, ESS < 400, divergences), plus the release's recorded agreement of that
+    posterior with its signed Gaussian (``pseudocoreset_match``). None for releases whose
+    default draws are not MCMC (conjugate models: exact draws; BNNs: VI). Issue 48: a release
+    whose sampling cannot be trusted says so in every exported program."""
+    import warnings
+
+    model = release.model
+    if model.conjugate or isinstance(model, BNN) or not getattr(model, "parameter_draws", True):
+        return None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # recorded in the document instead
+        draws = release.sample(1000, seed=seed, return_draws=True)
+    match = (release.body.get("posterior") or {}).get("pseudocoreset_match")
+    problems = draws.problems()
+    if isinstance(match, dict) and match.get("agrees") is False:
+        problems.append(f"the exact posterior differs from the signed Gaussian beyond 0.05 sd / 3% (means within "
+                        f"{match.get('max_mean_error_sd')} sd, sds {match.get('sd_ratio_min')}-{match.get('sd_ratio_max')}x)")
+    return {"sampler": "dpsummary NUTS (BlackJAX), seed 0", "diagnostics": draws.diagnostics.summary(),
+            "problems": problems, "pseudocoreset_match": match}
+
+
 def caveat_header(doc: dict[str, Any], comment: str) -> bytes:
-    """Comment lines (``comment`` is ``#`` or ``//``) stating the document's interval caveat, to
-    put above an exported program; empty bytes when the release carries none, so a release
-    without a caveat exports its template byte for byte."""
+    """Comment lines (``comment`` is ``#`` or ``//``) stating the document's interval caveat and
+    any sampling problem found at export, to put above an exported program; empty bytes when the
+    release carries neither, so such a release exports its template byte for byte."""
     import textwrap
 
+    texts = []
     caveat = doc.get("interval_calibration")
-    if not caveat:
+    if caveat:
+        texts.append(f"WARNING: {caveat.get('warning')}. The full record is release.json's "
+                     '"interval_calibration" (dpsummary docs/FORMAT.md).')
+    check = doc.get("sampling_check")
+    if check and check.get("problems"):
+        texts.append(f"WARNING: sampling this release may not give its posterior: {'; '.join(check['problems'])} "
+                     f"[{check.get('diagnostics')}]. Check R-hat, ESS and divergences of your own run; draw more "
+                     "or warm up longer. The record is release.json's \"sampling_check\".")
+    if not texts:
         return b""
-    text = (f"WARNING: {caveat.get('warning')}. The full record is release.json's "
-            '"interval_calibration" (dpsummary docs/FORMAT.md).')
-    return "".join(f"{comment} {line}\n" for line in [*textwrap.wrap(text, 96), ""]).replace(" \n", "\n").encode()
+    lines = [line for t in texts for line in [*textwrap.wrap(t, 96), ""]]
+    return "".join(f"{comment} {line}\n" for line in lines).replace(" \n", "\n").encode()
 
 
 def dump(doc: dict[str, Any]) -> bytes:

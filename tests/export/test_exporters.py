@@ -382,3 +382,40 @@ def test_bnn_refused_by_exporters_that_cannot_express_it(to, tmp_path):
     with pytest.raises(UnsupportedExport, match="cannot express a BNN"):
         export(make_bnn_release("bernoulli"), to, tmp_path / to)
     assert not (tmp_path / to).exists()
+
+
+# ------------------------------------------------------------------------------ sampling warnings
+
+
+def test_a_release_whose_sampling_fails_warns_in_every_exported_program(tmp_path, monkeypatch):
+    """Issue 48: dpsummary's NUTS samples the release at export; a failed diagnostic (here: too
+    few draws for 400 ESS, forced by sampling 40 draws) and a recorded exact-posterior mismatch
+    both become a WARNING comment atop each program and a record in release.json."""
+    from dpsummary import export as ex
+    from dpsummary.analyst import Release
+
+    rel = make_release("logistic")
+    clean = ex.export(rel, "numpyro", tmp_path / "clean")
+    doc = json.loads((tmp_path / "clean" / "release.json").read_text())
+    assert doc["sampling_check"]["problems"] == [] and "R-hat" in doc["sampling_check"]["diagnostics"]
+    assert not (tmp_path / "clean" / "numpyro_model.py").read_text().startswith("# WARNING")
+    assert clean
+
+    original = Release.sample
+
+    def few(self, num_samples=1000, **kwargs):
+        return original(self, 40, **{**kwargs, "num_warmup": 100})
+
+    monkeypatch.setattr(Release, "sample", few)
+    rel.body["posterior"] = {"pseudocoreset_match": {"agrees": False, "max_mean_error_sd": 0.2,
+                                                     "sd_ratio_min": 1.0, "sd_ratio_max": 1.1}}
+    for to in ("stan", "pymc", "numpyro", "json"):
+        files = ex.export(rel, to, tmp_path / to)
+        doc = json.loads((tmp_path / to / "release.json").read_text())
+        problems = doc["sampling_check"]["problems"]
+        assert any("ESS" in p for p in problems) and any("signed Gaussian" in p for p in problems)
+        programs = [f for f in files if f.suffix in (".py", ".stan")]
+        assert programs
+        for f in programs:
+            head = f.read_text().splitlines()[0]
+            assert head.startswith(("# WARNING: sampling", "// WARNING: sampling")), (f, head)

@@ -49,3 +49,27 @@ def test_problems_name_the_failure_and_the_parameter():
     assert any("bulk ESS" in p for p in few.problems())
     one = D.diagnose(good[:1])
     assert "one chain" in one.problems()[0] and "nan" in one.summary()
+
+
+def test_sample_warns_with_the_figures_and_the_fix():
+    """A run too short for its diagnostics (40 draws) warns, naming the failed check and the fix;
+    a default run of the same release does not."""
+    import warnings
+
+    from dpsummary.analyst import Release
+    from dpsummary.constructors.base import Summary
+    from dpsummary.models import from_spec
+    from dpsummary.sampling import SamplingWarning
+
+    rng = np.random.default_rng(0)
+    x = rng.uniform(-1, 1, (20, 2))
+    y = rng.uniform(0, 1, (20, 1))
+    import torch
+
+    rel = Release.from_summary(Summary(torch.as_tensor(np.hstack([x, y])), torch.full((20,), 5.0, dtype=torch.float64),
+                                       from_spec({"name": "logistic", "num_features": 2}), "test"))
+    with pytest.warns(SamplingWarning, match=r"ESS .* < 400.*Fix: draw more"):
+        rel.sample(40, seed=0, chains=2, num_warmup=100)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", SamplingWarning)
+        rel.sample(1000, seed=0)

@@ -1,0 +1,234 @@
+"""Do the draws analysts get represent the released posterior, and how fast are they? (issue 48)
+
+For releases of the calibration suite's tables (the first run of each table's public-schema cell
+at one epsilon, released by :func:`calibration.release`, exactly as the suite does):
+
+* ``Release.sample()`` (NUTS, default settings) with ``--seeds`` seeds, each against an
+  independent reference of the pseudocoreset's exact weighted posterior: importance sampling from
+  a multivariate t around its Laplace approximation when that reaches ``MIN_IS_ESS`` effective
+  draws (low dimensions), else one long NumPyro NUTS run of the exporter's program (a second
+  library; 4 chains of 5,000). Recorded: the largest |mean - reference| in reference sds, the sd
+  ratio range, R-hat, bulk and tail ESS, divergences, the seconds per 1,000 draws.
+* The exact posterior against the signed Gaussian (issue 48, item 5): what the artifact's
+  ``pseudocoreset_match`` recorded, and the same measured from the reference.
+* ``--exporters``: the exporters' samplers (NumPyro, PyMC with its default sampler, PyStan) on the
+  same releases, 4 chains x 1,000 draws after 1,000 warm-up each, their agreement with the
+  reference and their seconds per 1,000 draws (compilation excluded where the library separates it).
+
+Run: ``python benchmarks/sampling.py --tables napsu_adult,adult --exporters`` (the timing table at
+d = 7 and d = 106), ``python benchmarks/sampling.py --suite`` (every suite table's first release);
+writes ``benchmarks/results/sampling.csv`` and ``sampling.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import calibration  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results"
+MIN_IS_ESS = 4000.0
+FIELDS = ["table", "d", "epsilon", "sampler", "seed", "reference", "reference_ess", "mean_error_sd_max",
+          "sd_ratio_min", "sd_ratio_max", "rhat_max", "ess_bulk_min", "ess_tail_min", "divergences",
+          "seconds_per_1000", "signed_mean_error_sd_max", "signed_sd_ratio_min", "signed_sd_ratio_max",
+          "recorded_mean_error_sd", "recorded_sd_ratio_min", "recorded_sd_ratio_max"]
+
+
+def importance_reference(rel: Any, draws: int = 200_000, seed: int = 0) -> tuple[np.ndarray, np.ndarray, float]:
+    """Mean, sd and ESS of the exact weighted posterior by importance sampling (t5 proposal,
+    1.3x the Laplace scale)."""
+    from dpsummary.inference import coreset_posterior, weighted_log_posterior
+
+    points, weights = rel.nonzero()
+    lap = coreset_posterior(rel.model, points, weights)
+    d = rel.dim
+    rng = np.random.default_rng(seed)
+    t = rng.standard_normal((draws, d)) * np.sqrt(5.0 / rng.chisquare(5.0, size=(draws, 1)))
+    theta = lap.mean.numpy() + 1.3 * t @ lap.scale_tril.numpy().T
+    log_q = -0.5 * (5.0 + d) * np.log1p((t * t).sum(1) / 5.0)
+    log_p = np.concatenate([weighted_log_posterior(rel.model, points, weights, torch.as_tensor(chunk)).numpy()
+                            for chunk in np.array_split(theta, 20)])
+    lw = log_p - log_q
+    w = np.exp(lw - lw.max())
+    w /= w.sum()
+    mean = w @ theta
+    return mean, np.sqrt(w @ (theta - mean) ** 2), float(1.0 / (w * w).sum())
+
+
+def numpyro_draws(rel: Any, *, warmup: int, draws: int, seed: int) -> tuple[np.ndarray, float]:
+    """Draws ``(chains, draws, d)`` of the NumPyro exporter's program and its sampling seconds."""
+    from dpsummary.export import neutral
+    from dpsummary.export.templates import numpyro_model as nm
+
+    data = nm.from_document(neutral.to_neutral(rel))
+    t0 = time.perf_counter()
+    mcmc = nm.run_nuts(data, num_warmup=warmup, num_samples=draws, num_chains=4, seed=seed)
+    values = np.asarray(mcmc.get_samples(group_by_chain=True)["theta"], dtype=np.float64)
+    return values, time.perf_counter() - t0
+
+
+def pymc_draws(rel: Any, *, seed: int) -> tuple[np.ndarray, float]:
+    from dpsummary.export import neutral
+    from dpsummary.export.templates import pymc_model as pm_model
+
+    import pymc as pm
+
+    doc = neutral.to_neutral(rel)
+    with pm_model.build_model(pm_model.from_document(doc)):
+        t0 = time.perf_counter()
+        idata = pm.sample(1000, tune=1000, chains=4, cores=1, random_seed=seed, progressbar=False)
+        secs = time.perf_counter() - t0
+    values = np.asarray(idata.posterior["theta"], dtype=np.float64)
+    return values, secs
+
+
+def stan_draws(rel: Any, *, seed: int) -> tuple[np.ndarray, float]:
+    from dpsummary.export import neutral, stan
+
+    doc = neutral.to_neutral(rel)
+    posterior = stan.pystan_posterior(doc, random_seed=seed)
+    t0 = time.perf_counter()
+    fit = posterior.sample(num_chains=4, num_samples=1000, num_warmup=1000)
+    secs = time.perf_counter() - t0
+    flat = np.asarray(fit["theta"], dtype=np.float64).T  # (draws * chains, D), chain after chain
+    return flat.reshape(4, 1000, -1), secs
+
+
+def compare(values: np.ndarray, mean: np.ndarray, sd: np.ndarray) -> dict[str, float]:
+    from dpsummary.sampling import diagnose
+
+    flat = values.reshape(-1, values.shape[-1])
+    ratio = flat.std(0, ddof=1) / sd
+    diag = diagnose(values)
+    return {"mean_error_sd_max": float(np.max(np.abs(flat.mean(0) - mean) / sd)), "sd_ratio_min": float(ratio.min()),
+            "sd_ratio_max": float(ratio.max()), "rhat_max": float(np.nanmax(diag.rhat)),
+            "ess_bulk_min": float(diag.ess_bulk.min()), "ess_tail_min": float(diag.ess_tail.min())}
+
+
+def release_of(table: str, epsilon: float, workdir: Path, mode: str = "public") -> Path:
+    spec = calibration.TABLES[table]
+    data = calibration.table_csv(spec)
+    art = calibration.release(spec, data, mode, epsilon, "noise-aware-newton", 0, workdir)
+    os.environ["DPSUMMARY_HOME"] = str(workdir / "home")
+    return art
+
+
+def bench_table(table: str, epsilon: float, seeds: int, exporters: bool, workdir: Path, mode: str = "public",
+                artifact: Path | None = None) -> list[dict[str, Any]]:
+    import dpsummary
+
+    art = artifact or release_of(table, epsilon, workdir, mode)
+    rel = dpsummary.load(art, allow_unsigned=True)
+    rows: list[dict[str, Any]] = []
+    mean, sd, ess = importance_reference(rel)
+    reference = "importance sampling"
+    if ess < MIN_IS_ESS:
+        long, _ = numpyro_draws(rel, warmup=2000, draws=5000, seed=12345)
+        flat = long.reshape(-1, rel.dim)
+        mean, sd, ess = flat.mean(0), flat.std(0, ddof=1), float(compare(long, flat.mean(0), flat.std(0))["ess_bulk_min"])
+        reference = "NumPyro NUTS 4x5000"
+    base = {"table": table, "d": rel.dim, "epsilon": epsilon, "reference": reference, "reference_ess": round(ess)}
+    signed = rel.signed_gaussian()
+    if signed is not None:
+        m, s = signed.mean.numpy(), np.sqrt(np.diagonal(signed.cov.numpy()))
+        r = sd / s
+        base.update(signed_mean_error_sd_max=float(np.max(np.abs(mean - m) / s)), signed_sd_ratio_min=float(r.min()),
+                    signed_sd_ratio_max=float(r.max()))
+    match = (rel.body.get("posterior") or {}).get("pseudocoreset_match") or {}
+    base.update(recorded_mean_error_sd=match.get("max_mean_error_sd"), recorded_sd_ratio_min=match.get("sd_ratio_min"),
+                recorded_sd_ratio_max=match.get("sd_ratio_max"))
+    for seed in range(seeds):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            t0 = time.perf_counter()
+            drawn = rel.sample(4000, seed=seed, return_draws=True)
+            secs = time.perf_counter() - t0
+        row = {**base, "sampler": "sample() (BlackJAX NUTS)", "seed": seed, **compare(drawn.values, mean, sd),
+               "divergences": drawn.diagnostics.divergences, "seconds_per_1000": secs / 4.0}
+        print(f"{table} d={rel.dim} seed {seed}: {drawn.diagnostics.summary()}; mean error "
+              f"{row['mean_error_sd_max']:.3f} sd, sd ratio {row['sd_ratio_min']:.3f}-{row['sd_ratio_max']:.3f} "
+              f"({secs:.1f} s incl. any compile)", flush=True)
+        rows.append(row)
+    if exporters:
+        for name, fn in (("NumPyro (exporter)", lambda: numpyro_draws(rel, warmup=1000, draws=1000, seed=0)),
+                         ("PyMC (exporter)", lambda: pymc_draws(rel, seed=0)),
+                         ("PyStan (exporter)", lambda: stan_draws(rel, seed=0))):
+            try:
+                values, secs = fn()
+            except Exception as exc:  # noqa: BLE001 - a missing optional sampler is recorded, not fatal
+                print(f"{table}: {name} failed: {type(exc).__name__}: {exc}", flush=True)
+                continue
+            rows.append({**base, "sampler": name, "seed": 0, **compare(values, mean, sd), "divergences": "",
+                         "seconds_per_1000": secs / 4.0})
+            print(f"{table}: {name}: {rows[-1]['mean_error_sd_max']:.3f} sd, {secs / 4:.1f} s / 1000 draws", flush=True)
+    return rows
+
+
+def write_md(rows: list[dict[str, Any]], path: Path) -> None:
+    def f(v: Any, nd: int = 3) -> str:
+        return "-" if v in (None, "") else (f"{float(v):.{nd}f}" if isinstance(v, float | int | str) else str(v))
+
+    lines = ["# Sampling: the draws analysts get against the exact posterior (issue 48)", "",
+             "Generated by `python benchmarks/sampling.py` (module docstring: what is measured and how). "
+             "Criteria: `sample()` within 0.1 reference sds and 10% of the reference sds for every seed; "
+             "the exact posterior within 0.05 sd and 3% of the signed Gaussian.", "",
+             "| table | d | eps | sampler | seed | reference (ESS) | max mean error (sd) | sd ratio | max R-hat | "
+             "min bulk / tail ESS | div. | s per 1,000 draws | exact vs signed: mean (sd) / sd ratio | "
+             "recorded by the release |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(
+            f"| {r['table']} | {r['d']} | {r['epsilon']} | {r['sampler']} | {r['seed']} | {r['reference']} "
+            f"({r['reference_ess']}) | {f(r['mean_error_sd_max'])} | {f(r['sd_ratio_min'])}-{f(r['sd_ratio_max'])} | "
+            f"{f(r['rhat_max'])} | {f(r['ess_bulk_min'], 0)} / {f(r['ess_tail_min'], 0)} | {r['divergences']} | "
+            f"{f(r['seconds_per_1000'], 2)} | {f(r.get('signed_mean_error_sd_max'))} / "
+            f"{f(r.get('signed_sd_ratio_min'))}-{f(r.get('signed_sd_ratio_max'))} | "
+            f"{f(r.get('recorded_mean_error_sd'))} / {f(r.get('recorded_sd_ratio_min'))}-{f(r.get('recorded_sd_ratio_max'))} |")
+    path.write_text("\n".join(lines) + "\n")
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--tables", default="napsu_adult")
+    ap.add_argument("--suite", action="store_true", help="every table of the calibration suite")
+    ap.add_argument("--epsilon", type=float, default=1.0)
+    ap.add_argument("--mode", default="public")
+    ap.add_argument("--seeds", type=int, default=5)
+    ap.add_argument("--exporters", action="store_true")
+    ap.add_argument("--artifact", type=Path, help="judge this artifact instead of releasing (with --tables ONE)")
+    ap.add_argument("--workdir", type=Path, default=Path(".cache/sampling"))
+    ap.add_argument("--out", type=Path, default=RESULTS / "sampling.csv")
+    args = ap.parse_args(argv)
+    tables = list(calibration.TABLES) if args.suite else args.tables.split(",")
+    args.workdir.mkdir(parents=True, exist_ok=True)
+    rows: list[dict[str, Any]] = []
+    for t in tables:
+        try:
+            rows += bench_table(t, args.epsilon, args.seeds, args.exporters, args.workdir, args.mode, args.artifact)
+        except Exception as exc:  # noqa: BLE001 - a refused release is recorded in the log, the rest goes on
+            print(f"{t}: not benchmarked: {type(exc).__name__}: {exc}", flush=True)
+    new = args.out.exists()
+    with args.out.open("a", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=FIELDS, extrasaction="ignore")
+        if not new:
+            w.writeheader()
+        w.writerows(rows)
+    with args.out.open(newline="") as fh:
+        write_md(list(csv.DictReader(fh)), args.out.with_suffix(".md"))
+
+
+if __name__ == "__main__":
+    main()
