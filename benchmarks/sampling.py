@@ -81,10 +81,10 @@ def numpyro_draws(rel: Any, *, warmup: int, draws: int, seed: int) -> tuple[np.n
 
 
 def pymc_draws(rel: Any, *, seed: int) -> tuple[np.ndarray, float]:
+    import pymc as pm
+
     from dpsummary.export import neutral
     from dpsummary.export.templates import pymc_model as pm_model
-
-    import pymc as pm
 
     doc = neutral.to_neutral(rel)
     with pm_model.build_model(pm_model.from_document(doc)):

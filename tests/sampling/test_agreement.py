@@ -20,11 +20,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from release_support import write_csv, write_policy
 
 import dpsummary
 from dpsummary.inference import coreset_posterior, weighted_log_posterior
 from dpsummary.release import ReleaseRequest, run_release
-from release_support import write_csv, write_policy
 
 pytest.importorskip("blackjax")
 
