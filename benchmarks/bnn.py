@@ -7,7 +7,7 @@ mean-field Gaussian family) and the same train/test split per seed:
 * ``bb-sparsevi``   batch BB-SparseVI: weights on M random records (supplement Algorithm 4)
 * ``random-subset`` M uniform records weighted N/M, mean-field VI on them
 * ``full-vi``       mean-field VI on all training records (minibatches)
-* ``hmc``           full-data HMC (dpsummary.mcmc.hmc) started at the full-VI mean (2-D data only)
+* ``hmc``           full-data NUTS (dpsummary.blackbox.evaluate.hmc_reference) started at the full-VI mean (2-D data only)
 
 Data: ``halfmoon`` = sklearn.datasets.make_moons(1000, noise=0.1, random_state=seed) and
 ``four_blobs`` = make_blobs(1000, centers=4, cluster_std=1.5, random_state=seed), 800/200 split;

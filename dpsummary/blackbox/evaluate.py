@@ -1,4 +1,4 @@
-"""Predictive evaluation of black-box coresets and baselines, and the full-data HMC reference.
+"""Predictive evaluation of black-box coresets and baselines, and the full-data MCMC (NUTS) reference.
 
 The coreset posterior is used as in the paper (supplement C, eq. 18): draws ``theta_s`` from the
 fitted mean-field ``r(theta; psi*)``, self-normalised importance weights ``wt_s`` toward the

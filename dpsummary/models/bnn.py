@@ -3,7 +3,7 @@
 :class:`BNN` is an ordinary :class:`~dpsummary.models.base.Model`: ``theta`` is the flat vector of
 all weights and biases, the prior is ``N(0, prior_scale^2 I)``, and ``log_likelihood(points,
 theta)`` is batched over the S rows of ``theta`` (one einsum per layer), so every generic code
-path (autograd scores, ``torch.func.vmap`` over draws, HMC) works on it unchanged.
+path (autograd scores, ``torch.func.vmap`` over draws, NUTS through the torch log density) works on it unchanged.
 
 Likelihoods (``likelihood=``):
 
