@@ -271,7 +271,9 @@ def draws_report(
     eff = np.where(lo > 0, 1.0, np.where(hi < 0, -1.0, 0.0))
     found = int(((eff == full_eff) & (full_eff != 0)).sum())
     wrong = int(((eff != 0) & (eff == -np.sign(m_f))).sum())
-    width = float(np.median((hi - lo) / (2 * Z95 * sd_f)))
+    # The same median as TrustReport.width_ratio: torch.median, the LOWER middle value for an
+    # even number of coordinates (numpy's average of the two made d = 4 tables 4x "wider").
+    width = float(torch.median(torch.as_tensor((hi - lo) / (2 * Z95 * sd_f))))
     out: dict[str, float | int | None] = {
         "coverage": float(((lo <= m_f) & (m_f <= hi)).mean()), "width_ratio": width,
         "effects_full": int((full_eff != 0).sum()), "effects_found": found, "effects_wrong_sign": wrong,
