@@ -123,7 +123,8 @@ def noise_aware_summaries(plan: MechanismPlan, records: Any, size: int, generato
         "parameters cannot carry the posterior)"]
     if match is not None and match.carrier_prior_scale is not None:
         extra_notes.append(f"the noise-aware Gaussian (computed under the model's prior, scale {model_prior_scale:g}) is "
-                           f"as wide as that prior in some direction, so the pseudocoreset carries it under a prior of "
+                           f"close to (within 20% of its variance) or wider than that prior in some direction, so the pseudocoreset "
+                           f"carries it under a prior of "
                            f"scale {match.carrier_prior_scale:.4g} (a weighted likelihood only narrows its prior)")
     if wider:
         # Measured on the calibration suite: the imputed mixture is wider than the prior in some
