@@ -51,6 +51,12 @@ BENCHMARKS: tuple[Benchmark, ...] = (
               "python benchmarks/calibration.py run --out benchmarks/results/calibration.csv; "
               "python benchmarks/calibration.py report ...; python benchmarks/headline.py",
               ("calibration.md", "calibration_dppsvi.md"), plot="calibration.png", special="calibration"),
+    Benchmark("Sampling: the draws analysts get", "Do `Release.sample()` (BlackJAX NUTS) and the exporters' samplers "
+              "(NumPyro, PyMC, Stan) draw the released posterior, and how fast? Each against an independent reference "
+              "of the pseudocoreset's exact posterior (importance sampling, or a long NumPyro run), five seeds, with "
+              "R-hat, ESS and seconds per 1,000 draws; and the exact posterior against the signed Gaussian.",
+              "python benchmarks/sampling.py --tables napsu_adult,adult --epsilon 0.3 --seeds 5 --exporters",
+              ("sampling.md",), Headline("sampling.md", rows=6, cols=(0, 1, 3, 4, 6, 7, 8, 11))),
     Benchmark("Coreset harness (non-private and DP-PSVI grids)", "How close does each constructor's summary come "
               "to the full-data posterior (KL), by size M and epsilon? Six configs: coresets_real, gaussian_mean, "
               "dp_release, dp_release_seeds, dp_levers, fig4 (the DP-PSVI paper's Figure 4).",
