@@ -1122,9 +1122,11 @@ def report(results: Path, target: Path, plot: Path | None = None, note: str = ""
         "median sd / full-data sd (median over runs); floor: the idealised floor's. Floor wrong: the idealised "
         "floor's expected wrong-sign effects summed over the runs (the prior's shrinkage can make them; "
         "blank for runs judged before it was recorded). Effects: found / the floor's "
-        "expected / full-data. Gaussian cov.: the same coverage for the Gaussian the pseudocoreset was matched to "
-        "(noise-aware-newton artifacts carry it; a diagnostic: it separates the posterior's error from the "
-        "matching's; blank for runs made before it was recorded). Verdict (issue 50's rules): HONEST when median "
+        "expected / full-data. These columns judge the Laplace posterior of the pseudocoreset. Gaussian cov.: the "
+        "same coverage for the Gaussian the release signs; sample(): the coverage, width over the floor's, effects "
+        "found and wrong signs of the draws analysts get from `Release.sample()` (NUTS on the pseudocoreset's exact "
+        "posterior, quantile intervals; issue 48); blank for runs made before a column was recorded. Verdict "
+        "(issue 50's rules, applied to every judged posterior: a cell is honest only when all are): HONEST when median "
         "coverage >= 0.9 and the wrong-sign effects exceed the floor's expected count by at most 1; where the floor "
         "itself is dishonest (it covers less than 0.9 or expects more than one wrong sign over the runs: `floor` in "
         "the threshold column) the coverage threshold is min(0.9, floor coverage - 0.05); REFUSED when a run was "
@@ -1164,8 +1166,9 @@ def report(results: Path, target: Path, plot: Path | None = None, note: str = ""
     narrow = sorted((c for c in cs.values() if c.width_vs_floor is not None and c.width_vs_floor < NARROW),
                     key=lambda c: _order(c.key))
     if narrow:
-        lines += ["", f"Cells whose median width is below {NARROW:g}x the idealised floor's (no honest mechanism "
-                  "can be narrower than the floor; judged honest or not by coverage alone, these are suspect): "
+        lines += ["", f"Cells whose median width is below {NARROW:g}x the idealised floor's (the floor is an idealised "
+                  "reference, not a proven bound, so these are cells to look at, judged honest or not by coverage "
+                  "and wrong signs alone): "
                   + ", ".join(f"{c.key[0]} {c.key[2]} eps {c.key[3]:g} {c.key[4]} ({_f(c.width_vs_floor)}x)"
                               for c in narrow) + "."]
     tolerated = sorted((c for c in cs.values() if c.verdict == "HONEST" and c.wrong_sign), key=lambda c: _order(c.key))

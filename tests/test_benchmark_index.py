@@ -46,7 +46,7 @@ def test_headline_counts_cells_by_the_suites_own_verdict(tmp_path: Path) -> None
     assert lines[2] == "| 0.3 | 1 of 3 | 1 | 1 | 1.25 | 2.0 (4.0) | 2 |"
     text = " ".join(lines)
     assert "3 tables (2 real, 1 simulated)" in text
-    assert "the signed noise-aware Gaussian" in text and "`noise_aware`" in text
+    assert "Laplace posterior" in text and "`noise_aware`" in text
     assert "not a proven bound" in text and "(docs/CALIBRATION.md)" in text
 
 
