@@ -104,7 +104,17 @@ def noise_aware_summaries(plan: MechanismPlan, records: Any, size: int, generato
     # (constructors/moment_match.py; post-processing). Where the closed form does not apply the
     # earlier construction stays, and the note says the exact posterior was not matched.
     model_prior_scale = model.prior_scale
-    match = match_moments(model, posterior, size=size, generator=generator) if isinstance(model, GLM) else None
+    match, match_failed = None, None
+    if isinstance(model, GLM):
+        try:
+            match = match_moments(model, posterior, size=size, generator=generator)
+        except Exception as exc:  # noqa: BLE001 - post-processing after the charge must be total
+            # A failure here (a sampler error, a non-PD iterate) is decided on the DP target and
+            # public values only; the release keeps the closed-form construction and says so.
+            match_failed = type(exc).__name__
+        if match is not None and not all(math.isfinite(v) for v in (
+                match.max_mean_error_sd, match.sd_ratio_min, match.sd_ratio_max)):
+            match, match_failed = None, "non-finite moments"
     if match is not None:
         points, weights, model = match.points, match.weights, match.model
         loss, how = 0.0, "moments (NUTS)"
@@ -141,7 +151,9 @@ def noise_aware_summaries(plan: MechanismPlan, records: Any, size: int, generato
         # A closed-form KL of -1e-14 is rounding: print 0 (issue 49).
         match_note = (f"pseudocoreset matched to the noise-aware Gaussian's mode and curvature by {how} (symmetric KL "
                       f"{max(loss, 0.0):.3g} nats" + (", a poor match" if loss > MATCH_KL_WARNING else "")
-                      + "); its exact posterior was not matched (the artifact also carries the noise-aware Gaussian)")
+                      + "); its exact posterior was not matched"
+                      + (f" (moment matching failed: {match_failed})" if match_failed else "")
+                      + " (the artifact also carries the noise-aware Gaussian)")
     notes = [*result.notes, *extra_notes, match_note]
     return summary, {
         "gaussians": gaussians, "notes": notes,
