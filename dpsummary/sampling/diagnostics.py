@@ -27,7 +27,6 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from scipy import stats
 
 #: R-hat above this means the chains have not mixed (Vehtari et al. 2021, Section 4).
 RHAT_MAX = 1.01
@@ -54,6 +53,10 @@ def split_chains(draws: np.ndarray) -> np.ndarray:
 
 def rank_normalise(draws: np.ndarray) -> np.ndarray:
     """Normal scores of the pooled ranks (average ranks for ties, Blom's offset 3/8)."""
+    # scipy.stats is imported here, not at the top: a release imports this package (moment
+    # matching) and stays free of scipy.stats unless it samples (tests/test_speed_imports.py).
+    from scipy import stats
+
     x = np.asarray(draws, dtype=float)
     ranks = stats.rankdata(x, method="average").reshape(x.shape)
     return stats.norm.ppf((ranks - 0.375) / (x.size + 0.25))

@@ -52,8 +52,8 @@ def test_problems_name_the_failure_and_the_parameter():
 
 
 def test_sample_warns_with_the_figures_and_the_fix():
-    """A run too short for its diagnostics (40 draws) warns, naming the failed check and the fix;
-    a default run of the same release does not."""
+    """A run whose diagnostics cannot pass (one chain: no R-hat) warns, naming the failed check and
+    the fix; a default run of the same release does not."""
     import warnings
 
     from dpsummary.analyst import Release
@@ -68,8 +68,8 @@ def test_sample_warns_with_the_figures_and_the_fix():
 
     rel = Release.from_summary(Summary(torch.as_tensor(np.hstack([x, y])), torch.full((20,), 5.0, dtype=torch.float64),
                                        from_spec({"name": "logistic", "num_features": 2}), "test"))
-    with pytest.warns(SamplingWarning, match=r"ESS .* < 400.*Fix: draw more"):
-        rel.sample(40, seed=0, chains=2, num_warmup=100)
+    with pytest.warns(SamplingWarning, match=r"one chain: R-hat needs at least 2 chains.*Fix: draw more"):
+        rel.sample(40, seed=0, chains=1, num_warmup=100)
     with warnings.catch_warnings():
         warnings.simplefilter("error", SamplingWarning)
         rel.sample(1000, seed=0)
