@@ -48,24 +48,15 @@ FIELDS = ["table", "d", "epsilon", "sampler", "seed", "reference", "reference_es
 
 
 def importance_reference(rel: Any, draws: int = 200_000, seed: int = 0) -> tuple[np.ndarray, np.ndarray, float]:
-    """Mean, sd and ESS of the exact weighted posterior by importance sampling (t5 proposal,
-    1.3x the Laplace scale)."""
-    from dpsummary.inference import coreset_posterior, weighted_log_posterior
+    """Mean, sd and ESS of the exact weighted posterior by importance sampling
+    (:func:`dpsummary.sampling.reference.importance_moments`, proposal on the Laplace posterior)."""
+    from dpsummary.inference import coreset_posterior
+    from dpsummary.sampling.reference import importance_moments
 
     points, weights = rel.nonzero()
-    lap = coreset_posterior(rel.model, points, weights)
-    d = rel.dim
-    rng = np.random.default_rng(seed)
-    t = rng.standard_normal((draws, d)) * np.sqrt(5.0 / rng.chisquare(5.0, size=(draws, 1)))
-    theta = lap.mean.numpy() + 1.3 * t @ lap.scale_tril.numpy().T
-    log_q = -0.5 * (5.0 + d) * np.log1p((t * t).sum(1) / 5.0)
-    log_p = np.concatenate([weighted_log_posterior(rel.model, points, weights, torch.as_tensor(chunk)).numpy()
-                            for chunk in np.array_split(theta, 20)])
-    lw = log_p - log_q
-    w = np.exp(lw - lw.max())
-    w /= w.sum()
-    mean = w @ theta
-    return mean, np.sqrt(w @ (theta - mean) ** 2), float(1.0 / (w * w).sum())
+    est = importance_moments(rel.model, points, weights, coreset_posterior(rel.model, points, weights), draws=draws,
+                             generator=torch.Generator().manual_seed(seed))
+    return est.mean.numpy(), est.sd.numpy(), est.ess
 
 
 def numpyro_draws(rel: Any, *, warmup: int, draws: int, seed: int) -> tuple[np.ndarray, float]:

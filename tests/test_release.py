@@ -283,7 +283,7 @@ def test_noise_aware_pseudocoreset_has_a_point_per_parameter(tmp_path: Path, hom
     if info["directions_wider_than_prior"] > 0:
         assert "wider than the prior" in notes
         return
-    if info["match_method"] == "moments (NUTS)":
+    if info["match_method"] == "exact-posterior moments":
         # Issue 48: the pseudocoreset's exact posterior carries the signed Gaussian's moments.
         match = rel.body["posterior"]["pseudocoreset_match"]
         assert match["agrees"] is True and "matched to the noise-aware Gaussian's moments" in notes

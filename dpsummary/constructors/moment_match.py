@@ -58,6 +58,9 @@ MATCH_DRAWS_PER_CHAIN = 2000
 #: where importance sampling does not reach IS_MIN_ESS.
 VERIFY_RUNS = 2
 #: Importance-sampling draws, and the effective draws below which NUTS estimates the moments.
+#: What the artifact's ``pseudocoreset_match.method`` says; ``estimator`` says how the exact
+#: posterior's moments were read (importance sampling or NUTS).
+MATCH_METHOD = "exact-posterior moments"
 IS_DRAWS = 100_000
 IS_MIN_ESS = 20_000.0
 #: The carrier prior is needed where the target's largest variance is above the prior's over
@@ -100,7 +103,7 @@ class MomentMatch:
 
     def claim(self) -> dict[str, str | float | int | bool | None]:
         """What the artifact records (public: functions of the DP target and public values)."""
-        return {"method": "moments (NUTS)", "estimator": self.estimator, "iterations": self.iterations,
+        return {"method": MATCH_METHOD, "estimator": self.estimator, "iterations": self.iterations,
                 "max_mean_error_sd": round(self.max_mean_error_sd, 4), "sd_ratio_min": round(self.sd_ratio_min, 4),
                 "sd_ratio_max": round(self.sd_ratio_max, 4), "draws": self.draws, "agrees": self.agrees,
                 "carrier_prior_scale": self.carrier_prior_scale}
@@ -133,27 +136,12 @@ def exact_moments(model: Model, points: torch.Tensor, weights: torch.Tensor, tar
     Importance sampling from a multivariate t (5 degrees of freedom, 1.3x the target's scale)
     when it reaches :data:`IS_MIN_ESS` effective draws (low dimensions: its sd estimates are
     then about 4x more precise than 4,000 NUTS draws'), else ``nuts_runs`` NUTS runs pooled."""
-    from ..inference import weighted_log_posterior
     from ..sampling import NutsSettings, sample_posterior
+    from ..sampling.reference import importance_moments
 
-    d = int(target.mean.shape[0])
-    mean0 = target.mean.detach().to(DTYPE)
-    tril = target.scale_tril.detach().to(DTYPE)
-    z = torch.randn(IS_DRAWS, d, generator=generator, dtype=DTYPE)
-    # A chi-square(5) per draw as a sum of squared normals (torch's Chi2 takes no generator).
-    chi = (torch.randn(IS_DRAWS, 5, generator=generator, dtype=DTYPE) ** 2).sum(1, keepdim=True)
-    t = z * torch.sqrt(5.0 / chi)
-    theta = mean0 + 1.3 * t @ tril.T
-    log_q = -0.5 * (5.0 + d) * torch.log1p((t * t).sum(1) / 5.0)
-    log_p = torch.cat([weighted_log_posterior(model, points, weights, chunk) for chunk in theta.split(20_000)])
-    lw = log_p - log_q
-    w = torch.exp(lw - lw.max())
-    w = w / w.sum()
-    ess = float(1.0 / (w * w).sum())
-    if math.isfinite(ess) and ess >= IS_MIN_ESS:
-        mu = w @ theta
-        sd = torch.sqrt(w @ (theta - mu) ** 2)
-        return mu.numpy(), sd.numpy(), int(ess), "importance sampling"
+    est = importance_moments(model, points, weights, target, draws=IS_DRAWS, generator=generator)
+    if est.ess >= IS_MIN_ESS:
+        return est.mean.numpy(), est.sd.numpy(), int(est.ess), "importance sampling"
     cfg = settings if isinstance(settings, NutsSettings) else NutsSettings(num_warmup=MATCH_WARMUP, draws_per_chain=MATCH_DRAWS_PER_CHAIN)
     runs = [sample_posterior(model, points, weights, start=target, settings=cfg,
                              seed=int(torch.randint(2**62, (1,), generator=generator))).flat() for _ in range(nuts_runs)]

@@ -58,7 +58,7 @@ def noise_aware_summaries(plan: MechanismPlan, records: Any, size: int, generato
         directions_wider_than_prior,
         pseudocoreset_of_gaussian,
     )
-    from ..constructors.moment_match import match_moments
+    from ..constructors.moment_match import MATCH_METHOD, match_moments
     from ..models import GLM
 
     model, tf, schedule = plan.model, plan.transform, plan.settings["schedule"]
@@ -117,7 +117,7 @@ def noise_aware_summaries(plan: MechanismPlan, records: Any, size: int, generato
             match, match_failed = None, "non-finite moments"
     if match is not None:
         points, weights, model = match.points, match.weights, match.model
-        loss, how = 0.0, "moments (NUTS)"
+        loss, how = 0.0, MATCH_METHOD
     else:
         points, weights, loss, how = pseudocoreset_of_gaussian(
             model, posterior, size=size, initial_features=tf.sample_public_features(size, generator), generator=generator)

@@ -435,21 +435,15 @@ def test_a_release_whose_sampling_fails_warns_in_every_exported_program(tmp_path
 
 
 def _is_reference(rel, draws: int = 200_000) -> tuple[np.ndarray, np.ndarray, float]:
-    """Mean, sd and ESS of the release's exact weighted posterior by importance sampling (t5
-    proposal at 1.3x the Laplace scale): the reference tests/sampling/test_agreement.py uses."""
-    from dpsummary.inference import coreset_posterior, weighted_log_posterior
+    """Mean, sd and ESS of the release's exact weighted posterior by importance sampling: the
+    reference tests/sampling/test_agreement.py uses (:mod:`dpsummary.sampling.reference`)."""
+    from dpsummary.inference import coreset_posterior
+    from dpsummary.sampling.reference import importance_moments
 
     points, weights = rel.nonzero()
-    lap = coreset_posterior(rel.model, points, weights)
-    rng = np.random.default_rng(0)
-    t = rng.standard_normal((draws, rel.dim)) * np.sqrt(5.0 / rng.chisquare(5.0, size=(draws, 1)))
-    theta = lap.mean.numpy() + 1.3 * t @ lap.scale_tril.numpy().T
-    log_q = -0.5 * (5.0 + rel.dim) * np.log1p((t * t).sum(1) / 5.0)
-    lw = weighted_log_posterior(rel.model, points, weights, torch.as_tensor(theta)).numpy() - log_q
-    w = np.exp(lw - lw.max())
-    w /= w.sum()
-    mean = w @ theta
-    return mean, np.sqrt(w @ (theta - mean) ** 2), float(1.0 / (w * w).sum())
+    est = importance_moments(rel.model, points, weights, coreset_posterior(rel.model, points, weights), draws=draws,
+                             generator=torch.Generator().manual_seed(0))
+    return est.mean.numpy(), est.sd.numpy(), est.ess
 
 
 REFERENCE_RELEASES = {
