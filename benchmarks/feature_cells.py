@@ -1,0 +1,161 @@
+"""Issue 50, the next design (prototype, not a release path): a noise-aware posterior that models
+the features' distribution instead of Newton rounds (Kulkarni, Jaelkoe, Koskela, Kaski and Honkela
+2021; ../shared/notes/noise-aware-glm.md).
+
+For logistic regression given the features, ``T = sum_i x_i y_i`` is sufficient. Over a public
+feature domain of C cells (every combination of the declared levels), the records are the cell
+counts ``n_c`` and ``T = sum_c x_c k_c`` with ``k_c ~ Binomial(n_c, p_c(theta))``; by the CLT
+``T | theta, n ~ N(mu(theta, n), H(theta, n))`` with ``mu = sum_c n_c p_c x_c`` and
+``H = sum_c n_c p_c (1 - p_c) x_c x_c^T`` (the data's Fisher information). One Gaussian mechanism
+releases the cell counts (sensitivity 1 under add/remove) and ``T`` (sensitivity ``R``, the public
+bound on ``||x||``) at noise multipliers ``sigma / sqrt(f)`` and ``sigma / sqrt(1 - f)``: together
+exactly one Gaussian mechanism of multiplier ``sigma``, calibrated to the whole epsilon (the counts
+replace the record count). No anchors, no rounds, no curvature release.
+
+Posterior (post-processing): the counts are latent; M draws of ``n`` from their flat-prior
+posterior given the release (unbiased: negative draws are kept, only the mean and curvature
+read them), for each the MAP of ``N(T_hat | mu(theta, n), H(theta, n) + (sigma_T R)^2 I)`` times
+the prior by Gauss-Newton with the covariance frozen per step, its Laplace precision
+``H V^-1 H + P``; the moment-matched mixture over the draws. Without noise it is the CLT
+posterior given the sufficient statistic, i.e. the full-data posterior up to the CLT.
+
+The domain here is the data's distinct feature rows: for the NAPSU-MQ problem (5 age bins x 5
+races x 2 sexes, the domain NAPSU-MQ itself declares public) it is the public domain; for tables
+with numerics it is an oracle (a public grid would bin them; not measured here).
+
+Usage::
+
+    python benchmarks/feature_cells.py --table napsu_adult --epsilons 0.3,0.5,1 --runs 20 \\
+        --out benchmarks/results/feature_cells_napsu.csv
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import calibration as cal  # noqa: E402
+import noise_aware_variants as nav  # noqa: E402
+
+from dpsummary import accounting as acc  # noqa: E402
+from dpsummary.gaussian import DTYPE, GaussianPosterior  # noqa: E402
+
+
+def domain(points: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(cell features (C, f), exact counts n (C,), exact T (d,))`` with the intercept column."""
+    x, y = points[:, :-1], points[:, -1]
+    cells, inverse = torch.unique(x, dim=0, return_inverse=True)
+    counts = torch.zeros(cells.shape[0], dtype=DTYPE).index_add_(0, inverse, torch.ones_like(y))
+    z = torch.cat([torch.ones(x.shape[0], 1, dtype=DTYPE), x], 1)
+    return torch.cat([torch.ones(cells.shape[0], 1, dtype=DTYPE), cells], 1), counts, z.T @ y
+
+
+def posterior(zc: torch.Tensor, n_hat: torch.Tensor, t_hat: torch.Tensor, *, sigma_n: float, sigma_t: float,
+              prior_scale: float, draws: int, gen: torch.Generator, iters: int = 30) -> GaussianPosterior:
+    d = zc.shape[1]
+    prior_prec = torch.eye(d, dtype=DTYPE) / prior_scale**2
+    means, covs = [], []
+    for _ in range(draws):
+        n = n_hat + sigma_n * torch.randn(n_hat.shape, generator=gen, dtype=DTYPE)
+        theta = torch.zeros(d, dtype=DTYPE)
+        total = float(n.sum())
+        share = float(t_hat[0]) / max(total, 1.0)
+        theta[0] = math.log(min(max(share, 1e-4), 1 - 1e-4) / (1 - min(max(share, 1e-4), 1 - 1e-4)))
+        for _ in range(iters):
+            p = torch.sigmoid(zc @ theta)
+            mu = zc.T @ (n * p)
+            h = (zc.T * (n * p * (1 - p))) @ zc
+            v = h + sigma_t**2 * torch.eye(d, dtype=DTYPE)
+            hv = torch.linalg.solve(v, h).T  # H V^-1 (symmetric V)
+            prec = hv @ h + prior_prec
+            prec = 0.5 * (prec + prec.T)
+            grad = hv @ (t_hat - mu) - prior_prec @ theta
+            step = torch.linalg.solve(prec, grad)
+            theta = theta + step
+            if float(step.abs().max()) < 1e-9:
+                break
+        cov = torch.linalg.inv(prec)
+        means.append(theta)
+        covs.append(0.5 * (cov + cov.T))
+    m = torch.stack(means)
+    mean = m.mean(0)
+    cov = torch.stack(covs).mean(0) + torch.cov(m.T, correction=0)
+    return GaussianPosterior(mean, torch.linalg.cholesky(0.5 * (cov + cov.T)))
+
+
+def run(table: str, epsilons: list[float], runs: int, shares: list[float], out: Path, draws: int) -> None:
+    model, pts, fn, _tb = nav._table(table)
+    spec = cal.TABLES[table]
+    delta = 0.1 / spec.n_max if spec.n_max else 1e-11
+    zc, counts, t_true = domain(pts)
+    radius = math.sqrt(1.0 + fn**2)  # ||[1, x]|| on the public box
+    rows = []
+    for eps in epsilons:
+        ref = cal.reference(model, pts, epsilon=eps, delta=delta, key=f"variants:{table}:prior1")
+        sigma = acc.calibrate_gaussian(target_epsilon=eps, delta=delta, accountant="rdp")  # type: ignore[arg-type]
+        for f in shares:
+            sn, st = sigma / math.sqrt(f), radius * sigma / math.sqrt(1 - f)
+            for r in range(runs):
+                gen = torch.Generator().manual_seed(50_000 + 1000 * r + int(100 * eps) + int(1000 * f))
+                n_hat = counts + sn * torch.randn(counts.shape, generator=gen, dtype=DTYPE)
+                t_hat = t_true + st * torch.randn(t_true.shape, generator=gen, dtype=DTYPE)
+                post = posterior(zc, n_hat, t_hat, sigma_n=sn, sigma_t=st, prior_scale=model.prior_scale,
+                                 draws=draws, gen=gen)
+                j = cal.judge(post, ref)
+                rows.append({"table": table, "epsilon": eps, "hist_share": f, "run": r, "cells": zc.shape[0],
+                             "sigma": sigma, **{k: j[k] for k in (
+                                 "coverage", "width_ratio", "floor_width_ratio", "floor_coverage", "effects_found",
+                                 "floor_effects_found", "effects_wrong_sign", "mean_error_sd_max")}})
+                print(f"{table} eps {eps} f {f} run {r}: cov {j['coverage']:.2f} w {j['width_ratio']:.2f} "
+                      f"floor {j['floor_width_ratio']:.2f}", flush=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with out.open("w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    summarise(out)
+
+
+def summarise(path: Path) -> None:
+    rows = list(csv.DictReader(path.open()))
+    keys = sorted({(r["table"], float(r["epsilon"]), float(r["hist_share"])) for r in rows})
+    print("| table | epsilon | count share | runs | coverage median / min | width (x full) median | floor width | "
+          "effects found / floor | wrong signs |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for t, e, f in keys:
+        rs = [r for r in rows if (r["table"], float(r["epsilon"]), float(r["hist_share"])) == (t, e, f)]
+        cov = [float(r["coverage"]) for r in rs]
+        print(f"| {t} | {e:g} | {f:g} | {len(rs)} | {statistics.median(cov):.2f} / {min(cov):.2f} | "
+              f"{statistics.median(float(r['width_ratio']) for r in rs):.2f} | "
+              f"{statistics.median(float(r['floor_width_ratio']) for r in rs):.2f} | "
+              f"{statistics.mean(float(r['effects_found']) for r in rs):.1f} / "
+              f"{statistics.mean(float(r['floor_effects_found']) for r in rs):.1f} | "
+              f"{sum(int(float(r['effects_wrong_sign'])) for r in rs)} |")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--table", default="napsu_adult")
+    ap.add_argument("--epsilons", default="0.3,0.5,1")
+    ap.add_argument("--shares", default="0.1")
+    ap.add_argument("--runs", type=int, default=20)
+    ap.add_argument("--draws", type=int, default=50)
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--summary", action="store_true", help="only summarise --out")
+    a = ap.parse_args()
+    if a.summary:
+        summarise(a.out)
+        return
+    run(a.table, [float(e) for e in a.epsilons.split(",")], a.runs, [float(s) for s in a.shares.split(",")],
+        a.out, a.draws)
+
+
+if __name__ == "__main__":
+    main()
