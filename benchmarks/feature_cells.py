@@ -19,9 +19,10 @@ the prior by Gauss-Newton with the covariance frozen per step, its Laplace preci
 ``H V^-1 H + P``; the moment-matched mixture over the draws. Without noise it is the CLT
 posterior given the sufficient statistic, i.e. the full-data posterior up to the CLT.
 
-The domain here is the data's distinct feature rows: for the NAPSU-MQ problem (5 age bins x 5
-races x 2 sexes, the domain NAPSU-MQ itself declares public) it is the public domain; for tables
-with numerics it is an oracle (a public grid would bin them; not measured here).
+The cells (``--domain``): ``distinct``, the table's distinct feature rows (an oracle: empty cells
+of the public domain are left out), or ``public``, the NAPSU-MQ problem's declared domain of 50
+cells (5 age bins x 5 races x 2 sexes), where empty cells are released with noise like any other.
+Tables with numerics would need a public grid (not measured here).
 
 Usage::
 
@@ -53,6 +54,27 @@ def domain(points: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tens
     x, y = points[:, :-1], points[:, -1]
     cells, inverse = torch.unique(x, dim=0, return_inverse=True)
     counts = torch.zeros(cells.shape[0], dtype=DTYPE).index_add_(0, inverse, torch.ones_like(y))
+    z = torch.cat([torch.ones(x.shape[0], 1, dtype=DTYPE), x], 1)
+    return torch.cat([torch.ones(cells.shape[0], 1, dtype=DTYPE), cells], 1), counts, z.T @ y
+
+
+def public_domain(points: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The NAPSU-MQ problem's public domain (5 age bins x 5 races x 2 sexes = 50 cells, the
+    domain NAPSU-MQ declares) in model space, with the exact counts (empty cells 0) and T. The
+    age bins' model-space values are the five bin midpoints (public: the problem's binning)."""
+    import itertools
+
+    x, y = points[:, :-1], points[:, -1]
+    ages = torch.unique(x[:, 0])
+    if ages.numel() != 5 or x.shape[1] != 6:
+        raise SystemExit("error: --domain public is defined for the NAPSU-MQ problem only")
+    races = [[-1.0] * 4] + [[1.0 if j == k else -1.0 for j in range(4)] for k in range(4)]
+    cells = torch.tensor([[float(a), *r, m] for a, r, m in itertools.product(ages.tolist(), races, (-1.0, 1.0))],
+                         dtype=DTYPE)
+    match = (x[:, None, :] == cells[None, :, :]).all(-1)
+    if not bool((match.sum(1) == 1).all()):
+        raise SystemExit("error: a record lies outside the declared domain")
+    counts = match.to(DTYPE).sum(0)
     z = torch.cat([torch.ones(x.shape[0], 1, dtype=DTYPE), x], 1)
     return torch.cat([torch.ones(cells.shape[0], 1, dtype=DTYPE), cells], 1), counts, z.T @ y
 
@@ -90,11 +112,12 @@ def posterior(zc: torch.Tensor, n_hat: torch.Tensor, t_hat: torch.Tensor, *, sig
     return GaussianPosterior(mean, torch.linalg.cholesky(0.5 * (cov + cov.T)))
 
 
-def run(table: str, epsilons: list[float], runs: int, shares: list[float], out: Path, draws: int) -> None:
+def run(table: str, epsilons: list[float], runs: int, shares: list[float], out: Path, draws: int,
+        domain_kind: str = "distinct") -> None:
     model, pts, fn, _tb = nav._table(table)
     spec = cal.TABLES[table]
     delta = 0.1 / spec.n_max if spec.n_max else 1e-11
-    zc, counts, t_true = domain(pts)
+    zc, counts, t_true = (public_domain if domain_kind == "public" else domain)(pts)
     radius = math.sqrt(1.0 + fn**2)  # ||[1, x]|| on the public box
     rows = []
     for eps in epsilons:
@@ -109,7 +132,8 @@ def run(table: str, epsilons: list[float], runs: int, shares: list[float], out: 
                 post = posterior(zc, n_hat, t_hat, sigma_n=sn, sigma_t=st, prior_scale=model.prior_scale,
                                  draws=draws, gen=gen)
                 j = cal.judge(post, ref)
-                rows.append({"table": table, "epsilon": eps, "hist_share": f, "run": r, "cells": zc.shape[0],
+                rows.append({"table": table, "epsilon": eps, "hist_share": f, "run": r, "domain": domain_kind,
+                             "cells": zc.shape[0],
                              "sigma": sigma, **{k: j[k] for k in (
                                  "coverage", "width_ratio", "floor_width_ratio", "floor_coverage", "effects_found",
                                  "floor_effects_found", "effects_wrong_sign", "mean_error_sd_max")}})
@@ -147,6 +171,8 @@ def main() -> None:
     ap.add_argument("--shares", default="0.1")
     ap.add_argument("--runs", type=int, default=20)
     ap.add_argument("--draws", type=int, default=50)
+    ap.add_argument("--domain", choices=("distinct", "public"), default="distinct",
+                    help="the cells: the table's distinct feature rows (an oracle), or the declared public domain")
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--summary", action="store_true", help="only summarise --out")
     a = ap.parse_args()
@@ -154,7 +180,7 @@ def main() -> None:
         summarise(a.out)
         return
     run(a.table, [float(e) for e in a.epsilons.split(",")], a.runs, [float(s) for s in a.shares.split(",")],
-        a.out, a.draws)
+        a.out, a.draws, a.domain)
 
 
 if __name__ == "__main__":
