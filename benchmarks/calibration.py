@@ -130,6 +130,14 @@ Tables (the registry :data:`TABLES`; ``python benchmarks/calibration.py tables``
     (data units) +2.5 on the 3% column and +2.0 on the first ratio, N(0, 0.5^2) elsewhere;
     intercept -3.5 (12.5% positives; first written as -2.5, which gives 25%: corrected to the
     written 12% on the table's own share before any release, as ``sim_imbalanced``'s was);
+  - ``sim_onehot_correlated`` (added 2026-11-28 for issue 50, settings written before any run;
+    shaped like the hidden 32,000-row table the issue describes): logistic, N 32,000: a 3-level
+    category stored as three 0/1 columns a, b, c with a + b + c = 1 exactly (rates 50, 30, 20%;
+    an exact linear relation with the intercept), declared numeric [0, 1], effects (data units)
+    0, +1.0, -1.0; two Gaussian numerics g0, g1 (sd 1, correlation 0.8) in public [-4, 4],
+    effects (data units) +1.0 and -0.625, i.e. +4.0 and -2.5 model units; three numerics
+    U[-1, 1] in public [-1, 1] with effects N(0, 0.5^2) (seed 3711); one 0/1 column at 3% with
+    effect +1.5; intercept -1.0;
   - ``sim_tiny``: logistic, N 2,000, 3 numerics U[-1, 1], intercept 0, effects 1, -1, 0.5
     (the smoke test's table; not part of the suite).
 
@@ -462,6 +470,27 @@ def _sim_specs() -> list[TableSpec]:
     add("sim_dummies", "logistic", c10,
         functools.partial(_simulate, 37_010, 2_400, "logistic", c10, -3.5, eff10),
         "like hmda: N 2,400, 8 0/1 columns (2-40%), ratios on [0, 1] in public [0, 3], effects 2.5 / 2.0")
+
+    c11 = ([SimColumn(n, "binary", 0.0, 1.0) for n in ("a", "b", "c")]
+           + _uniform(("g0", "g1"), lower=-4.0, upper=4.0) + _uniform(f"x{j}" for j in range(3))
+           + _binary(["r0"], [0.03]))
+
+    def onehot_correlated() -> Any:
+        rng = np.random.default_rng(37_011)
+        n = 32_000
+        x = np.zeros((n, 9))
+        u = rng.uniform(size=n)
+        x[:, 0], x[:, 1], x[:, 2] = u < 0.5, (u >= 0.5) & (u < 0.8), u >= 0.8
+        z1, z2 = rng.normal(size=n), rng.normal(size=n)
+        x[:, 3], x[:, 4] = z1, 0.8 * z1 + math.sqrt(1 - 0.8**2) * z2
+        x[:, 5:8] = rng.uniform(-1, 1, (n, 3))
+        x[:, 8] = rng.uniform(size=n) < 0.03
+        eff = [0.0, 1.0, -1.0, 1.0, -0.625, *_effects(3711, 3, 0.5), 1.5]
+        return _simulate(37_021, n, "logistic", c11, -1.0, eff, x=x)
+
+    add("sim_onehot_correlated", "logistic", c11, onehot_correlated,
+        "like the hidden 32,000-row table: a + b + c = 1 (0/1 columns), correlated numerics with effects 4 / -2.5 "
+        "model units, a 3% 0/1 column")
 
     c9 = _uniform(f"x{j}" for j in range(3))
     add("sim_tiny", "logistic", c9, functools.partial(_simulate, 37_009, 2_000, "logistic", c9, 0.0, [1.0, -1.0, 0.5]),
