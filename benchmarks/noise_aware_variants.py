@@ -261,7 +261,7 @@ FIELDS = ["table", "epsilon", "run", "schedule", "variant", "coverage", "width_r
 
 
 def run(table: str, epsilons: list[float], runs: int, out: Path, *, schedules: list[str] | None = None,
-        variants: list[str] | None = None, prior_scale: float = 1.0, paired: bool = False) -> None:
+        variants: list[str] | None = None, prior_scale: float = 1.0, paired: bool = False, seed_offset: int = 0) -> None:
     """Replay ``runs`` releases per epsilon and schedule and judge every variant on them.
     ``prior_scale``: the model's prior sd (eighteenth rule); ``paired``: every schedule of run r
     draws the same standard-normal noise (a seeded stand-in for OS entropy, so schedules that
@@ -278,7 +278,7 @@ def run(table: str, epsilons: list[float], runs: int, out: Path, *, schedules: l
         true_eigs = torch.linalg.eigvalsh(data_hessian(model, pts, ref.full.mean))
         for r, sched in ((r, sched) for r in range(runs) for sched in (schedules or ["default"])):
             fit = _fit(model, pts, fn, tb, eps, delta, sched,
-                       randomness=_SeededNoise(10_000 * r + int(1000 * eps)) if paired else None)
+                       randomness=_SeededNoise(seed_offset + 10_000 * r + int(1000 * eps)) if paired else None)
             last = fit.rounds[-1]
             m = fit.model or model
             u = fit.posterior.mean - last.anchor
@@ -473,6 +473,12 @@ def cell_verdicts(rows: list[dict[str, str]], arm: str,
     return out
 
 
+#: Rule 4' (b): a pure narrowing must narrow the honest cells by at least 3% (geometric mean of
+#: plain width ratios) and widen none of them by more than 10%.
+NARROWING_GEOMEAN = 0.97
+NARROWING_CELL_LIMIT = 1.10
+
+
 @dataclasses.dataclass(frozen=True)
 class Comparison:
     """Issue 50's rules applied to two arms of paired runs (:func:`compare`)."""
@@ -497,6 +503,28 @@ class Comparison:
     def not_reversed(self) -> bool:
         """No more cells made dishonest than made honest."""
         return len(self.gained) >= len(self.lost)
+
+    #: Plain width ratios (candidate / baseline median width) over the cells honest under both.
+    plain_ratios: tuple[float, ...] = ()
+
+    @property
+    def narrows(self) -> bool:
+        """Rule 4' (b), second branch: over the cells honest under both arms, the geometric mean of
+        the plain width ratios at most :data:`NARROWING_GEOMEAN` and none above
+        :data:`NARROWING_CELL_LIMIT`."""
+        if not self.plain_ratios:
+            return False
+        geo = math.exp(sum(math.log(r) for r in self.plain_ratios) / len(self.plain_ratios))
+        return geo <= NARROWING_GEOMEAN and max(self.plain_ratios) <= NARROWING_CELL_LIMIT
+
+    @property
+    def rule_4_prime(self) -> bool:
+        """Rule 4' (notebook/noise_aware_variants.md, "Rule 4 rewritten"): (a) no cell honest under
+        the baseline turned dishonest, and (b) more cells turned honest than dishonest, or none
+        turned either way and the candidate narrows (:attr:`narrows`)."""
+        if self.lost:
+            return False
+        return len(self.gained) > 0 or self.narrows
 
 
 def compare(paths: list[Path], baseline: str, candidate: str,
@@ -561,8 +589,9 @@ def compare(paths: list[Path], baseline: str, candidate: str,
                              for k in keys)
     wrong = cal.suite_wrong_signs((cand[k].wrong_signs, cand[k].floor_wrong) for k in keys)
     unknown = [k for k in keys if base[k].floor_wrong is None]
+    plain = tuple(cand[k].width / base[k].width for k in keys if base[k].honest and cand[k].honest)
     result = Comparison(len(keys), sum(base[k].honest for k in keys), sum(cand[k].honest for k in keys), lost, gained,
-                        widths, fewer, wrong, unknown)
+                        widths, fewer, wrong, unknown, plain)
     print(f"honest: {baseline} {result.honest_baseline}, {candidate} {result.honest_candidate} of {len(keys)}; "
           f"turned dishonest {lost}; turned honest {gained}; wider than 25% {widths.wider}; lost effects {fewer}")
     if widths.ratios:
@@ -574,6 +603,8 @@ def compare(paths: list[Path], baseline: str, candidate: str,
           f"{'met' if result.more_honest else 'NOT met'}; {candidate}'s wrong signs {wrong.total:g} against the "
           f"floor's expected {wrong.floor_total:.1f} (limit {wrong.limit:.1f}): {'met' if wrong.ok else 'NOT met'}"
           + (f"; floor's wrong-sign count unknown (judged as 0) in {unknown}" if unknown else ""))
+    print(f"rule 4' (no honest cell lost; more gained, or a narrowing: geometric mean <= {NARROWING_GEOMEAN}, "
+          f"no cell > {NARROWING_CELL_LIMIT}x): {'met' if result.rule_4_prime else 'NOT met'}")
     return result
 
 
@@ -591,6 +622,9 @@ def main() -> None:
                    help="the schedules of a run share their (seeded) noise draws, for comparing anchor changes")
     p.add_argument("--paired-curvature-bound", action="store_true",
                    help="compare the Frobenius and the released-triangle curvature bound on the same noise draws")
+    p.add_argument("--seed-offset", type=int, default=0,
+                   help="added to every --paired seed: fresh paired runs (a rule judged on runs other than those "
+                        "that motivated it)")
     p.add_argument("--compare", nargs=2, metavar=("BASELINE", "CANDIDATE"),
                    help="apply the rules' checks to two arms (variant, or schedule/variant) of --out and --also "
                         "(each cell judged on the first of those files that holds both arms)")
@@ -606,7 +640,7 @@ def main() -> None:
     else:
         run(a.table, [float(e) for e in a.epsilons.split(",")], a.runs, a.out,
             schedules=a.schedules.split(","), variants=a.variants.split(","), prior_scale=a.prior_scale,
-            paired=a.paired)
+            paired=a.paired, seed_offset=a.seed_offset)
 
 
 if __name__ == "__main__":

@@ -396,6 +396,23 @@ def test_variants_compare_rule_4_honesty_first(tmp_path: Path) -> None:
     assert res.wrong_signs.ok and res.floor_unknown == []
     narrow = nv.compare([path], "imputed", "RS/imputed", floor_wrong={})
     assert narrow.gained == narrow.lost == [] and narrow.widths.ok and not narrow.more_honest and narrow.not_reversed
+    # Rule 4' (the rewrite): the pure narrowing (0.6 / 0.7 and 0.9 / 1.0 on the honest cells,
+    # geometric mean 0.88) is adopted where rule 4 refused it; the gain-with-widening still is.
+    assert narrow.narrows and narrow.rule_4_prime and res.rule_4_prime
+    # A narrowing of 2% (above 0.97) or one honest cell 12% wider is not; nor a gain that loses a cell.
+    slight = write("slight.csv", _variant_rows("t", 1.0, "imputed", 10, coverage=1.0, wrong=0, width=1.0)
+                   + _variant_rows("t", 1.0, "RS/imputed", 10, coverage=1.0, wrong=0, width=0.98))
+    assert not nv.compare([slight], "imputed", "RS/imputed", floor_wrong={}).rule_4_prime
+    mixed = write("mixed.csv", _variant_rows("t", 1.0, "imputed", 10, coverage=1.0, wrong=0, width=1.0)
+                  + _variant_rows("t", 1.0, "RS/imputed", 10, coverage=1.0, wrong=0, width=0.5)
+                  + _variant_rows("t", 3.0, "imputed", 10, coverage=1.0, wrong=0, width=1.0)
+                  + _variant_rows("t", 3.0, "RS/imputed", 10, coverage=1.0, wrong=0, width=1.12))
+    assert not nv.compare([mixed], "imputed", "RS/imputed", floor_wrong={}).rule_4_prime
+    lossy = write("lossy.csv", _variant_rows("t", 0.3, "imputed", 10, coverage=0.8, wrong=0, width=1.0)
+                  + _variant_rows("t", 0.3, "RS/imputed", 10, coverage=0.95, wrong=0, width=1.0)
+                  + _variant_rows("t", 1.0, "imputed", 10, coverage=1.0, wrong=0, width=1.0)
+                  + _variant_rows("t", 1.0, "RS/imputed", 10, coverage=0.5, wrong=0, width=1.0))
+    assert not nv.compare([lossy], "imputed", "RS/imputed", floor_wrong={}).rule_4_prime
     # A second file with the 0.3 cell's candidate turned dishonest: the first file holding both arms decides.
     other = write("other.csv", _variant_rows("t", 0.3, "imputed", 10, coverage=0.8, wrong=0, width=2.0)
                   + _variant_rows("t", 0.3, "trace", 10, coverage=0.5, wrong=0, width=3.0)
