@@ -36,7 +36,7 @@ def gaussian_kl(p: GaussianPosterior, q: GaussianPosterior) -> float:
 def full_posterior(model: Model, data: torch.Tensor) -> GaussianPosterior:
     """The full-data reference: exact for conjugate models, Laplace otherwise."""
     weights = torch.ones(data.shape[0], dtype=DTYPE)
-    if model.conjugate:
+    if model.conjugate or model.exact_moments:
         return model.exact_posterior(data, weights)
     return laplace(model, data, weights)
 
