@@ -49,9 +49,11 @@ class SuffStats:
     yy: float
 
     @classmethod
-    def from_moment_matrix(cls, m: torch.Tensor) -> SuffStats:
-        """From ``sum w z z^T`` with ``z = [1, x, y]`` (intercept models: ``count`` is ``m[0, 0]``)."""
-        return cls(float(m[0, 0]), m[:-1, :-1], m[:-1, -1], float(m[-1, -1]))
+    def from_moment_matrix(cls, m: torch.Tensor, *, intercept: bool = True) -> SuffStats:
+        """From ``sum w z z^T`` with ``z = [1, x, y]`` (``count`` is ``m[0, 0]``; without an
+        intercept the design drops the first column)."""
+        k = 0 if intercept else 1
+        return cls(float(m[0, 0]), m[k:-1, k:-1], m[k:-1, -1], float(m[-1, -1]))
 
 
 def _log_marginal(g: torch.Tensor, lam: torch.Tensor, a: torch.Tensor, b: torch.Tensor, stats: SuffStats,
