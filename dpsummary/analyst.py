@@ -204,6 +204,12 @@ class Release:
         return self.model.param_dim
 
     @property
+    def parameter_names(self) -> list[str]:
+        """One name per coordinate of theta, as ``inspect`` prints them (:attr:`param_names`); a
+        linear release's last is ``log_sigma`` (``sigma = exp(log_sigma)``, model-space units)."""
+        return list(self.param_names)
+
+    @property
     def prior(self) -> dict[str, Any]:
         """The prior: independent normals, ``{"family": "normal", "mean": [...], "scale": s}``."""
         return {
@@ -434,6 +440,11 @@ class Release:
         """The Gaussian NUTS is whitened and warm-started by: the signed Gaussian when the release
         carries a full covariance (noise-aware releases), else the pseudocoreset's Laplace
         approximation, else (a BNN, or a Newton failure) the VI fit."""
+        if self.model.exact_moments and not self.model.conjugate:
+            # Linear regression with sigma estimated: the pseudocoreset posterior's exact moments
+            # (quadrature) are the best whitening, and cheap.
+            points, weights = self.nonzero()
+            return self.model.exact_posterior(points, weights)
         signed = self.signed_gaussian()
         post = self.body.get("posterior") or {}
         full = "cov" in ((post.get("gaussians") or {}).get(post.get("default"), {}) or {})
@@ -550,7 +561,8 @@ class Release:
         if isinstance(model, BNN):
             return self._bnn_predictive(model, x, th, kind, gen)
         assert isinstance(model, GLM | LinearRegression)
-        eta = (model.design(torch.cat([x, torch.zeros(x.shape[0], 1, dtype=DTYPE)], 1)) @ th.T).T
+        coef = model.split(th)[0] if isinstance(model, LinearRegression) else th
+        eta = (model.design(torch.cat([x, torch.zeros(x.shape[0], 1, dtype=DTYPE)], 1)) @ coef.T).T
         if isinstance(model, LogisticRegression):
             mean = torch.sigmoid(eta)
             out = mean if kind == "mean" else (torch.rand(mean.shape, generator=gen, dtype=DTYPE) < mean).to(DTYPE)
@@ -558,7 +570,8 @@ class Release:
             mean = torch.exp(eta)
             out = mean if kind == "mean" else torch.poisson(mean, generator=gen)
         elif isinstance(model, LinearRegression):
-            out = eta if kind == "mean" else eta + model.noise_scale * torch.randn(eta.shape, generator=gen, dtype=DTYPE)
+            sigma = torch.exp(model.split(th)[1])  # (S, 1): the draws' own sigma (issue 51)
+            out = eta if kind == "mean" else eta + sigma * torch.randn(eta.shape, generator=gen, dtype=DTYPE)
             if self.transform is not None and self.transform.target_kind == "real":
                 out = self.transform.inverse_target(out)
         else:  # pragma: no cover - every registered model is handled above

@@ -240,4 +240,8 @@ class LinearRegression(Model):
         return GaussianPosterior.from_precision(precision, rhs)
 
     def spec(self) -> dict[str, Any]:
-        return {**super().spec(), "noise_scale": self.noise_scale, "intercept": self.intercept}
+        out = {**super().spec(), "noise_scale": self.noise_scale, "intercept": self.intercept}
+        if self.estimates_sigma:
+            # The default centre is written out: every reader (inspect, exporters) sees log sigma's prior.
+            out["prior_mean"] = [float(v) for v in self.prior_mean]
+        return out

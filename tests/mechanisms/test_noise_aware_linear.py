@@ -1,0 +1,83 @@
+"""Issue 51: a default linear release estimates sigma from one noisy moment matrix, names it
+``log_sigma`` everywhere, ends in a finite artifact for an exact linear relation and for
+residuals that fill the public range, and its sigma interval covers the full-data sigma."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from release_support import write_policy
+from typer.testing import CliRunner
+
+from dpsummary.cli import app
+
+runner = CliRunner()
+
+
+def _csv(path: Path, n: int, *, noise: str, seed: int = 0) -> Path:
+    """x1 in [0, 10], x2 in [-5, 5]; y = 0.3 x1 - 0.4 x2 + noise, declared in [-8, 8]."""
+    rng = np.random.default_rng(seed)
+    x1, x2 = rng.uniform(0, 10, n), rng.uniform(-5, 5, n)
+    eta = 0.3 * (x1 - 5) - 0.4 * x2
+    if noise == "none":
+        y = eta
+    elif noise == "fill":
+        # residuals that fill the public range: y uniform on [-8, 8] whatever x
+        y = rng.uniform(-8, 8, n)
+    else:
+        y = eta + rng.normal(0, float(noise), n)
+    lines = ["x1,x2,y"] + [f"{a:.6f},{b:.6f},{c:.6f}" for a, b, c in zip(x1, x2, y, strict=True)]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def _policy(path: Path) -> Path:
+    write_policy(path, n=4000, target_kind="real")
+    text = path.read_text().replace('name = "x2"\nkind = "categorical"\ncategories = ["a", "b", "c"]',
+                                    'name = "x2"\nkind = "numeric"\nlower = -5\nupper = 5')
+    path.write_text(text)
+    return path
+
+
+def _full_sigma_interval(rel, data: Path) -> tuple[float, float, float]:
+    """The full-data posterior of log sigma (exact moments) on the release's own transform."""
+    from dpsummary.data import read_csv
+
+    table = read_csv(data)
+    pts = rel.transform.to_points(table)
+    full = rel.model.exact_posterior(pts, torch.ones(pts.shape[0], dtype=torch.float64))
+    sd = float(full.cov[-1, -1]) ** 0.5
+    return float(full.mean[-1]), sd, math.exp(float(full.mean[-1]))
+
+
+@pytest.mark.parametrize("noise", ["0.5", "none", "fill"])
+def test_linear_release_carries_sigma(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, noise: str) -> None:
+    from dpsummary.analyst import load
+
+    monkeypatch.setenv("DPSUMMARY_HOME", str(tmp_path / "home"))
+    data = _csv(tmp_path / "d.csv", 4000, noise=noise)
+    pol = _policy(tmp_path / "p.toml")
+    out = tmp_path / "r.json"
+    res = runner.invoke(app, ["release", str(data), "--policy", str(pol), "--epsilon", "1", "--out", str(out),
+                              "--seed", "1"])
+    assert res.exit_code == 0, res.output
+    rel = load(out, key=tmp_path / "home" / "keys" / "dpsummary.pub")
+    assert rel.param_names[-1] == "log_sigma" and rel.dim == 4
+    assert rel.claim["mechanism"]["statistic"] == "moments"
+    assert torch.isfinite(rel.points).all() and torch.isfinite(rel.weights).all()
+    post = rel.signed_gaussian()
+    assert post is not None
+    m, sd = float(post.mean[-1]), float(post.cov[-1, -1]) ** 0.5
+    lo, hi = math.exp(m - 1.96 * sd), math.exp(m + 1.96 * sd)
+    shown = runner.invoke(app, ["inspect", str(out), "--key", str(tmp_path / "home" / "keys" / "dpsummary.pub")])
+    assert shown.exit_code == 0 and "log_sigma" in shown.output
+    full_m, _full_sd, full_sigma = _full_sigma_interval(rel, data)
+    if noise == "none":
+        # An exact relation: sigma is 0 in the data; the release can only say it is small.
+        assert hi < 0.1, (lo, hi)
+    else:
+        assert lo <= full_sigma <= hi, (lo, full_sigma, hi)
