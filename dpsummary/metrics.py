@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import math
+import dataclasses
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -213,9 +214,18 @@ def idealised_floor(
     draws: int = 200,
     generator: torch.Generator | None = None,
 ) -> IdealisedFloor:
-    """Compute the :class:`IdealisedFloor` of a release at ``(epsilon, delta)`` on ``points``."""
+    """Compute the :class:`IdealisedFloor` of a release at ``(epsilon, delta)`` on ``points``.
+
+    Linear regression with sigma estimated (issue 51): the floor of the coefficients at the
+    full-data sigma (``exp`` of the full-data posterior's log_sigma mean), i.e. the known-noise
+    model's floor on the coefficient block; log_sigma's floor sd is the full-data posterior's
+    (the floor does not bound sigma's width), and ``width_ratio``, ``effects_found``,
+    ``coverage`` and ``wrong_sign`` are the coefficients'."""
     from . import accounting as acc
 
+    if isinstance(model, LinearRegression) and model.estimates_sigma:
+        return _linear_floor(model, points, full_post, epsilon=epsilon, delta=delta, accountant=accountant,
+                             share=share, draws=draws, generator=generator)
     gen = generator if generator is not None else torch.Generator().manual_seed(0)
     m = full_post.mean.detach().to(DTYPE)
     d = m.shape[0]
@@ -245,6 +255,20 @@ def idealised_floor(
     return IdealisedFloor(sd=sd, width_ratio=float((sd / sd_f).median()), effects_found=float(found.mean()),
                           coverage=float(covered.mean()), noise_multiplier=float(sigma), sensitivity=r,
                           draws=draws, wrong_sign=float(wrong.mean()))
+
+
+def _linear_floor(model: LinearRegression, points: torch.Tensor, full_post: GaussianPosterior, **kw: object
+                  ) -> IdealisedFloor:
+    """:func:`idealised_floor` of a linear model with sigma estimated (see there)."""
+    p = model.num_coefficients
+    sigma = math.exp(float(full_post.mean[-1]))
+    known = LinearRegression(model.num_features, prior_scale=model.prior_scale, noise_scale=sigma,
+                             intercept=model.intercept, prior_mean=model.prior_mean[:p].tolist())
+    cov = full_post.cov
+    block = GaussianPosterior(mean=full_post.mean[:p], scale_tril=torch.linalg.cholesky(cov[:p, :p]))
+    inner = idealised_floor(known, points, block, **kw)  # type: ignore[arg-type]
+    sd = torch.cat([inner.sd, torch.sqrt(cov[-1:, -1])])
+    return dataclasses.replace(inner, sd=sd)
 
 
 def draws_report(

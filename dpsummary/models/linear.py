@@ -193,6 +193,31 @@ class LinearRegression(Model):
         resid = (points[:, -1:] - eta) * torch.exp(-log_s.T)
         return -0.5 * resid**2 - log_s.T - 0.5 * math.log(2 * math.pi)
 
+    def record_scores(self, points, theta):
+        beta, log_s = self.split(theta.detach()[None])
+        z = self.design(points)
+        s2 = torch.exp(2 * log_s[0, 0])
+        resid = points[:, -1] - z @ beta[0]
+        out = (resid / s2)[:, None] * z
+        if self.estimates_sigma:  # d/d log sigma of -0.5 r^2/sigma^2 - log sigma
+            out = torch.cat([out, (resid * resid / s2 - 1.0)[:, None]], 1)
+        return out
+
+    def record_curvatures(self, points, theta):
+        beta, log_s = self.split(theta.detach()[None])
+        z = self.design(points)
+        s2 = torch.exp(2 * log_s[0, 0])
+        zz = z[:, :, None] * z[:, None, :] / s2
+        if not self.estimates_sigma:
+            return zz
+        resid = points[:, -1] - z @ beta[0]
+        n, p = z.shape
+        out = torch.zeros(n, p + 1, p + 1, dtype=DTYPE)
+        out[:, :p, :p] = zz
+        out[:, :p, p] = out[:, p, :p] = 2.0 * (resid / s2)[:, None] * z
+        out[:, p, p] = 2.0 * resid * resid / s2
+        return out
+
     def record_curvature_factors(self, points, theta):
         if self.estimates_sigma:
             return None  # the curvature in log sigma is not rank one
