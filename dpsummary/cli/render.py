@@ -49,15 +49,23 @@ def _stage1_rows(mech: dict[str, Any]) -> list[Row]:
     return rows
 
 
+def _first(mech: dict[str, Any], i: int) -> Any:
+    sigmas = mech.get("noise_multipliers") or []
+    return sigmas[i][0] if i < len(sigmas) and sigmas[i] else None
+
+
 def _linear_moment_rows(mech: dict[str, Any]) -> list[Row]:
     """Linear regression with sigma estimated (issue 51): one Gaussian release of the moment matrix."""
     bounds = mech.get("bounds") or {}
     single = mech.get("single_gaussian_noise_multiplier")
     return [
-        ("mechanism", "noise-aware-newton (linear regression, sigma estimated): the sum over every record (no "
-                      "sampling) of z z^T, z = [1, x, y] (count, X^T X, X^T y, y^T y), its upper triangle clipped and "
-                      "released with Gaussian noise once"),
-        ("moment matrix", f"{_gaussian(single, bounds.get('moment_bound'))}"),
+        ("mechanism", "noise-aware-newton (linear regression, sigma estimated): twice, the sum over every record (no "
+                      "sampling) of z z^T (count, X^T X, X^T y, y^T y), its upper triangle clipped and released with "
+                      "Gaussian noise"),
+        ("anchor round", f"{_gaussian(_first(mech, 0), bounds.get('moment_bound'))}: z = [1, x, y]"),
+        ("anchored round", f"{_gaussian(_first(mech, 1), bounds.get('anchored_moment_bound'))}: z = [1, x, r], "
+                           f"r = y - [1, x] . anchor clipped to +-{_num(bounds.get('residual_bound'))}"),
+        ("noise multiplier sigma", f"{_num(single)}: the 2 releases compose to one Gaussian of this multiplier"),
         ("posterior", "noise-aware Gaussian of (coefficients, log_sigma): the statistics' noise integrated out by "
                       "multiple imputation (post-processing, no privacy cost)"),
     ]

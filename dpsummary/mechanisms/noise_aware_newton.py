@@ -32,6 +32,7 @@ from .base import (
 )
 from .glm import GlmMechanism, glm_model, glm_split
 from .noise_aware_linear import DESCRIPTION, MOMENTS, is_linear, linear_summaries
+from .noise_aware_linear import events as linear_events
 
 if TYPE_CHECKING:
     import torch
@@ -188,9 +189,14 @@ class NoiseAwareNewton(GlmMechanism):
             # Issue 51: one Gaussian release of the moment matrix (noise_aware_linear.py).
             from .. import accounting as acc
 
-            sigma = acc.calibrate_gaussian(target_epsilon=public.req.epsilon - selection_slack(public),
-                                           delta=public.delta, prior_events=before, accountant=public.accountant)
-            parts = (*quality_parts(quality_sigma), ("optimisation", dpe.GaussianDpEvent(sigma)))
+            target = public.req.epsilon - selection_slack(public)
+            sigma = acc.calibrate_gaussian(target_epsilon=target, delta=public.delta, prior_events=before,
+                                           accountant=public.accountant)
+            for _ in range(50):  # the two rounds compose to this Gaussian; confirm on the real events
+                if acc.epsilon([*before, *linear_events(sigma)], public.delta, public.accountant) <= target * (1 + 1e-6):
+                    break
+                sigma *= 1.0 + 1e-4
+            parts = (*quality_parts(quality_sigma), ("optimisation", dpe.ComposedDpEvent(linear_events(sigma))))
             return MechanismPlan(self.name, model, transform, sigma, 1.0, 1, quality_sigma, parts,
                                  {"statistic": MOMENTS})
         schedule = noise_aware.Schedule.default(model)
@@ -219,7 +225,8 @@ class NoiseAwareNewton(GlmMechanism):
         ex = output.extra
         if ex.get("statistic") == MOMENTS:
             return {"name": self.name, "description": DESCRIPTION, "single_gaussian_noise_multiplier": plan.noise_multiplier,
-                    "noise_multipliers": ex["noise_multipliers"], "statistic": MOMENTS,
+                    "noise_multipliers": ex["noise_multipliers"], "statistic": MOMENTS, "shares": ex["shares"],
+                    "anchor": ex["anchor"],
                     "bounds_rule": ("public, from the schema: feature L2 norm bound as for the GLMs, target bound 1 (a "
                                     "real target scaled into [-1, 1]); moment_bound = sqrt((r^4 + min(r^2, r^4)) / 2) with "
                                     "r^2 = 1 + feature_norm^2 + target_bound^2 (the L2 norm of the upper triangle of z z^T)"),

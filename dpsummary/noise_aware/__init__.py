@@ -178,9 +178,12 @@ from .bounds import (
 from .linear import (
     EIGEN_FLOOR,
     LINEAR_IMPUTATIONS,
+    MAX_REDRAWS,
+    PLAUSIBLE_SDS,
     impute_moments,
     linear_posterior,
     moment_bound,
+    pooled_moments,
 )
 from .posterior import (
     IMPUTATIONS,
@@ -245,9 +248,12 @@ __all__ = [
     "COUNT_RANGE_SHARE",
     "EIGEN_FLOOR",
     "LINEAR_IMPUTATIONS",
+    "MAX_REDRAWS",
+    "PLAUSIBLE_SDS",
     "impute_moments",
     "linear_posterior",
     "moment_bound",
+    "pooled_moments",
     "DEFAULT_ROUNDS",
     "EXPANSION_BIAS_SDS",
     "EXPANSION_RMS_FACTOR",

@@ -61,17 +61,38 @@ def _upper_tail_normal(mean: float, sd: float, lower: float, generator: torch.Ge
     return max(mean - sd * q, lower)
 
 
-def impute_moments(noisy: torch.Tensor, tau: float, generator: torch.Generator) -> torch.Tensor:
-    """One draw of the true moment matrix given the release (steps 1 of the module docstring)."""
+#: Redraws of the design block per imputation while the PSD constraint on y^T y is implausible
+#: (the floor above the released y^T y by more than PLAUSIBLE_SDS noise sds): rejection sampling
+#: of the flat-prior posterior restricted to PSD matrices.
+MAX_REDRAWS = 50
+PLAUSIBLE_SDS = 4.0
+
+
+def impute_moments(noisy: torch.Tensor, tau: float | torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """One draw of the true moment matrix given the release (step 1 of the module docstring);
+    ``tau`` the per-entry noise sd (a number, or a symmetric matrix for pooled releases). The
+    design block and ``X^T y`` are redrawn (at most :data:`MAX_REDRAWS` times, else the draw with
+    the lowest floor is kept) while ``xy^T XX^-1 xy`` exceeds the released ``y^T y`` by more than
+    :data:`PLAUSIBLE_SDS` noise sds: a PSD moment matrix could not have produced the release."""
     dim = noisy.shape[0]
-    m = 0.5 * (noisy + noisy.T) - symmetric_noise(dim, tau, generator)
-    xx = m[:-1, :-1]
-    lam, vec = torch.linalg.eigh(xx)
-    count = max(float(m[0, 0]), 1.0)
-    xx = (vec * torch.clamp(lam, min=EIGEN_FLOOR * count)) @ vec.T
-    xy = m[:-1, -1]
-    floor = float(xy @ torch.linalg.solve(xx, xy))
-    yy = _upper_tail_normal(float(noisy[-1, -1]), tau, floor, generator)
+    tau_m = torch.full((dim, dim), float(tau), dtype=DTYPE) if not isinstance(tau, torch.Tensor) else tau.to(DTYPE)
+    sym = 0.5 * (noisy + noisy.T)
+    tau_yy = float(tau_m[-1, -1])
+    best: tuple[float, torch.Tensor, torch.Tensor] | None = None
+    for _ in range(MAX_REDRAWS):
+        m = sym - symmetric_noise(dim, 1.0, generator) * tau_m
+        lam, vec = torch.linalg.eigh(m[:-1, :-1])
+        count = max(float(m[0, 0]), 1.0)
+        xx = (vec * torch.clamp(lam, min=EIGEN_FLOOR * count)) @ vec.T
+        xy = m[:-1, -1]
+        floor = float(xy @ torch.linalg.solve(xx, xy))
+        if best is None or floor < best[0]:
+            best = (floor, xx, xy)
+        if floor <= float(sym[-1, -1]) + PLAUSIBLE_SDS * tau_yy:
+            break
+    assert best is not None
+    floor, xx, xy = best
+    yy = _upper_tail_normal(float(sym[-1, -1]), tau_yy, floor, generator)
     out = torch.zeros(dim, dim, dtype=DTYPE)
     out[:-1, :-1] = 0.5 * (xx + xx.T)
     out[:-1, -1] = out[-1, :-1] = xy
@@ -79,16 +100,40 @@ def impute_moments(noisy: torch.Tensor, tau: float, generator: torch.Generator) 
     return out
 
 
-def linear_posterior(model: LinearRegression, noisy: torch.Tensor, tau: float, *, generator: torch.Generator,
-                     draws: int = LINEAR_IMPUTATIONS) -> GaussianPosterior:
-    """The noise-aware Gaussian of ``(beta, log sigma)`` (module docstring). Raises
-    :class:`NonFiniteFit` when fewer than half the imputations give finite moments."""
-    if not bool(torch.isfinite(noisy).all()) or not (tau > 0 and math.isfinite(tau)):
+def pooled_moments(first: torch.Tensor, first_std: float, second: torch.Tensor, second_std: float
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two releases of the same design block (count, ``X^T 1``, ``X^T X``) averaged by inverse
+    noise variance; the target's row and column from ``second`` (the anchored release). Returns the
+    matrix and its per-entry noise sd (post-processing)."""
+    w1, w2 = first_std**-2, second_std**-2
+    out = second.clone().to(DTYPE)
+    out[:-1, :-1] = (w1 * first[:-1, :-1] + w2 * second[:-1, :-1]) / (w1 + w2)
+    tau = torch.full_like(out, second_std)
+    tau[:-1, :-1] = (w1 + w2) ** -0.5
+    return out, tau
+
+
+def linear_posterior(model: LinearRegression, noisy: torch.Tensor, tau: float | torch.Tensor, *,
+                     generator: torch.Generator, draws: int = LINEAR_IMPUTATIONS,
+                     anchor: torch.Tensor | None = None) -> GaussianPosterior:
+    """The noise-aware Gaussian of ``(beta, log sigma)`` (module docstring). With an ``anchor``
+    the release's target column is the residual ``y - [1, x] . anchor``: the posterior of
+    ``beta - anchor`` is computed (the prior's centre moved by ``-anchor``) and shifted back.
+    Raises :class:`NonFiniteFit` when fewer than half the imputations give finite moments."""
+    tau_min = float(tau.min()) if isinstance(tau, torch.Tensor) else float(tau)
+    if not bool(torch.isfinite(noisy).all()) or not (tau_min > 0 and math.isfinite(tau_min)):
         raise NonFiniteFit("the released moment matrix is not finite")
+    p = model.num_coefficients
+    centre = model.prior_mean.clone()
+    shift = torch.zeros_like(centre)
+    if anchor is not None:
+        shift[:p] = anchor.detach().to(DTYPE)
+        centre = centre - shift
     means, covs = [], []
     for _ in range(draws):
         stats = SuffStats.from_moment_matrix(impute_moments(noisy.to(DTYPE), tau, generator), intercept=model.intercept)
-        mean, cov = suffstat_posterior(stats, model.prior_mean, model.prior_scale)
+        mean, cov = suffstat_posterior(stats, centre, model.prior_scale)
+        mean = mean + shift
         if bool(torch.isfinite(mean).all()) and bool(torch.isfinite(cov).all()):
             means.append(mean)
             covs.append(cov)

@@ -266,15 +266,26 @@ def score_partial(rows: np.ndarray | torch.Tensor, model: Model, theta: torch.Te
     return total
 
 
-def moment_partial(rows: np.ndarray | torch.Tensor, *, bound: float) -> np.ndarray:
+def moment_partial(rows: np.ndarray | torch.Tensor, *, bound: float, anchor: torch.Tensor | None = None,
+                   residual_bound: float | None = None) -> np.ndarray:
     """Linear regression's exact partial sums over ``rows`` (model-space points: features, then
     the target): the upper triangle (diagonal included, row-major) of ``sum_i z_i z_i^T`` with
     ``z_i = [1, x_i, y_i]``, on the grid of ``bound``. Per record: non-finite entries become 0,
     the upper triangle of ``z_i z_i^T`` is clipped to L2 norm :func:`effective_clip` ``(bound)``
     by scaling (a record inside the public box is never clipped when ``bound`` is the box's
     :meth:`~dpsummary.models.GLM.rank_one_upper_bound`), then rounded toward zero onto the grid
-    and summed exactly (:func:`_rank_one_upper_sum`)."""
+    and summed exactly (:func:`_rank_one_upper_sum`).
+
+    With a public ``anchor`` (coefficients, intercept first) the last coordinate is the residual
+    ``y_i - [1, x_i] . anchor`` clipped to ``[-residual_bound, residual_bound]`` (public)."""
     batch = _as_rows(rows)
+    if anchor is not None:
+        if residual_bound is None or not (residual_bound > 0 and math.isfinite(residual_bound)):
+            raise KernelError("an anchored moment matrix needs a positive residual bound")
+        a = anchor.detach().to(DTYPE)
+        design = torch.cat([torch.ones(batch.shape[0], 1, dtype=DTYPE), batch[:, :-1]], 1)
+        resid = torch.nan_to_num(batch[:, -1] - torch.nan_to_num(design) @ a, nan=0.0)
+        batch = torch.cat([batch[:, :-1], resid.clamp(-residual_bound, residual_bound)[:, None]], 1)
     dim = batch.shape[1] + 1
     tri = dim * (dim + 1) // 2
     eff = effective_clip(bound, tri)

@@ -42,8 +42,11 @@ class NoisyMoments:
 
 
 def noisy_moment_matrix(points: torch.Tensor | np.ndarray | RecordStore, randomness: PrivacyRandomness, *,
-                        bound: float, noise_multiplier: float) -> NoisyMoments:
-    """Release the clipped moment matrix of ``points`` (see the module docstring)."""
+                        bound: float, noise_multiplier: float, anchor: torch.Tensor | None = None,
+                        residual_bound: float | None = None) -> NoisyMoments:
+    """Release the clipped moment matrix of ``points`` (see the module docstring). With a public
+    ``anchor`` the target coordinate is the residual ``y - [1, x] . anchor`` clipped to the public
+    ``residual_bound`` (the second round of :mod:`dpsummary.mechanisms.noise_aware_linear`)."""
     from . import kernel
     from .store import RecordStore
 
@@ -57,7 +60,8 @@ def noisy_moment_matrix(points: torch.Tensor | np.ndarray | RecordStore, randomn
         dim = arr.shape[1] + 1
     total = kernel.zero_partial(dim * (dim + 1) // 2)
     for chunk in chunks:
-        total = kernel.combine(total, kernel.moment_partial(chunk, bound=bound))
+        total = kernel.combine(total, kernel.moment_partial(chunk, bound=bound, anchor=anchor,
+                                                            residual_bound=residual_bound))
     return release_moments(total, randomness, dim, bound=bound, noise_multiplier=noise_multiplier)
 
 

@@ -326,6 +326,8 @@ class MomentPass:
 
     encoder: BatchEncoder
     bound: float
+    anchor: Any = None
+    residual_bound: float | None = None
 
     def __call__(self, batches: Iterator[Any]) -> Iterator[Any]:
         import pyarrow as pa
@@ -335,7 +337,7 @@ class MomentPass:
         total = None
         for batch in batches:
             rows, _, _ = self.encoder(_data_columns(batch))
-            part = moment_partial(rows, bound=self.bound)
+            part = moment_partial(rows, bound=self.bound, anchor=self.anchor, residual_bound=self.residual_bound)
             total = part if total is None else combine(total, part)
         if total is not None:
             yield pa.RecordBatch.from_pydict({"name": ["moments"], "ints": [_ints_json(total)]})
@@ -763,14 +765,16 @@ class SparkRecords:
             return ScorePartial.zero(model.param_dim)
         return ScorePartial(totals["score"], totals["curvature"])
 
-    def noisy_moment_matrix(self, *, bound: float, noise_multiplier: float) -> Any:
+    def noisy_moment_matrix(self, *, bound: float, noise_multiplier: float, anchor: Any = None,
+                            residual_bound: float | None = None) -> Any:
         """One full pass of linear regression's moment kernel, then the Gaussian release on the
         driver (:func:`~dpsummary.private.moments.release_moments`, the local engine's release)."""
         from .kernel import zero_partial
         from .moments import release_moments
 
         dim = self._encoder.transform.point_dim + 1
-        totals = _collect(self._source._df, MomentPass(self._encoder, float(bound)))
+        totals = _collect(self._source._df, MomentPass(self._encoder, float(bound),
+                                                       None if anchor is None else anchor.detach(), residual_bound))
         total = totals["moments"] if "moments" in totals else zero_partial(dim * (dim + 1) // 2)
         return release_moments(total, self._source._randomness, dim, bound=bound, noise_multiplier=noise_multiplier)
 
