@@ -11,8 +11,8 @@
 
 from __future__ import annotations
 
-import math
 import dataclasses
+import math
 from dataclasses import asdict, dataclass
 
 import numpy as np

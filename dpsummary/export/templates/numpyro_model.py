@@ -115,8 +115,8 @@ def point_log_lik(data: dict[str, Any], theta: jnp.ndarray) -> jnp.ndarray:
     k = x.shape[1]
     eta = theta[0] + x @ theta[1:k + 1] if data["intercept"] else x @ theta[:k]
     if fam == "linear":
-        s = jnp.exp(theta[-1]) if data.get("noise_parameter") == "log_sigma" else data["noise_scale"]
-        return -0.5 * ((y - eta) / s) ** 2 - jnp.log(s) - 0.5 * jnp.log(2 * jnp.pi)
+        sd = jnp.exp(theta[-1]) if data.get("noise_parameter") == "log_sigma" else data["noise_scale"]
+        return -0.5 * ((y - eta) / sd) ** 2 - jnp.log(sd) - 0.5 * jnp.log(2 * jnp.pi)
     if fam == "logistic":
         return y * jax.nn.log_sigmoid(eta) + (1.0 - y) * jax.nn.log_sigmoid(-eta)
     if fam == "poisson":
