@@ -808,7 +808,7 @@ def judge_artifact(artifact: Path, data: Path, epsilon: float, *, sampled: bool 
     if sampled and getattr(rel.model, "parameter_draws", True):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # the diagnostics are recorded, not printed
-            if rel.model.conjugate:
+            if rel.model.conjugate or hasattr(rel.model, "exact_draws"):  # exact, independent draws
                 values, rhat, ess = rel.sample(SAMPLED_DRAWS, seed=0), None, None
             else:
                 drawn = rel.sample(SAMPLED_DRAWS, seed=0, return_draws=True)

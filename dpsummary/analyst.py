@@ -373,7 +373,8 @@ class Release:
           Rank-normalised split R-hat, bulk and tail ESS and divergences are computed on every
           run; a :class:`~dpsummary.sampling.SamplingWarning` names any that fails (R-hat > 1.01,
           ESS < 400, a divergence) and the fix.
-        * ``"exact"`` (conjugate models: Gaussian mean, linear regression; their default),
+        * ``"exact"`` (independent draws of the exact posterior: conjugate models (Gaussian mean)
+          and linear regression, sigma estimated, by quadrature over log sigma; their default),
           ``"laplace"`` (the Gaussian approximation at the pseudocoreset posterior's mode),
           ``"vi"`` (Bayesian neural networks' default: mean-field Gaussian VI on the weighted
           pseudodata, :meth:`fit_variational`, ``vi_steps`` Adam steps).
@@ -396,8 +397,10 @@ class Release:
             raise ValueError("method='hmc' was replaced by method='nuts' (NUTS with diagnostics, dpsummary.sampling)")
         if method not in ("auto", "exact", "laplace", "nuts", "vi"):
             raise ValueError(f"unknown method {method!r}; use 'auto', 'exact', 'laplace', 'nuts' or 'vi'")
+        exact_draws = getattr(self.model, "exact_draws", None)
         if method == "auto":
-            method = "exact" if self.model.conjugate else ("vi" if isinstance(self.model, BNN) else "nuts")
+            method = ("exact" if self.model.conjugate or exact_draws is not None
+                      else ("vi" if isinstance(self.model, BNN) else "nuts"))
         if (return_draws or inference_data) and method != "nuts":
             raise ValueError("return_draws and inference_data are for method='nuts' (MCMC draws with diagnostics)")
         gen = torch.Generator().manual_seed(seed if seed is not None else int(torch.seed() % (2**63)))
@@ -411,6 +414,8 @@ class Release:
         if method == "laplace" and isinstance(self.model, BNN):
             raise ValueError("a BNN posterior is multimodal; use method='vi' or 'nuts'")
         if method == "exact":
+            if exact_draws is not None:  # linear regression: iid draws by quadrature over log sigma
+                return exact_draws(points, weights, num_samples, gen).numpy()
             if not self.model.conjugate:
                 raise ValueError(f"{self.model.name} has no exact posterior; use method='nuts'")
             return self.model.exact_posterior(points, weights).sample(num_samples, gen).numpy()

@@ -192,7 +192,8 @@ def sampling_check(release: Release, seed: int = 0) -> dict[str, Any] | None:
     import warnings
 
     model = release.model
-    if model.conjugate or isinstance(model, BNN) or not getattr(model, "parameter_draws", True):
+    if (model.conjugate or hasattr(model, "exact_draws") or isinstance(model, BNN)
+            or not getattr(model, "parameter_draws", True)):
         return None
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # recorded in the document instead

@@ -72,14 +72,62 @@ def _log_marginal(g: torch.Tensor, lam: torch.Tensor, a: torch.Tensor, b: torch.
     return out - 0.5 * ((g - mu_ls) / s0) ** 2
 
 
-def suffstat_posterior(stats: SuffStats, prior_mean: torch.Tensor, prior_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Exact mean (d+1,) and covariance of the posterior of ``(beta, log_sigma)`` given weighted
-    sufficient statistics, prior ``N(prior_mean, prior_scale^2 I)``: given ``g = log sigma`` the
-    coefficients are Gaussian with precision ``(xx + t I) / sigma^2`` (``t = sigma^2/s0^2``); the
-    marginal of ``g`` is evaluated on a grid (a zoomed search for its mode over
-    :data:`LOG_SIGMA_RANGE`, then :data:`GRID_POINTS` points over +-:data:`GRID_HALF_WIDTH_SD`
-    sds), and the moments are the grid-weighted mixture's. Deterministic; total for any finite
-    statistics (a non-PSD ``xx`` has its eigenvalues floored at 0)."""
+@dataclass(frozen=True)
+class SigmaGrid:
+    """The exact posterior as a grid over ``g = log sigma`` (weights ``w``) with the coefficients
+    Gaussian given ``g``: in the eigenbasis ``vecs`` of ``xx``, mean ``(a + t b) / (lam + t)`` and
+    variance ``sigma^2 / (lam + t)``, ``t = sigma^2 / s0^2``."""
+
+    grid: torch.Tensor
+    w: torch.Tensor
+    lam: torch.Tensor
+    vecs: torch.Tensor
+    a: torch.Tensor
+    b: torch.Tensor
+    s0: float
+
+    def conditional(self, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rotated conditional means and variances of the coefficients at ``g`` (G,): (G, d) each."""
+        s2 = torch.exp(2 * g)[:, None]
+        t = s2 / self.s0**2
+        return (self.a + t * self.b) / (self.lam + t), s2 / (self.lam + t)
+
+    def moments(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Mean (d+1,) and covariance of ``(beta, log sigma)``."""
+        w, grid, vecs = self.w, self.grid, self.vecs
+        m_rot, v_rot = self.conditional(grid)
+        e_m = (w[:, None] * m_rot).sum(0)
+        e_g = float((w * grid).sum())
+        cov_rot = torch.diag((w[:, None] * v_rot).sum(0)) + (w[:, None, None] * m_rot[:, :, None] * m_rot[:, None, :]).sum(0)
+        cov_rot = cov_rot - e_m[:, None] * e_m[None, :]
+        cross_rot = (w[:, None] * m_rot * (grid - e_g)[:, None]).sum(0)
+        var_g = float((w * (grid - e_g) ** 2).sum())
+        d = self.lam.shape[0]
+        mean = torch.cat([vecs @ e_m, torch.tensor([e_g], dtype=DTYPE)])
+        cov = torch.zeros(d + 1, d + 1, dtype=DTYPE)
+        cov[:d, :d] = vecs @ cov_rot @ vecs.T
+        cov[:d, d] = cov[d, :d] = vecs @ cross_rot
+        cov[d, d] = var_g
+        return mean, 0.5 * (cov + cov.T)
+
+    def sample(self, num: int, generator: torch.Generator) -> torch.Tensor:
+        """``num`` independent draws of ``(beta, log sigma)``: a grid cell by its weight, ``g``
+        uniform within it (the cell is 1/33 of a posterior sd wide), the coefficients given ``g``."""
+        idx = torch.multinomial(self.w, num, replacement=True, generator=generator)
+        step = float(self.grid[1] - self.grid[0])
+        g = self.grid[idx] + (torch.rand(num, generator=generator, dtype=DTYPE) - 0.5) * step
+        m_rot, v_rot = self.conditional(g)
+        eps = torch.randn(m_rot.shape, generator=generator, dtype=DTYPE)
+        beta = (m_rot + torch.sqrt(v_rot) * eps) @ self.vecs.T
+        return torch.cat([beta, g[:, None]], 1)
+
+
+def suffstat_grid(stats: SuffStats, prior_mean: torch.Tensor, prior_scale: float) -> SigmaGrid:
+    """The exact posterior of ``(beta, log_sigma)`` given weighted sufficient statistics, prior
+    ``N(prior_mean, prior_scale^2 I)``, on a grid over ``g = log sigma`` (a zoomed search for the
+    mode over :data:`LOG_SIGMA_RANGE`, then :data:`GRID_POINTS` points over
+    +-:data:`GRID_HALF_WIDTH_SD` sds). Deterministic; total for any finite statistics (a non-PSD
+    ``xx`` has its eigenvalues floored at 0)."""
     xx = 0.5 * (stats.xx + stats.xx.T).to(DTYPE)
     lam, vecs = torch.linalg.eigh(xx)
     lam = torch.clamp(lam, min=0.0)
@@ -107,23 +155,25 @@ def suffstat_posterior(stats: SuffStats, prior_mean: torch.Tensor, prior_scale: 
     grid = torch.linspace(mode - GRID_HALF_WIDTH_SD * sd, mode + GRID_HALF_WIDTH_SD * sd, GRID_POINTS, dtype=DTYPE)
     lp = logp(grid)
     w = torch.softmax(torch.where(torch.isfinite(lp), lp, torch.full_like(lp, -math.inf)), 0)
-    s2 = torch.exp(2 * grid)[:, None]
-    t = s2 / s0**2
-    m_rot = (a + t * b) / (lam + t)  # (G, d)
-    v_rot = s2 / (lam + t)
-    e_m = (w[:, None] * m_rot).sum(0)
-    e_g = float((w * grid).sum())
-    cov_rot = torch.diag((w[:, None] * v_rot).sum(0)) + (w[:, None, None] * m_rot[:, :, None] * m_rot[:, None, :]).sum(0)
-    cov_rot = cov_rot - e_m[:, None] * e_m[None, :]
-    cross_rot = (w[:, None] * m_rot * (grid - e_g)[:, None]).sum(0)
-    var_g = float((w * (grid - e_g) ** 2).sum())
-    d = lam.shape[0]
-    mean = torch.cat([vecs @ e_m, torch.tensor([e_g], dtype=DTYPE)])
-    cov = torch.zeros(d + 1, d + 1, dtype=DTYPE)
-    cov[:d, :d] = vecs @ cov_rot @ vecs.T
-    cov[:d, d] = cov[d, :d] = vecs @ cross_rot
-    cov[d, d] = var_g
-    return mean, 0.5 * (cov + cov.T)
+    return SigmaGrid(grid, w, lam, vecs, a, b, s0)
+
+
+def suffstat_posterior(stats: SuffStats, prior_mean: torch.Tensor, prior_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Exact mean (d+1,) and covariance of the posterior of ``(beta, log_sigma)`` given weighted
+    sufficient statistics (:func:`suffstat_grid`'s grid-weighted mixture moments)."""
+    return suffstat_grid(stats, prior_mean, prior_scale).moments()
+
+
+def _psd_cholesky(cov: torch.Tensor) -> torch.Tensor:
+    """Cholesky factor of a mixture covariance whose cancellation (a very narrow or a degenerate
+    grid) left it a hair from PD: eigenvalues floored at 1e-12 of the largest."""
+    cov = 0.5 * (cov + cov.T)
+    chol, info = torch.linalg.cholesky_ex(cov)
+    if int(info) == 0:
+        return chol
+    lam, vec = torch.linalg.eigh(cov)
+    floor = 1e-12 * max(float(lam.abs().max()), 1e-300)
+    return torch.linalg.cholesky((vec * torch.clamp(lam, min=floor)) @ vec.T)
 
 
 class LinearRegression(Model):
@@ -257,12 +307,21 @@ class LinearRegression(Model):
         stats = self.suffstats(points.detach().to(DTYPE), weights.detach().to(DTYPE))
         if self.estimates_sigma:
             mean, cov = suffstat_posterior(stats, self.prior_mean, self.prior_scale)
-            return GaussianPosterior(mean=mean, scale_tril=torch.linalg.cholesky(cov))
+            return GaussianPosterior(mean=mean, scale_tril=_psd_cholesky(cov))
         assert self.noise_scale is not None
         d = self.param_dim
         precision = torch.eye(d, dtype=DTYPE) / self.prior_scale**2 + stats.xx / self.noise_scale**2
         rhs = self.prior_mean / self.prior_scale**2 + stats.xy / self.noise_scale**2
         return GaussianPosterior.from_precision(precision, rhs)
+
+    def exact_draws(self, points: torch.Tensor, weights: torch.Tensor, num: int, generator: torch.Generator
+                    ) -> torch.Tensor:
+        """``num`` independent draws of the exact weighted posterior (sigma estimated:
+        :meth:`SigmaGrid.sample`; known noise: the Gaussian posterior)."""
+        if not self.estimates_sigma:
+            return self.exact_posterior(points, weights).sample(num, generator)
+        stats = self.suffstats(points.detach().to(DTYPE), weights.detach().to(DTYPE))
+        return suffstat_grid(stats, self.prior_mean, self.prior_scale).sample(num, generator)
 
     def spec(self) -> dict[str, Any]:
         out = {**super().spec(), "noise_scale": self.noise_scale, "intercept": self.intercept}
