@@ -31,7 +31,7 @@ import torch
 
 from ..gaussian import DTYPE, GaussianPosterior
 from ..models.glm import GLM
-from ..models.linear import LinearRegression, SuffStats, suffstat_posterior
+from ..models.linear import LOG_SIGMA_RANGE, LinearRegression
 from .posterior import symmetric_noise
 from .released import NonFiniteFit
 
@@ -113,26 +113,93 @@ def pooled_moments(first: torch.Tensor, first_std: float, second: torch.Tensor, 
     return out, tau
 
 
+def _noise_aware_grid(xx: torch.Tensor, xr: torch.Tensor, rr: float, count: float, tau_r: float, tau_rr: float,
+                      centre: torch.Tensor, s0: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mean and covariance of ``(delta, log sigma)`` given a design block ``xx`` taken as known
+    and the noisy ``xr = X^T r + N(0, tau_r^2 I)`` and ``rr = r^T r + N(0, tau_rr^2)`` (module
+    docstring, 2.): in the eigenbasis of ``xx`` the released ``xr`` is, given ``sigma`` and the
+    coefficients ``delta`` of ``r`` on the design, ``N(lam delta, sigma^2 lam + tau_r^2)`` per
+    direction (the data's least-squares fit ``N(delta, sigma^2 xx^-1)``, then the noise), so a
+    direction the design does not resolve carries no information instead of an exploding inverse;
+    ``rr`` is ``N(sigma^2 n + delta^T xx delta, 2 sigma^4 n + tau_rr^2)`` (``r^T r`` is the residual sum
+    of squares, about ``sigma^2 chi^2``, plus the fit's). Quadrature over ``g = log sigma``."""
+    lam, vecs = torch.linalg.eigh(0.5 * (xx + xx.T))
+    lam = torch.clamp(lam, min=0.0)
+    xt = vecs.T @ xr
+    mu = vecs.T @ centre[:-1]
+    mu_ls = float(centre[-1])
+
+    def parts(g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        s2 = torch.exp(2 * g)[:, None]
+        v = s2 * lam + tau_r**2  # (G, d)
+        prec = 1.0 / s0**2 + lam**2 / v
+        mean = (mu / s0**2 + lam * xt / v) / prec
+        marg_var = lam**2 * s0**2 + v
+        lp = -0.5 * ((xt - lam * mu) ** 2 / marg_var + torch.log(marg_var)).sum(1)
+        fit = (lam * (mean**2 + 1.0 / prec)).sum(1)
+        rr_var = 2.0 * s2[:, 0] ** 2 * count + tau_rr**2
+        lp = lp - 0.5 * ((rr - s2[:, 0] * count - fit) ** 2 / rr_var + torch.log(rr_var))
+        return lp - 0.5 * ((g - mu_ls) / s0) ** 2, mean, 1.0 / prec
+
+    lo, hi = LOG_SIGMA_RANGE
+    grid = torch.linspace(lo, hi, 401, dtype=DTYPE)
+    for _ in range(5):  # zoom in on the mode
+        grid = torch.linspace(lo, hi, 401, dtype=DTYPE)
+        k = int(torch.argmax(parts(grid)[0]))
+        lo, hi = float(grid[max(k - 2, 0)]), float(grid[min(k + 2, 400)])
+    mode = float(grid[k])
+    h = 1e-3
+    f = parts(torch.tensor([mode - h, mode, mode + h], dtype=DTYPE))[0]
+    curv = -float(f[0] - 2 * f[1] + f[2]) / h**2
+    sd = 1.0 / math.sqrt(curv) if curv > 0 and math.isfinite(curv) else 1.0
+    grid = torch.linspace(mode - 12.0 * sd, mode + 12.0 * sd, 801, dtype=DTYPE)
+    lp, m_rot, v_rot = parts(grid)
+    w = torch.softmax(torch.where(torch.isfinite(lp), lp, torch.full_like(lp, -math.inf)), 0)
+    e_m = (w[:, None] * m_rot).sum(0)
+    e_g = float((w * grid).sum())
+    cov_rot = torch.diag((w[:, None] * v_rot).sum(0)) + (w[:, None, None] * m_rot[:, :, None] * m_rot[:, None, :]).sum(0)
+    cov_rot = cov_rot - e_m[:, None] * e_m[None, :]
+    cross = (w[:, None] * m_rot * (grid - e_g)[:, None]).sum(0)
+    d = lam.shape[0]
+    mean = torch.cat([vecs @ e_m, torch.tensor([e_g], dtype=DTYPE)])
+    cov = torch.zeros(d + 1, d + 1, dtype=DTYPE)
+    cov[:d, :d] = vecs @ cov_rot @ vecs.T
+    cov[:d, d] = cov[d, :d] = vecs @ cross
+    cov[d, d] = float((w * (grid - e_g) ** 2).sum())
+    return mean, 0.5 * (cov + cov.T)
+
+
 def linear_posterior(model: LinearRegression, noisy: torch.Tensor, tau: float | torch.Tensor, *,
                      generator: torch.Generator, draws: int = LINEAR_IMPUTATIONS,
                      anchor: torch.Tensor | None = None) -> GaussianPosterior:
-    """The noise-aware Gaussian of ``(beta, log sigma)`` (module docstring). With an ``anchor``
-    the release's target column is the residual ``y - [1, x] . anchor``: the posterior of
-    ``beta - anchor`` is computed (the prior's centre moved by ``-anchor``) and shifted back.
+    """The noise-aware Gaussian of ``(beta, log sigma)`` (module docstring). The design block's
+    noise is integrated out by imputation (draws of the true block, PSD part); ``X^T y`` and
+    ``y^T y`` enter through their noise-aware likelihood (:func:`_noise_aware_grid`). With an
+    ``anchor`` the release's target column is the residual ``y - [1, x] . anchor``: the posterior
+    of ``beta - anchor`` is computed (the prior's centre moved by ``-anchor``) and shifted back.
     Raises :class:`NonFiniteFit` when fewer than half the imputations give finite moments."""
     tau_min = float(tau.min()) if isinstance(tau, torch.Tensor) else float(tau)
     if not bool(torch.isfinite(noisy).all()) or not (tau_min > 0 and math.isfinite(tau_min)):
         raise NonFiniteFit("the released moment matrix is not finite")
+    dim = noisy.shape[0]
+    tau_m = torch.full((dim, dim), float(tau), dtype=DTYPE) if not isinstance(tau, torch.Tensor) else tau.to(DTYPE)
     p = model.num_coefficients
+    k0 = 0 if model.intercept else 1
     centre = model.prior_mean.clone()
     shift = torch.zeros_like(centre)
     if anchor is not None:
         shift[:p] = anchor.detach().to(DTYPE)
         centre = centre - shift
+    sym = 0.5 * (noisy + noisy.T).to(DTYPE)
+    xr, rr = sym[k0:-1, -1], float(sym[-1, -1])
+    tau_r, tau_rr = float(tau_m[0, -1]), float(tau_m[-1, -1])
     means, covs = [], []
     for _ in range(draws):
-        stats = SuffStats.from_moment_matrix(impute_moments(noisy.to(DTYPE), tau, generator), intercept=model.intercept)
-        mean, cov = suffstat_posterior(stats, centre, model.prior_scale)
+        block = sym[:-1, :-1] - symmetric_noise(dim - 1, 1.0, generator) * tau_m[:-1, :-1]
+        count = max(float(block[0, 0]), 1.0)
+        lam, vec = torch.linalg.eigh(block)
+        block = (vec * torch.clamp(lam, min=0.0)) @ vec.T
+        mean, cov = _noise_aware_grid(block[k0:, k0:], xr, rr, count, tau_r, tau_rr, centre, model.prior_scale)
         mean = mean + shift
         if bool(torch.isfinite(mean).all()) and bool(torch.isfinite(cov).all()):
             means.append(mean)
