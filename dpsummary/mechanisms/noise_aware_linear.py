@@ -63,8 +63,8 @@ DESCRIPTION = ("linear regression, sigma estimated: two Gaussian mechanisms each
                "count, X^T X, X^T y and y^T y), then with z = [1, x, r], r = y - [1, x] . a clipped to +-residual_bound at "
                "the first release's noise-aware mean a; each record's upper triangle clipped to L2 moment_bound (the "
                "public box's, so a record in the box is never clipped); the design blocks pooled; the posterior of (coefficients, log_sigma) integrates the noise out by "
-               "multiple imputation of the true statistics (PSD, y^T y truncated at the residual floor) and the exact "
-               "posterior given each (quadrature over log sigma), moment-matched; the pseudocoreset's exact posterior "
+               "multiple imputation of the design block (PSD part) and, given each, the noise-aware likelihood of X^T r "
+               "and r^T r (quadrature over log sigma), moment-matched; the pseudocoreset's exact posterior "
                "is matched to it (post-processing)")
 
 

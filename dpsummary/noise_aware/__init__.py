@@ -176,11 +176,7 @@ from .bounds import (
     schema_bounds,
 )
 from .linear import (
-    EIGEN_FLOOR,
     LINEAR_IMPUTATIONS,
-    MAX_REDRAWS,
-    PLAUSIBLE_SDS,
-    impute_moments,
     linear_posterior,
     moment_bound,
     pooled_moments,
@@ -246,11 +242,7 @@ from .variants import (
 __all__ = [
     "BoundsFn",
     "COUNT_RANGE_SHARE",
-    "EIGEN_FLOOR",
     "LINEAR_IMPUTATIONS",
-    "MAX_REDRAWS",
-    "PLAUSIBLE_SDS",
-    "impute_moments",
     "linear_posterior",
     "moment_bound",
     "pooled_moments",
