@@ -31,7 +31,8 @@ import torch
 
 from ..gaussian import DTYPE, GaussianPosterior
 from ..models.glm import GLM
-from ..models.linear import LOG_SIGMA_RANGE, LinearRegression
+from ..models.linear import LOG_SIGMA_RANGE as _LOG_SIGMA_RANGE
+from ..models.linear import LinearRegression
 from .posterior import symmetric_noise
 from .released import NonFiniteFit
 
@@ -87,7 +88,7 @@ def _noise_aware_grid(xx: torch.Tensor, xr: torch.Tensor, rr: float, count: floa
         lp = lp - 0.5 * ((rr - s2[:, 0] * count - fit) ** 2 / rr_var + torch.log(rr_var))
         return lp - 0.5 * ((g - mu_ls) / s0) ** 2, mean, 1.0 / prec
 
-    lo, hi = LOG_SIGMA_RANGE
+    lo, hi = _LOG_SIGMA_RANGE
     grid = torch.linspace(lo, hi, 401, dtype=DTYPE)
     for _ in range(5):  # zoom in on the mode
         grid = torch.linspace(lo, hi, 401, dtype=DTYPE)
