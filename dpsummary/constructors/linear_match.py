@@ -13,12 +13,10 @@ weighted sufficient statistics ``T = sum_m w_m z_m z_m^T``, ``z = [1, x, y]``
    coefficients integrated out). The total weight ``W`` is ``X^T W X``'s intercept entry, and
    log sigma's posterior variance is about ``1 / (2 (W - p))``: one number sets both. Where the
    target's sigma is wider than the coefficients' ``W`` allows (the noise on ``y^T y`` dominates
-   sigma's uncertainty) ``W`` is lowered towards ``p + 1 / (2 var_ls)`` along the intercept's entry
-   only (every coefficient's marginal variance only grows: the intercept's interval is the wider
-   one), but never below the part of that entry the other columns explain (the block must stay
-   PD): where a column is nearly collinear with the intercept (a rare 0/1 column coded +-1) the
-   weight stays near the coefficients' and sigma's interval is the narrower one. The recorded sd
-   ratios (``pseudocoreset_match``) say which; the signed Gaussian is the honest one.
+   sigma's uncertainty) ``W`` is lowered to ``p + 1 / (2 var_ls)`` along ``X^T W X``'s intercept
+   row (``xx - c u u^T``, ``u = xx e0 / xx_00``): only the intercept's variance grows (its
+   interval wider than the target's: conservative), every other moment is kept; the recorded sd
+   ratios (``pseudocoreset_match``) say by how much.
 2. **Moment matching.** The target handed to step 1 is moved until the exact moments equal the
    signed ones (means additively, sds multiplicatively, correlations kept; as
    :mod:`dpsummary.constructors.moment_match` does for GLMs, but with exact moments instead of
@@ -64,15 +62,16 @@ def statistics_for(model: LinearRegression, mean: torch.Tensor, cov: torch.Tenso
     if model.intercept:
         w_sigma = p + 1.0 / (2.0 * max(float(cov[-1, -1]), 1e-300))
         if w_sigma < float(xx[0, 0]):
-            # Lower the total weight, only along the intercept's entry: the coefficients' marginal
-            # variances only grow (honest); the block stays PD down to the intercept's share
-            # explained by the other coefficients (``need``), below which sigma's interval is the
-            # one left narrower than the target's (measured: shrinking the intercept's row instead
-            # decorrelated it from one-hot columns and left their intervals 0.05x the target's).
-            rest = xx[1:, 1:]
-            row = xx[0, 1:]
-            need = float(row @ torch.linalg.solve(rest, row)) if p > 1 else 0.0
-            xx[0, 0] = min(float(xx[0, 0]), max(w_sigma, need / 0.9))
+            # Lower the total weight by c = xx_00 - w_sigma along u = xx e0 / xx_00 (not along
+            # e0): xx - c u u^T keeps xx_00 - c on the diagonal and, by Sherman-Morrison, changes the
+            # covariance xx^-1 only by a multiple of e0 e0^T: the intercept's variance grows, every
+            # other variance and covariance stays (c < xx_00 keeps it PD). Lowering along e0
+            # hit the PD limit where a column is nearly collinear with the intercept, and
+            # shrinking the intercept's row decorrelated it from one-hot columns (their intervals
+            # then 0.05x the target's; first suite run).
+            u = xx[:, 0] / float(xx[0, 0])
+            xx = xx - (float(xx[0, 0]) - w_sigma) * u[:, None] * u[None, :]
+            xx = 0.5 * (xx + xx.T)
         count = float(xx[0, 0])
     else:
         count = p + 1.0 / (2.0 * max(float(cov[-1, -1]), 1e-300))
