@@ -79,7 +79,8 @@ def predictive_scores(
     lpd = torch.logsumexp(ll, 1) - math.log(num_samples)
     out = {"test_loglik": float(lpd.mean())}
     if isinstance(model, (GLM, LinearRegression)):
-        eta = model.design(test) @ theta.T
+        coef = model.split(theta)[0] if isinstance(model, LinearRegression) else theta  # log_sigma is not a coefficient
+        eta = model.design(test) @ coef.T
         y = test[:, -1]
         if isinstance(model, LogisticRegression):
             prob = torch.sigmoid(eta).mean(1)

@@ -75,6 +75,9 @@ def test_linear_release_carries_sigma(tmp_path: Path, monkeypatch: pytest.Monkey
     lo, hi = math.exp(m - 1.96 * sd), math.exp(m + 1.96 * sd)
     shown = runner.invoke(app, ["inspect", str(out), "--key", str(tmp_path / "home" / "keys" / "dpsummary.pub")])
     assert shown.exit_code == 0 and "log_sigma" in shown.output
+    if noise == "0.5":  # the curator's report reads a linear release too (predictive scores, floor)
+        rep = runner.invoke(app, ["report", str(out), str(data), "--key", str(tmp_path / "home" / "keys" / "dpsummary.pub")])
+        assert rep.exit_code == 0, rep.output
     full_m, _full_sd, full_sigma = _full_sigma_interval(rel, data)
     if noise == "none":
         # An exact relation: sigma is 0 in the data, which no interval on log sigma reaches; the
