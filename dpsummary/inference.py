@@ -141,7 +141,7 @@ def coreset_posterior(
     diagonal: bool = False,
 ) -> GaussianPosterior:
     """The posterior (exact or Laplace) given weighted points; the workhorse of every constructor."""
-    if model.conjugate:
+    if model.conjugate or model.exact_moments:
         return model.exact_posterior(points.detach(), weights.detach())
     if warm_start is None:
         return laplace(model, points, weights, diagonal=diagonal)

@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import asdict, dataclass
 
@@ -36,7 +37,7 @@ def gaussian_kl(p: GaussianPosterior, q: GaussianPosterior) -> float:
 def full_posterior(model: Model, data: torch.Tensor) -> GaussianPosterior:
     """The full-data reference: exact for conjugate models, Laplace otherwise."""
     weights = torch.ones(data.shape[0], dtype=DTYPE)
-    if model.conjugate:
+    if model.conjugate or model.exact_moments:
         return model.exact_posterior(data, weights)
     return laplace(model, data, weights)
 
@@ -78,7 +79,8 @@ def predictive_scores(
     lpd = torch.logsumexp(ll, 1) - math.log(num_samples)
     out = {"test_loglik": float(lpd.mean())}
     if isinstance(model, (GLM, LinearRegression)):
-        eta = model.design(test) @ theta.T
+        coef = model.split(theta)[0] if isinstance(model, LinearRegression) else theta  # log_sigma is not a coefficient
+        eta = model.design(test) @ coef.T
         y = test[:, -1]
         if isinstance(model, LogisticRegression):
             prob = torch.sigmoid(eta).mean(1)
@@ -213,9 +215,18 @@ def idealised_floor(
     draws: int = 200,
     generator: torch.Generator | None = None,
 ) -> IdealisedFloor:
-    """Compute the :class:`IdealisedFloor` of a release at ``(epsilon, delta)`` on ``points``."""
+    """Compute the :class:`IdealisedFloor` of a release at ``(epsilon, delta)`` on ``points``.
+
+    Linear regression with sigma estimated (issue 51): the floor of the coefficients at the
+    full-data sigma (``exp`` of the full-data posterior's log_sigma mean), i.e. the known-noise
+    model's floor on the coefficient block; log_sigma's floor sd is the full-data posterior's
+    (the floor does not bound sigma's width), and ``width_ratio``, ``effects_found``,
+    ``coverage`` and ``wrong_sign`` are the coefficients'."""
     from . import accounting as acc
 
+    if isinstance(model, LinearRegression) and model.estimates_sigma:
+        return _linear_floor(model, points, full_post, epsilon=epsilon, delta=delta, accountant=accountant,
+                             share=share, draws=draws, generator=generator)
     gen = generator if generator is not None else torch.Generator().manual_seed(0)
     m = full_post.mean.detach().to(DTYPE)
     d = m.shape[0]
@@ -245,6 +256,20 @@ def idealised_floor(
     return IdealisedFloor(sd=sd, width_ratio=float((sd / sd_f).median()), effects_found=float(found.mean()),
                           coverage=float(covered.mean()), noise_multiplier=float(sigma), sensitivity=r,
                           draws=draws, wrong_sign=float(wrong.mean()))
+
+
+def _linear_floor(model: LinearRegression, points: torch.Tensor, full_post: GaussianPosterior, **kw: object
+                  ) -> IdealisedFloor:
+    """:func:`idealised_floor` of a linear model with sigma estimated (see there)."""
+    p = model.num_coefficients
+    sigma = math.exp(float(full_post.mean[-1]))
+    known = LinearRegression(model.num_features, prior_scale=model.prior_scale, noise_scale=sigma,
+                             intercept=model.intercept, prior_mean=model.prior_mean[:p].tolist())
+    cov = full_post.cov
+    block = GaussianPosterior(mean=full_post.mean[:p], scale_tril=torch.linalg.cholesky(cov[:p, :p]))
+    inner = idealised_floor(known, points, block, **kw)  # type: ignore[arg-type]
+    sd = torch.cat([inner.sd, torch.sqrt(cov[-1:, -1])])
+    return dataclasses.replace(inner, sd=sd)
 
 
 def draws_report(

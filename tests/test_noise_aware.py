@@ -74,7 +74,7 @@ def test_negligible_noise_recovers_the_full_posterior():
 
 
 def test_linear_regression_one_round_is_exact():
-    model = LinearRegression(2)
+    model = LinearRegression(2, noise_scale=1.0)
     pts, _ = _table(model, 500, 1)
     pts[:, -1].clamp_(-1, 1)
     full = full_posterior(model, pts)
@@ -502,7 +502,7 @@ def test_expansion_aware_covers_where_newton_stops_short():
 
 def test_expansion_schedule_option_is_recorded_and_needs_the_feature_norm():
     """``Schedule.expansion`` (an option; the seventh rule did not make it a default)."""
-    for model in (LogisticRegression(2), LinearRegression(2)):
+    for model in (LogisticRegression(2), LinearRegression(2, noise_scale=1.0)):
         assert na.Schedule.default(model).expansion is None
     sched = na.Schedule(na.DEFAULT_ROUNDS, posterior="imputed", expansion="data")
     assert sched.as_dict()["expansion"] == "data"
@@ -545,7 +545,7 @@ def test_pooled_release_is_the_inverse_variance_average_near_the_last_anchor():
 def test_pooled_scores_move_to_the_last_anchor_exactly_for_a_quadratic_likelihood():
     """Linear regression (a quadratic log-likelihood, constant curvature): exact statistics at
     two nearby anchors pool to exactly the last anchor's score."""
-    model = LinearRegression(2)
+    model = LinearRegression(2, noise_scale=1.0)
     pts, _ = _table(model, 400, 2)
     pts[:, -1].clamp_(-1, 1)
 

@@ -49,7 +49,31 @@ def _stage1_rows(mech: dict[str, Any]) -> list[Row]:
     return rows
 
 
+def _first(mech: dict[str, Any], i: int) -> Any:
+    sigmas = mech.get("noise_multipliers") or []
+    return sigmas[i][0] if i < len(sigmas) and sigmas[i] else None
+
+
+def _linear_moment_rows(mech: dict[str, Any]) -> list[Row]:
+    """Linear regression with sigma estimated (issue 51): one Gaussian release of the moment matrix."""
+    bounds = mech.get("bounds") or {}
+    single = mech.get("single_gaussian_noise_multiplier")
+    return [
+        ("mechanism", "noise-aware-newton (linear regression, sigma estimated): twice, the sum over every record (no "
+                      "sampling) of z z^T (count, X^T X, X^T y, y^T y), its upper triangle clipped and released with "
+                      "Gaussian noise"),
+        ("anchor round", f"{_gaussian(_first(mech, 0), bounds.get('moment_bound'))}: z = [1, x, y]"),
+        ("anchored round", f"{_gaussian(_first(mech, 1), bounds.get('anchored_moment_bound'))}: z = [1, x, r], "
+                           f"r = y - [1, x] . anchor clipped to +-{_num(bounds.get('residual_bound'))}"),
+        ("noise multiplier sigma", f"{_num(single)}: the 2 releases compose to one Gaussian of this multiplier"),
+        ("posterior", "noise-aware Gaussian of (coefficients, log_sigma): the statistics' noise integrated out by "
+                      "multiple imputation (post-processing, no privacy cost)"),
+    ]
+
+
 def _noise_aware_rows(mech: dict[str, Any]) -> list[Row]:
+    if mech.get("statistic") == "moments":
+        return _linear_moment_rows(mech)
     rounds = mech.get("rounds") or []
     sigmas = mech.get("noise_multipliers") or []
     schedule = (mech.get("schedule") or {}).get("rounds") or []
@@ -268,6 +292,9 @@ def inspect_lines(body: dict[str, Any], claim: dict[str, Any]) -> list[str]:
                      f"weights ({model.get('process')}), Normal-Wishart components")
     else:
         lines.append(f"{head} with {len(names or [])} parameters, {prior_text(model, names)}")
+        if isinstance(names, list) and names:
+            lines.append("  parameters: " + ", ".join(str(n) for n in names)
+                         + ("  (sigma = exp(log_sigma), the residual sd in model space)" if "log_sigma" in names else ""))
     eps = claim.get("epsilon") or {}
     lines.append("  privacy: epsilon " + ", ".join(f"{k} {v:.4g}" for k, v in eps.items())
                  + f"; delta {format_delta(claim.get('delta'))}; {claim.get('adjacency')}; "

@@ -65,7 +65,8 @@ LINKS = {"gaussian_mean": "identity", "linear": "identity", "logistic": "logit",
                 "row-major) then b_l; activation between layers, none after the last)"}
 LIKELIHOODS = {
     "gaussian_mean": "-0.5*||x - theta||^2/noise_scale^2 - K*log(noise_scale) - 0.5*K*log(2*pi)",
-    "linear": "-0.5*((y - eta)/noise_scale)^2 - log(noise_scale) - 0.5*log(2*pi)",
+    "linear": ("-0.5*((y - eta)/sigma)^2 - log(sigma) - 0.5*log(2*pi), eta from theta's coefficients; "
+               "sigma = exp(theta[-1]) (parameter log_sigma) when noise_scale is null, else noise_scale"),
     "logistic": "y*log_sigmoid(eta) + (1 - y)*log_sigmoid(-eta)",
     "poisson": "y*eta - exp(eta) - lgamma(y + 1)",
     "bnn": ("bernoulli: y*log_sigmoid(f) + (1 - y)*log_sigmoid(-f); gaussian: "
@@ -121,6 +122,7 @@ def to_neutral(release: Release, *, num_random_checks: int = 2, seed: int = 0) -
         intercept = False
     elif isinstance(model, GLM | LinearRegression):
         features, target = pts[:, :k], pts[:, k]
+        # A linear model with sigma estimated has noise_scale None: log_sigma is theta's last entry.
         noise = model.noise_scale if isinstance(model, LinearRegression) else None
         intercept = bool(model.intercept)
     else:  # pragma: no cover - every registered model is handled above
@@ -146,6 +148,9 @@ def to_neutral(release: Release, *, num_random_checks: int = 2, seed: int = 0) -
             "num_features": k,
             "intercept": intercept,
             "noise_scale": noise,
+            # Issue 51: the coordinate of theta that is log sigma (linear regression), or null.
+            "noise_parameter": ("log_sigma" if isinstance(model, LinearRegression) and model.estimates_sigma
+                                else None),
             "spec": model.spec(),
         },
         "prior": release.prior,
@@ -187,7 +192,8 @@ def sampling_check(release: Release, seed: int = 0) -> dict[str, Any] | None:
     import warnings
 
     model = release.model
-    if model.conjugate or isinstance(model, BNN) or not getattr(model, "parameter_draws", True):
+    if (model.conjugate or hasattr(model, "exact_draws") or isinstance(model, BNN)
+            or not getattr(model, "parameter_draws", True)):
         return None
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # recorded in the document instead

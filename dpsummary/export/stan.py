@@ -42,7 +42,8 @@ data {
   int<lower=0> N;                   // number of points (zero-weight points are dropped)
   int<lower=1> K;                   // features per point (gaussian_mean: coordinates)
   int<lower=0, upper=1> intercept;  // 1: theta[1] is the intercept (regression families)
-  int<lower=1> D;                   // dimension of theta: K + intercept (gaussian_mean: K)
+  int<lower=0, upper=1> sigma_param;  // 1: theta[D] is log sigma (linear, sigma estimated)
+  int<lower=1> D;                   // dimension of theta: K + intercept + sigma_param (gaussian_mean: K)
   matrix[N, K] X;                   // features (gaussian_mean: the points themselves)
   vector[N] y;                      // targets, real-valued (ignored for gaussian_mean)
   vector<lower=0>[N] w;             // weights: likelihood exponents
@@ -62,13 +63,13 @@ model {
     vector[N] sq = rows_dot_self((X - rep_matrix(theta', N)) / noise_scale);
     target += dot_product(w, -0.5 * sq - K * log(noise_scale) - 0.5 * K * log_2pi);
   } else {
-    vector[N] eta = X * theta[(1 + intercept):D];
+    vector[N] eta = X * theta[(1 + intercept):(K + intercept)];
     if (intercept == 1) {
       eta += theta[1];
     }
     if (family == 2) {
-      target += dot_product(w, -0.5 * square((y - eta) / noise_scale)
-                               - log(noise_scale) - 0.5 * log_2pi);
+      real s = sigma_param == 1 ? exp(theta[D]) : noise_scale;
+      target += dot_product(w, -0.5 * square((y - eta) / s) - log(s) - 0.5 * log_2pi);
     } else if (family == 3) {
       target += dot_product(w, y .* log_inv_logit(eta) + (1 - y) .* log1m_inv_logit(eta));
     } else {
@@ -92,6 +93,7 @@ def stan_data(neutral: dict[str, Any]) -> dict[str, Any]:
         "N": n,
         "K": k,
         "intercept": int(bool(m.get("intercept", False))),
+        "sigma_param": int(m.get("noise_parameter") == "log_sigma"),
         "D": int(neutral["parameters"]["dim"]),
         "X": x.tolist(),
         "y": y.tolist(),

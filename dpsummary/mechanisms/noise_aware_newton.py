@@ -31,6 +31,8 @@ from .base import (
     stage_noise,
 )
 from .glm import GlmMechanism, glm_model, glm_split
+from .noise_aware_linear import DESCRIPTION, MOMENTS, is_linear, linear_summaries
+from .noise_aware_linear import events as linear_events
 
 if TYPE_CHECKING:
     import torch
@@ -183,6 +185,20 @@ class NoiseAwareNewton(GlmMechanism):
 
         _name, transform, model = glm_model(public, released)
         quality_sigma, before = quality_noise(public, glm_split(public, initialisation=False))
+        if is_linear(model):
+            # Issue 51: one Gaussian release of the moment matrix (noise_aware_linear.py).
+            from .. import accounting as acc
+
+            target = public.req.epsilon - selection_slack(public)
+            sigma = acc.calibrate_gaussian(target_epsilon=target, delta=public.delta, prior_events=before,
+                                           accountant=public.accountant)
+            for _ in range(50):  # the two rounds compose to this Gaussian; confirm on the real events
+                if acc.epsilon([*before, *linear_events(sigma)], public.delta, public.accountant) <= target * (1 + 1e-6):
+                    break
+                sigma *= 1.0 + 1e-4
+            parts = (*quality_parts(quality_sigma), ("optimisation", dpe.ComposedDpEvent(linear_events(sigma))))
+            return MechanismPlan(self.name, model, transform, sigma, 1.0, 1, quality_sigma, parts,
+                                 {"statistic": MOMENTS})
         schedule = noise_aware.Schedule.default(model)
         sigma, _ = noise_aware.calibrate(schedule, target_epsilon=public.req.epsilon - selection_slack(public),
                                          delta=public.delta, prior_events=before, accountant=public.accountant)
@@ -195,7 +211,8 @@ class NoiseAwareNewton(GlmMechanism):
         mark = checkpoint or (lambda _name: None)
         nonpriv = nonprivate_generator(public.req.seed)
         mark("initialised")  # the public start: nothing to release
-        summary, extra = noise_aware_summaries(plan, records, public.req.size, nonpriv)
+        summarise = linear_summaries if plan.settings.get("statistic") == MOMENTS else noise_aware_summaries
+        summary, extra = summarise(plan, records, public.req.size, nonpriv)
         notes = extra.pop("notes")
         mark("optimised")
         # The default (and only) summary is the noise-aware one; its Gaussian rides along. Since
@@ -206,6 +223,16 @@ class NoiseAwareNewton(GlmMechanism):
 
     def claim(self, public: PublicPlan, plan: MechanismPlan, output: MechanismOutput) -> dict[str, Any]:
         ex = output.extra
+        if ex.get("statistic") == MOMENTS:
+            return {"name": self.name, "description": DESCRIPTION, "single_gaussian_noise_multiplier": plan.noise_multiplier,
+                    "noise_multipliers": ex["noise_multipliers"], "statistic": MOMENTS, "shares": ex["shares"],
+                    "anchor": ex["anchor"],
+                    "bounds_rule": ("public, from the schema: feature L2 norm bound as for the GLMs, target bound 1 (a "
+                                    "real target scaled into [-1, 1]); moment_bound = sqrt((r^4 + min(r^2, r^4)) / 2) with "
+                                    "r^2 = 1 + feature_norm^2 + target_bound^2 (the L2 norm of the upper triangle of z z^T)"),
+                    "bounds": ex["bounds"], "prior_mean": ex.get("prior_mean"),
+                    "sampling": "none (every record)", "noise": "OpenDP discrete Gaussian from OS entropy",
+                    **stage_noise(public, plan)}
         return {
             "name": self.name,
             "description": ("(for a count target, first one Gaussian histogram of the count over public bins, whose noisy "

@@ -33,6 +33,11 @@ class Model(ABC):
     name: ClassVar[str]
     #: True when :meth:`exact_posterior` is available for every weighting.
     conjugate: ClassVar[bool] = False
+    #: True when :meth:`exact_posterior` returns the exact weighted posterior's mean and
+    #: covariance as a Gaussian (conjugate models, where that Gaussian is the posterior; linear
+    #: regression with sigma estimated, where it is the posterior's moment match): references,
+    #: Laplace starts and judges use it instead of a Laplace approximation.
+    exact_moments: ClassVar[bool] = False
     #: True when the last point column is a target (regression models).
     has_target: ClassVar[bool] = False
 

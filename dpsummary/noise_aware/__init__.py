@@ -162,7 +162,8 @@ The package holds one idea per module: :mod:`.schedule` (the budget's division, 
 calibration), :mod:`.rounds` (the Newton rounds, their anchors and :func:`fit`),
 :mod:`.posterior` (the noise-aware and imputed posteriors of one round's release),
 :mod:`.variants` (the schedule's options: preposterior split, pooling, expansion-aware),
-:mod:`.bounds` (the public feature box) and :mod:`.released` (what a round releases, and
+:mod:`.bounds` (the public feature box), :mod:`.linear` (linear regression with sigma estimated:
+the noisy moment matrix's imputed posterior, issue 51) and :mod:`.released` (what a round releases, and
 :class:`NonFiniteFit`). Every public name is re-exported here; import from
 ``dpsummary.noise_aware``.
 """
@@ -173,6 +174,12 @@ from .bounds import (
     eta_change,
     public_bounds,
     schema_bounds,
+)
+from .linear import (
+    LINEAR_IMPUTATIONS,
+    linear_posterior,
+    moment_bound,
+    pooled_moments,
 )
 from .posterior import (
     IMPUTATIONS,
@@ -235,6 +242,10 @@ from .variants import (
 __all__ = [
     "BoundsFn",
     "COUNT_RANGE_SHARE",
+    "LINEAR_IMPUTATIONS",
+    "linear_posterior",
+    "moment_bound",
+    "pooled_moments",
     "DEFAULT_ROUNDS",
     "EXPANSION_BIAS_SDS",
     "EXPANSION_RMS_FACTOR",

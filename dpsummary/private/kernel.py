@@ -58,6 +58,7 @@ __all__ = [
     "ScorePartial",
     "combine",
     "dppsvi_partial",
+    "moment_partial",
     "effective_clip",
     "finish",
     "fixed_point_sum",
@@ -262,4 +263,42 @@ def score_partial(rows: np.ndarray | torch.Tensor, model: Model, theta: torch.Te
                     raise KernelError("a clipped statistic exceeds its bound")
                 curv_ints = fixed_point_sum(upper.numpy(), c_unit)
             total = total + ScorePartial(fixed_point_sum(scores.numpy(), s_unit), curv_ints)
+    return total
+
+
+def moment_partial(rows: np.ndarray | torch.Tensor, *, bound: float, anchor: torch.Tensor | None = None,
+                   residual_bound: float | None = None) -> np.ndarray:
+    """Linear regression's exact partial sums over ``rows`` (model-space points: features, then
+    the target): the upper triangle (diagonal included, row-major) of ``sum_i z_i z_i^T`` with
+    ``z_i = [1, x_i, y_i]``, on the grid of ``bound``. Per record: non-finite entries become 0,
+    the upper triangle of ``z_i z_i^T`` is clipped to L2 norm :func:`effective_clip` ``(bound)``
+    by scaling (a record inside the public box is never clipped when ``bound`` is the box's
+    :meth:`~dpsummary.models.GLM.rank_one_upper_bound`), then rounded toward zero onto the grid
+    and summed exactly (:func:`_rank_one_upper_sum`).
+
+    With a public ``anchor`` (coefficients, intercept first) the last coordinate is the residual
+    ``y_i - [1, x_i] . anchor`` clipped to ``[-residual_bound, residual_bound]`` (public)."""
+    batch = _as_rows(rows)
+    if anchor is not None:
+        if residual_bound is None or not (residual_bound > 0 and math.isfinite(residual_bound)):
+            raise KernelError("an anchored moment matrix needs a positive residual bound")
+        a = anchor.detach().to(DTYPE)
+        design = torch.cat([torch.ones(batch.shape[0], 1, dtype=DTYPE), batch[:, :-1]], 1)
+        resid = torch.nan_to_num(batch[:, -1] - torch.nan_to_num(design) @ a, nan=0.0)
+        batch = torch.cat([batch[:, :-1], resid.clamp(-residual_bound, residual_bound)[:, None]], 1)
+    dim = batch.shape[1] + 1
+    tri = dim * (dim + 1) // 2
+    eff = effective_clip(bound, tri)
+    unit = _unit(bound)
+    total = zero_partial(tri)
+    with torch.no_grad():
+        for start in range(0, batch.shape[0], CHUNK_ROWS):
+            chunk = batch[start:start + CHUNK_ROWS]
+            z = torch.cat([torch.ones(chunk.shape[0], 1, dtype=DTYPE), chunk], 1)
+            z = torch.where(torch.isfinite(z), z, torch.zeros_like(z))
+            norm = upper_triangle_norm(torch.ones(z.shape[0], dtype=DTYPE), z)
+            c = torch.clamp(eff / torch.clamp(norm, min=1e-300), max=1.0)
+            if bool((c * norm > bound).any()):
+                raise KernelError("a clipped statistic exceeds its bound")
+            total = total + _rank_one_upper_sum(c.numpy(), z.numpy(), unit)
     return total

@@ -46,6 +46,7 @@ from .store import RecordStore
 if TYPE_CHECKING:
     from ..postprocess.marginals import NoisyMarginals
     from .marginals import HistogramLayout
+    from .moments import NoisyMoments
     from .score_stats import NoisyStatistics
 
 
@@ -231,6 +232,16 @@ class PrivateRecords:
             self._store, self._randomness, model, theta, score_bound=score_bound, curvature_bound=curvature_bound,
             score_noise_multiplier=score_noise_multiplier, curvature_noise_multiplier=curvature_noise_multiplier,
         )
+
+    def noisy_moment_matrix(self, *, bound: float, noise_multiplier: float, anchor: torch.Tensor | None = None,
+                            residual_bound: float | None = None) -> NoisyMoments:
+        """Linear regression's release over ALL records: the clipped moment matrix of
+        ``[1, x, y]`` plus Gaussian noise (:mod:`dpsummary.private.moments`),
+        ``GaussianDpEvent(noise_multiplier)``."""
+        from .moments import noisy_moment_matrix
+
+        return noisy_moment_matrix(self._store, self._randomness, bound=bound, noise_multiplier=noise_multiplier,
+                                   anchor=anchor, residual_bound=residual_bound)
 
     def noisy_indicator_counts(self, indicators: np.ndarray, *, noise_multiplier: float) -> np.ndarray:
         """Noisy column sums of per-record 0/1 indicators: one Gaussian mechanism.

@@ -321,6 +321,29 @@ class ScorePass:
 
 
 @dataclass(frozen=True)
+class MomentPass:
+    """Per partition: linear regression's exact moment-matrix partial sums (issue 51)."""
+
+    encoder: BatchEncoder
+    bound: float
+    anchor: Any = None
+    residual_bound: float | None = None
+
+    def __call__(self, batches: Iterator[Any]) -> Iterator[Any]:
+        import pyarrow as pa
+
+        from .kernel import combine, moment_partial
+
+        total = None
+        for batch in batches:
+            rows, _, _ = self.encoder(_data_columns(batch))
+            part = moment_partial(rows, bound=self.bound, anchor=self.anchor, residual_bound=self.residual_bound)
+            total = part if total is None else combine(total, part)
+        if total is not None:
+            yield pa.RecordBatch.from_pydict({"name": ["moments"], "ints": [_ints_json(total)]})
+
+
+@dataclass(frozen=True)
 class MarginalsPass:
     """Per partition: the initialisation histograms' exact counts over the public bins."""
 
@@ -685,6 +708,9 @@ class SparkEncoded:
     def noisy_score_statistics(self, model: Any, theta: Any, **mechanism: float) -> Any:
         return self.records.noisy_score_statistics(model, theta, **mechanism)
 
+    def noisy_moment_matrix(self, **mechanism: float) -> Any:
+        return self.records.noisy_moment_matrix(**mechanism)
+
     def close(self) -> None:
         """Step files go with the source's private directory (:meth:`SparkSource.close`)."""
 
@@ -738,6 +764,19 @@ class SparkRecords:
         if not totals:
             return ScorePartial.zero(model.param_dim)
         return ScorePartial(totals["score"], totals["curvature"])
+
+    def noisy_moment_matrix(self, *, bound: float, noise_multiplier: float, anchor: Any = None,
+                            residual_bound: float | None = None) -> Any:
+        """One full pass of linear regression's moment kernel, then the Gaussian release on the
+        driver (:func:`~dpsummary.private.moments.release_moments`, the local engine's release)."""
+        from .kernel import zero_partial
+        from .moments import release_moments
+
+        dim = self._encoder.transform.point_dim + 1
+        totals = _collect(self._source._df, MomentPass(self._encoder, float(bound),
+                                                       None if anchor is None else anchor.detach(), residual_bound))
+        total = totals["moments"] if "moments" in totals else zero_partial(dim * (dim + 1) // 2)
+        return release_moments(total, self._source._randomness, dim, bound=bound, noise_multiplier=noise_multiplier)
 
     def noisy_marginals(self, layout: Any, *, noise_multiplier: float) -> Any:
         """One full pass of exact histogram counts, then one Gaussian mechanism on the driver

@@ -4,7 +4,8 @@ The weighted posterior of a release is ``prior(theta) prod_m p(u_m | theta)^{w_m
 (:func:`dpsummary.inference.weighted_log_posterior`, the torch definition every other part of
 the package uses). NUTS needs it as a JAX function, compiled once per shape:
 
-* **GLMs with a closed-form likelihood** (logistic, Poisson, linear): the design matrix is built
+* **GLMs with a closed-form likelihood** (logistic, Poisson, linear; linear regression's
+  ``log_sigma``, the last coordinate of theta, is family ``"linear_sigma"``): the design matrix is built
   by the model in torch (:meth:`GLM.design`, the one definition of it) and only the elementwise
   log-likelihood in the linear predictor is written here, one line per family, as the exporters
   write it (explicit formulas that accept soft labels and non-integer counts). The whole program
@@ -45,7 +46,7 @@ def glm_log_lik(family: str, y: Any, eta: Any, noise_scale: Any = 1.0) -> Any:
         return jax.nn.log_sigmoid(eta) - (1.0 - y) * eta
     if family == "poisson":
         return y * eta - jnp.exp(eta) - jax.scipy.special.gammaln(y + 1.0)
-    if family == "linear":
+    if family in ("linear", "linear_sigma"):
         r = (y - eta) / noise_scale
         return -0.5 * r * r - jnp.log(noise_scale) - 0.5 * jnp.log(2.0 * jnp.pi)
     raise ValueError(f"no JAX log-likelihood for family {family!r}")
@@ -75,14 +76,15 @@ def glm_data(model: Model, points: torch.Tensor, weights: torch.Tensor) -> GlmDa
     if model.name not in JAX_FAMILIES or not isinstance(model, GLM | LinearRegression):
         return None
     pts = points.detach().to(DTYPE)
+    sigma_estimated = isinstance(model, LinearRegression) and model.estimates_sigma
     return GlmData(
-        family=model.name,
+        family="linear_sigma" if sigma_estimated else model.name,
         design=model.design(pts).numpy().astype(np.float64),
         target=pts[:, -1].numpy().astype(np.float64),
         weights=weights.detach().to(DTYPE).numpy().astype(np.float64),
         prior_mean=model.prior_mean.numpy().astype(np.float64),
         prior_scale=float(model.prior_scale),
-        noise_scale=float(getattr(model, "noise_scale", 1.0)),
+        noise_scale=float(getattr(model, "noise_scale", None) or 1.0),
     )
 
 
@@ -91,10 +93,14 @@ def glm_log_density(family: str, design: Any, target: Any, weights: Any, prior_m
     """``theta (d,) -> log posterior`` (up to a constant) of a weighted GLM, in JAX."""
     import jax.numpy as jnp
 
+    k = design.shape[1]
+
     def log_density(theta: Any) -> Any:
-        eta = design @ theta
+        eta = design @ theta[:k]
+        # "linear_sigma": theta's last coordinate is log sigma (issue 51).
+        noise = jnp.exp(theta[k]) if family == "linear_sigma" else noise_scale
         z = (theta - prior_mean) / prior_scale
-        return jnp.dot(weights, glm_log_lik(family, target, eta, noise_scale)) - 0.5 * jnp.dot(z, z)
+        return jnp.dot(weights, glm_log_lik(family, target, eta, noise)) - 0.5 * jnp.dot(z, z)
 
     return log_density
 

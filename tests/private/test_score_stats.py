@@ -43,7 +43,7 @@ def _data(model, n, seed=0, scale=3.0):
     return model.simulate(theta, n, g, features=x)
 
 
-MODELS = [LogisticRegression(3), PoissonRegression(3), LinearRegression(3), GaussianMean(3)]
+MODELS = [LogisticRegression(3), PoissonRegression(3), LinearRegression(3, noise_scale=1.0), GaussianMean(3)]
 
 
 @pytest.mark.parametrize("model", MODELS, ids=lambda m: m.name)

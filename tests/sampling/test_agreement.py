@@ -53,7 +53,7 @@ def _release(tmp: Path, *, target: str, model: str | None, mechanism: str | None
 
 
 # Every mechanism in REGISTRY and each model it serves whose releases are sampled: the default
-# mechanism's GLMs (linear: conjugate, sample() is exact), DP-PSVI's logistic regression. BNNs are
+# mechanism's GLMs (linear: sigma estimated, NUTS against the quadrature moments), DP-PSVI's logistic regression. BNNs are
 # sampled by VI (multimodal posterior; NUTS on them is a smoke test in test_release_bnn) and
 # mixtures are fitted, not sampled (dp-kd-tree).
 CASES = [
@@ -69,9 +69,18 @@ def test_sample_agrees_with_the_exact_posterior(tmp_path, monkeypatch, mechanism
     monkeypatch.setenv("DPSUMMARY_HOME", str(tmp_path / "home"))
     rel = _release(tmp_path, target=target, model=model, mechanism=mechanism)
     assert rel.model.name == model
-    mean, sd, ess = reference_moments(rel)
-    assert ess >= MIN_REFERENCE_ESS
-    out = rel.sample(8000, seed=1, return_draws=True) if not rel.model.conjugate else None
+    if rel.model.exact_moments and not rel.model.conjugate:
+        # Linear regression with sigma estimated (issue 51): the exact moments by quadrature over
+        # log sigma (checked against importance sampling in tests/export/test_exporters.py); a t
+        # proposal does not reach MIN_REFERENCE_ESS on its skewed log-sigma marginal.
+        post = rel.model.exact_posterior(*rel.nonzero())
+        mean, sd = post.mean.numpy(), np.sqrt(np.diagonal(post.cov.numpy()))
+        assert rel.param_names[-1] == "log_sigma"
+    else:
+        mean, sd, ess = reference_moments(rel)
+        assert ess >= MIN_REFERENCE_ESS
+    exact = rel.model.conjugate or hasattr(rel.model, "exact_draws")
+    out = rel.sample(8000, seed=1, return_draws=True) if not exact else None
     draws = rel.sample(8000, seed=1) if out is None else out.flat()
     if out is not None:
         assert out.problems() == [], out.diagnostics.summary()

@@ -61,6 +61,8 @@ def from_document(doc: dict[str, Any]) -> dict[str, Any]:
         "spec": dict(m.get("spec") or {}),
         "intercept": bool(m.get("intercept", False)),
         "noise_scale": None if m.get("noise_scale") is None else float(m["noise_scale"]),
+        # log_sigma: theta's last entry is log sigma (linear regression, sigma estimated).
+        "noise_parameter": m.get("noise_parameter"),
         "dim": int(doc["parameters"]["dim"]),
         "names": list(doc["parameters"]["names"]),
         "X": jnp.asarray(np.asarray(d["features"], dtype=np.float64).reshape(n, k)),
@@ -110,10 +112,11 @@ def point_log_lik(data: dict[str, Any], theta: jnp.ndarray) -> jnp.ndarray:
         k = x.shape[1]
         r = (x - theta) / s
         return -0.5 * jnp.sum(r * r, -1) - k * jnp.log(s) - 0.5 * k * jnp.log(2 * jnp.pi)
-    eta = theta[0] + x @ theta[1:] if data["intercept"] else x @ theta
+    k = x.shape[1]
+    eta = theta[0] + x @ theta[1:k + 1] if data["intercept"] else x @ theta[:k]
     if fam == "linear":
-        s = data["noise_scale"]
-        return -0.5 * ((y - eta) / s) ** 2 - jnp.log(s) - 0.5 * jnp.log(2 * jnp.pi)
+        sd = jnp.exp(theta[-1]) if data.get("noise_parameter") == "log_sigma" else data["noise_scale"]
+        return -0.5 * ((y - eta) / sd) ** 2 - jnp.log(sd) - 0.5 * jnp.log(2 * jnp.pi)
     if fam == "logistic":
         return y * jax.nn.log_sigmoid(eta) + (1.0 - y) * jax.nn.log_sigmoid(-eta)
     if fam == "poisson":

@@ -44,6 +44,8 @@ def from_document(doc: dict[str, Any]) -> dict[str, Any]:
         "family": m["family"],
         "intercept": bool(m.get("intercept", False)),
         "noise_scale": None if m.get("noise_scale") is None else float(m["noise_scale"]),
+        # log_sigma: theta's last entry is log sigma (linear regression, sigma estimated).
+        "noise_parameter": m.get("noise_parameter"),
         "dim": int(doc["parameters"]["dim"]),
         "names": list(doc["parameters"]["names"]),
         "X": np.asarray(d["features"], dtype=np.float64).reshape(n, k),
@@ -94,9 +96,11 @@ def build_model(data: dict[str, Any]) -> pm.Model:
             s = pt.as_tensor_variable(data["noise_scale"])
             pm.CustomDist("obs", theta, w[:, None], s, logp=_gaussian_mean_logp, observed=data["X"])
         else:
-            eta = theta[0] + pt.dot(x, theta[1:]) if data["intercept"] else pt.dot(x, theta)
+            k = data["X"].shape[1]
+            eta = theta[0] + pt.dot(x, theta[1:k + 1]) if data["intercept"] else pt.dot(x, theta[:k])
             if fam == "linear":
-                s = pt.as_tensor_variable(data["noise_scale"])
+                s = (pt.exp(theta[-1]) if data.get("noise_parameter") == "log_sigma"
+                     else pt.as_tensor_variable(data["noise_scale"]))
                 pm.CustomDist("obs", eta, w, s, logp=_linear_logp, observed=data["y"], dims="point")
             elif fam == "logistic":
                 pm.CustomDist("obs", eta, w, logp=_logistic_logp, observed=data["y"], dims="point")

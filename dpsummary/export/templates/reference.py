@@ -51,6 +51,7 @@ def from_document(doc: dict[str, Any]) -> dict[str, Any]:
         "spec": dict(m.get("spec") or {}),
         "intercept": bool(m.get("intercept", False)),
         "noise_scale": m.get("noise_scale"),
+        "noise_parameter": m.get("noise_parameter"),
         "num_features": k,
         "dim": int(doc["parameters"]["dim"]),
         "names": list(doc["parameters"]["names"]),
@@ -110,12 +111,14 @@ def point_log_lik(data: dict[str, Any], theta: np.ndarray) -> np.ndarray:
         k = x.shape[1]
         r = (x[None, :, :] - theta[:, None, :]) / s
         return -0.5 * (r * r).sum(-1) - k * np.log(s) - 0.5 * k * np.log(2 * np.pi)
+    k = x.shape[1]
     if data["intercept"]:
-        eta = theta[:, :1] + theta[:, 1:] @ x.T
+        eta = theta[:, :1] + theta[:, 1:k + 1] @ x.T
     else:
-        eta = theta @ x.T
+        eta = theta[:, :k] @ x.T
     if fam == "linear":
-        s = float(data["noise_scale"])
+        # log_sigma (theta's last entry) when sigma is estimated: one sd per draw, (S, 1).
+        s = np.exp(theta[:, -1:]) if data.get("noise_parameter") == "log_sigma" else float(data["noise_scale"])
         return -0.5 * ((y - eta) / s) ** 2 - np.log(s) - 0.5 * np.log(2 * np.pi)
     if fam == "logistic":  # soft labels y in [0, 1]
         return y * _log_sigmoid(eta) + (1.0 - y) * _log_sigmoid(-eta)

@@ -1,0 +1,164 @@
+"""Linear regression with sigma estimated: the noise-aware posterior of the noisy moment matrix
+(issue 51). Post-processing of DP outputs (:mod:`dpsummary.private.moments`).
+
+The release is ``R = M + E``: ``M = sum_i z_i z_i^T`` with ``z_i = [1, x_i, r_i]`` (the record
+count, ``X^T X``, ``X^T r`` and ``r^T r`` of the design with its intercept column; ``r = y``, or
+the residual at a public anchor) and ``E`` symmetric Gaussian noise of per-entry sd ``tau`` on
+the upper triangle. Bernstein and Sheldon (2019) show that plugging ``R`` in as if it were ``M``
+gives miscalibrated posteriors at realistic N; here the noise is integrated out:
+
+1. the design block (count, ``X^T 1``, ``X^T X``) by multiple imputation (the pattern of
+   :func:`~dpsummary.noise_aware.posterior.imputed_posterior`): draws of the true block from its
+   flat-prior posterior given the release, PSD part;
+2. given each draw, ``X^T r`` and ``r^T r`` through their noise-aware likelihood
+   (:func:`_noise_aware_grid`; the score form of module docstring 2. with sigma among the
+   parameters): in a direction the design does not resolve the released ``X^T r`` is noise and
+   carries no information, and ``r^T r``, about ``sigma^2 n`` plus the fit's sum of squares,
+   identifies sigma within its own noise (a first version imputed ``y^T y`` truncated at the
+   regression's sum of squares ``xy^T XX^-1 xy``; where the design is noise-dominated that floor
+   exploded and sigma with it: wooldridge/gpa2, AER/CPS1988);
+3. the moment-matched mixture: mean of the means, mean of the covariances plus the means'
+   covariance.
+
+Noise is post-processing randomness (the release's non-private generator).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..gaussian import DTYPE, GaussianPosterior
+from ..models.glm import GLM
+from ..models.linear import LOG_SIGMA_RANGE as _LOG_SIGMA_RANGE
+from ..models.linear import LinearRegression
+from .posterior import symmetric_noise
+from .released import NonFiniteFit
+
+#: Imputations of the true moment matrix (each one quadrature posterior: a few ms).
+LINEAR_IMPUTATIONS = 100
+
+
+def moment_bound(*, feature_norm: float, target_bound: float) -> float:
+    """The public L2 bound on one record's released upper triangle of ``z z^T``, ``z = [1, x,
+    y]``: :meth:`GLM.rank_one_upper_bound` of ``||z||^2 <= 1 + feature_norm^2 + target_bound^2``
+    (every coordinate of the public box in [-1, 1]); the sensitivity SECURITY.md states."""
+    return GLM.rank_one_upper_bound(math.sqrt(1.0 + feature_norm**2 + target_bound**2))
+
+
+def pooled_moments(first: torch.Tensor, first_std: float, second: torch.Tensor, second_std: float
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two releases of the same design block (count, ``X^T 1``, ``X^T X``) averaged by inverse
+    noise variance; the target's row and column from ``second`` (the anchored release). Returns the
+    matrix and its per-entry noise sd (post-processing)."""
+    w1, w2 = first_std**-2, second_std**-2
+    out = second.clone().to(DTYPE)
+    out[:-1, :-1] = (w1 * first[:-1, :-1] + w2 * second[:-1, :-1]) / (w1 + w2)
+    tau = torch.full_like(out, second_std)
+    tau[:-1, :-1] = (w1 + w2) ** -0.5
+    return out, tau
+
+
+def _noise_aware_grid(xx: torch.Tensor, xr: torch.Tensor, rr: float, count: float, tau_r: float, tau_rr: float,
+                      centre: torch.Tensor, s0: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mean and covariance of ``(delta, log sigma)`` given a design block ``xx`` taken as known
+    and the noisy ``xr = X^T r + N(0, tau_r^2 I)`` and ``rr = r^T r + N(0, tau_rr^2)`` (module
+    docstring, 2.): in the eigenbasis of ``xx`` the released ``xr`` is, given ``sigma`` and the
+    coefficients ``delta`` of ``r`` on the design, ``N(lam delta, sigma^2 lam + tau_r^2)`` per
+    direction (the data's least-squares fit ``N(delta, sigma^2 xx^-1)``, then the noise), so a
+    direction the design does not resolve carries no information instead of an exploding inverse;
+    ``rr`` is ``N(sigma^2 n + delta^T xx delta, 2 sigma^4 n + tau_rr^2)`` (``r^T r`` is the residual sum
+    of squares, about ``sigma^2 chi^2``, plus the fit's). Quadrature over ``g = log sigma``."""
+    lam, vecs = torch.linalg.eigh(0.5 * (xx + xx.T))
+    lam = torch.clamp(lam, min=0.0)
+    xt = vecs.T @ xr
+    mu = vecs.T @ centre[:-1]
+    mu_ls = float(centre[-1])
+
+    def parts(g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        s2 = torch.exp(2 * g)[:, None]
+        v = s2 * lam + tau_r**2  # (G, d)
+        prec = 1.0 / s0**2 + lam**2 / v
+        mean = (mu / s0**2 + lam * xt / v) / prec
+        marg_var = lam**2 * s0**2 + v
+        lp = -0.5 * ((xt - lam * mu) ** 2 / marg_var + torch.log(marg_var)).sum(1)
+        fit = (lam * (mean**2 + 1.0 / prec)).sum(1)
+        rr_var = 2.0 * s2[:, 0] ** 2 * count + tau_rr**2
+        lp = lp - 0.5 * ((rr - s2[:, 0] * count - fit) ** 2 / rr_var + torch.log(rr_var))
+        return lp - 0.5 * ((g - mu_ls) / s0) ** 2, mean, 1.0 / prec
+
+    lo, hi = _LOG_SIGMA_RANGE
+    grid = torch.linspace(lo, hi, 401, dtype=DTYPE)
+    for _ in range(5):  # zoom in on the mode
+        grid = torch.linspace(lo, hi, 401, dtype=DTYPE)
+        k = int(torch.argmax(parts(grid)[0]))
+        lo, hi = float(grid[max(k - 2, 0)]), float(grid[min(k + 2, 400)])
+    mode = float(grid[k])
+    h = 1e-3
+    f = parts(torch.tensor([mode - h, mode, mode + h], dtype=DTYPE))[0]
+    curv = -float(f[0] - 2 * f[1] + f[2]) / h**2
+    sd = 1.0 / math.sqrt(curv) if curv > 0 and math.isfinite(curv) else 1.0
+    grid = torch.linspace(mode - 12.0 * sd, mode + 12.0 * sd, 801, dtype=DTYPE)
+    lp, m_rot, v_rot = parts(grid)
+    w = torch.softmax(torch.where(torch.isfinite(lp), lp, torch.full_like(lp, -math.inf)), 0)
+    e_m = (w[:, None] * m_rot).sum(0)
+    e_g = float((w * grid).sum())
+    cov_rot = torch.diag((w[:, None] * v_rot).sum(0)) + (w[:, None, None] * m_rot[:, :, None] * m_rot[:, None, :]).sum(0)
+    cov_rot = cov_rot - e_m[:, None] * e_m[None, :]
+    cross = (w[:, None] * m_rot * (grid - e_g)[:, None]).sum(0)
+    d = lam.shape[0]
+    mean = torch.cat([vecs @ e_m, torch.tensor([e_g], dtype=DTYPE)])
+    cov = torch.zeros(d + 1, d + 1, dtype=DTYPE)
+    cov[:d, :d] = vecs @ cov_rot @ vecs.T
+    cov[:d, d] = cov[d, :d] = vecs @ cross
+    cov[d, d] = float((w * (grid - e_g) ** 2).sum())
+    return mean, 0.5 * (cov + cov.T)
+
+
+def linear_posterior(model: LinearRegression, noisy: torch.Tensor, tau: float | torch.Tensor, *,
+                     generator: torch.Generator, draws: int = LINEAR_IMPUTATIONS,
+                     anchor: torch.Tensor | None = None) -> GaussianPosterior:
+    """The noise-aware Gaussian of ``(beta, log sigma)`` (module docstring). The design block's
+    noise is integrated out by imputation (draws of the true block, PSD part); ``X^T y`` and
+    ``y^T y`` enter through their noise-aware likelihood (:func:`_noise_aware_grid`). With an
+    ``anchor`` the release's target column is the residual ``y - [1, x] . anchor``: the posterior
+    of ``beta - anchor`` is computed (the prior's centre moved by ``-anchor``) and shifted back.
+    Raises :class:`NonFiniteFit` when fewer than half the imputations give finite moments."""
+    tau_min = float(tau.min()) if isinstance(tau, torch.Tensor) else float(tau)
+    if not bool(torch.isfinite(noisy).all()) or not (tau_min > 0 and math.isfinite(tau_min)):
+        raise NonFiniteFit("the released moment matrix is not finite")
+    dim = noisy.shape[0]
+    tau_m = torch.full((dim, dim), float(tau), dtype=DTYPE) if not isinstance(tau, torch.Tensor) else tau.to(DTYPE)
+    p = model.num_coefficients
+    k0 = 0 if model.intercept else 1
+    centre = model.prior_mean.clone()
+    shift = torch.zeros_like(centre)
+    if anchor is not None:
+        shift[:p] = anchor.detach().to(DTYPE)
+        centre = centre - shift
+    sym = 0.5 * (noisy + noisy.T).to(DTYPE)
+    xr, rr = sym[k0:-1, -1], float(sym[-1, -1])
+    tau_r, tau_rr = float(tau_m[0, -1]), float(tau_m[-1, -1])
+    means, covs = [], []
+    for _ in range(draws):
+        block = sym[:-1, :-1] - symmetric_noise(dim - 1, 1.0, generator) * tau_m[:-1, :-1]
+        count = max(float(block[0, 0]), 1.0)
+        lam, vec = torch.linalg.eigh(block)
+        block = (vec * torch.clamp(lam, min=0.0)) @ vec.T
+        mean, cov = _noise_aware_grid(block[k0:, k0:], xr, rr, count, tau_r, tau_rr, centre, model.prior_scale)
+        mean = mean + shift
+        if bool(torch.isfinite(mean).all()) and bool(torch.isfinite(cov).all()):
+            means.append(mean)
+            covs.append(cov)
+    if len(means) < max(draws // 2, 1):
+        raise NonFiniteFit("too few imputations gave a finite posterior")
+    mu = torch.stack(means)
+    centre = mu.mean(0)
+    spread = (mu - centre).T @ (mu - centre) / mu.shape[0]
+    cov = torch.stack(covs).mean(0) + spread
+    cov = 0.5 * (cov + cov.T)
+    try:
+        return GaussianPosterior(mean=centre, scale_tril=torch.linalg.cholesky(cov))
+    except RuntimeError:
+        raise NonFiniteFit("the imputed mixture's covariance is not positive definite") from None
