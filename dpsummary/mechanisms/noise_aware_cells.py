@@ -1,0 +1,172 @@
+"""``noise-aware-cells``: logistic regression over a small PUBLIC discrete feature domain, one
+Gaussian mechanism, no Newton rounds (issue 50; opt-in, the default stays ``noise-aware-newton``).
+
+When to use it: every feature column of the policy's schema is discrete (categorical, or numeric
+declared ``integer`` with bounds) and their levels make at most
+:data:`dpsummary.cells.domain.MAX_CELLS` cells (the public rule:
+:mod:`dpsummary.cells.domain`). Otherwise, and without a public schema, it refuses before any
+reservation, naming the fix.
+
+What it releases (:meth:`~dpsummary.private.mechanism.PrivateRecords.noisy_cell_statistics`, the
+privacy boundary; :mod:`dpsummary.private.cells`): the records' counts over the domain's cells
+(sensitivity 1) and ``T = sum_i [1, x_i] y_i`` (sensitivity ``R``, the domain's largest
+``||[1, x_c]||``), as ONE Gaussian mechanism of multiplier ``sigma`` calibrated to the stage's
+budget (the counts at multiplier ``sigma / sqrt(f)``, T at ``sigma / sqrt(1 - f)``, ``f`` =
+:data:`dpsummary.cells.posterior.COUNT_SHARE`, provisional). Then, post-processing: the
+noise-aware posterior with the latent counts integrated by imputation
+(:mod:`dpsummary.cells.posterior`) and the pseudocoreset moment-matched to it
+(:mod:`dpsummary.mechanisms.gaussian_summary`), as ``noise-aware-newton`` builds its own.
+
+Stage 1 is the framework's: with a private record count the pipeline still releases its noisy
+count (min_records and n_max are judged on it before the plan); the posterior does not read it
+(the noisy counts' sum is the N it models). The prototype and its measurements:
+benchmarks/feature_cells.py, benchmarks/notebook/feature_cells.md.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from ..errors import ChargedRefusal, ReleaseError
+from .base import (
+    NON_FINITE_FIT_FIX,
+    NON_FINITE_FIT_MESSAGE,
+    CheckpointFn,
+    MechanismOutput,
+    MechanismPlan,
+    ProgressFn,
+    gaussian_event,
+    nonprivate_generator,
+    quality_noise,
+    quality_parts,
+    refusal_kind,
+    selection_slack,
+    stage_noise,
+)
+from .glm import GlmMechanism, glm_model, glm_split
+
+if TYPE_CHECKING:
+    from ..plan import PublicPlan, Released, ReleaseRequest
+    from ..selftest.config import SelftestScenario
+
+NAME = "noise-aware-cells"
+#: The fix of every refusal on the model or engine.
+USE_NEWTON = "use --mechanism noise-aware-newton"
+
+
+class NoiseAwareCells(GlmMechanism):
+    """Cell counts and T in one Gaussian mechanism; the noise-aware posterior (module docstring)."""
+
+    name: ClassVar[str] = NAME
+    sampling: ClassVar[str] = "none (every record)"
+    requires_public_schema: ClassVar[bool] = True
+
+    def check_public(self, req: ReleaseRequest, schema: Any | None) -> None:
+        """Public refusals: the engine, the model, then (with the policy's schema) the target and
+        the domain rule (:func:`dpsummary.cells.domain.check_schema`). Without a public schema the
+        pipeline refuses before any reservation (``requires_public_schema``)."""
+        if req.engine != "local":
+            raise ReleaseError(f"{NAME} runs on the local engine only", fix=f"drop --engine spark, or {USE_NEWTON}")
+        if req.model is not None and req.model != "logistic":
+            raise ReleaseError(f"{NAME} supports logistic regression only (a binary target), not --model {req.model}",
+                               fix=USE_NEWTON)
+        if schema is None:
+            return
+        from .. import data as dmod
+        from ..cells.domain import check_schema
+
+        super().check_public(req, schema)
+        if dmod.target_kind(schema) != "binary":
+            raise ReleaseError(f"{NAME} supports logistic regression only; the schema's target is "
+                               f"{dmod.target_kind(schema)}", fix=USE_NEWTON)
+        check_schema(schema)
+
+    def plan(self, public: PublicPlan, released: Released) -> MechanismPlan:
+        """The logistic model, the domain under the policy's data-quality rules, and ONE
+        Gaussian event calibrated (with the accountant of record) so that stage 1's events, the
+        quality counts' and it compose to the release's epsilon."""
+        from .. import accounting as acc
+        from ..cells.domain import cell_domain
+        from ..cells.posterior import COUNT_SHARE
+        from ..models.glm import LogisticRegression
+
+        _name, transform, model = glm_model(public, released)
+        if not isinstance(model, LogisticRegression):  # check_public refused this on the public schema
+            raise refusal_kind(public)(f"{NAME} supports logistic regression only", fix=USE_NEWTON)
+        rules = public.policy.data_quality
+        domain = cell_domain(transform, missing_numeric=rules.missing_numeric, unseen_category=rules.unseen_category)
+        quality_sigma, before = quality_noise(public, glm_split(public, initialisation=False))
+        sigma = acc.calibrate_gaussian(target_epsilon=public.req.epsilon - selection_slack(public), delta=public.delta,
+                                       prior_events=before, accountant=public.accountant)
+        parts = (*quality_parts(quality_sigma), ("optimisation", gaussian_event(sigma)))
+        return MechanismPlan(self.name, model, transform, sigma, 1.0, 1, quality_sigma, parts,
+                             {"domain": domain, "count_share": COUNT_SHARE})
+
+    def run(self, public: PublicPlan, plan: MechanismPlan, records: Any, *, record_count: float,
+            progress: ProgressFn | None = None, checkpoint: CheckpointFn | None = None) -> MechanismOutput:
+        import torch
+
+        from ..cells.posterior import cells_posterior
+        from ..noise_aware.released import NonFiniteFit
+        from .gaussian_summary import summary_of_gaussian
+
+        mark = checkpoint or (lambda _name: None)
+        nonpriv = nonprivate_generator(public.req.seed)
+        mark("initialised")  # nothing to release before the one mechanism
+        model, domain, share = plan.model, plan.settings["domain"], plan.settings["count_share"]
+        design = model.design(torch.from_numpy(domain.features()))
+        cells = records.noisy_cell_statistics(domain, design.numpy(), target_bound=1.0, count_share=share,
+                                              noise_multiplier=plan.noise_multiplier)
+        try:
+            posterior = cells_posterior(model, design, torch.from_numpy(cells.counts),
+                                        torch.from_numpy(cells.statistic), counts_noise_std=cells.counts_noise_std,
+                                        statistic_noise_std=cells.statistic_noise_std, generator=nonpriv)
+        except NonFiniteFit:
+            raise ChargedRefusal(NON_FINITE_FIT_MESSAGE, fix=NON_FINITE_FIT_FIX) from None
+        requested = public.req.size
+        built = summary_of_gaussian(model, posterior, transform=plan.transform, size=max(requested, model.param_dim),
+                                    requested=requested, method=NAME, generator=nonpriv)
+        mark("optimised")
+        gaussians = {"noise_aware": {"mean": posterior.mean.tolist(), "cov": posterior.cov.tolist()}}
+        radius = float(design.norm(dim=1).max())
+        notes = [f"{NAME}: the counts of {domain.num_cells} public feature cells and T = sum [1, x] y released by one "
+                 "Gaussian mechanism; the posterior integrates both noises (latent counts imputed)", *built.notes]
+        extra = {"gaussians": gaussians, "pseudocoreset_match": built.pseudocoreset_match,
+                 "domain": domain.describe(), "count_share": share, "design_radius": radius,
+                 "noise_stds": {"counts": cells.counts_noise_std, "statistic": cells.statistic_noise_std},
+                 "prior_mean": built.model.prior_mean.tolist()}
+        body = {"posterior": {"default": "noise_aware", "gaussians": gaussians,
+                              "pseudocoreset_match": built.pseudocoreset_match}}
+        return MechanismOutput(built.summary, notes, extra, body)
+
+    def claim(self, public: PublicPlan, plan: MechanismPlan, output: MechanismOutput) -> dict[str, Any]:
+        ex = output.extra
+        sigma, share = plan.noise_multiplier, ex["count_share"]
+        return {
+            "name": self.name,
+            "description": ("one Gaussian mechanism over ALL records releases the record counts of the public feature "
+                            "domain's cells (every combination of the schema's declared levels; sensitivity 1) and "
+                            "T = sum_i [1, x_i] y_i with x_i the record's cell's features (sensitivity design_radius); "
+                            "the noise-aware posterior N(T | mu(theta, n), H(theta, n) + noise) with the latent counts "
+                            "integrated by imputation (Kulkarni et al. 2021 style) is carried by the pseudocoreset "
+                            "(moment-matched; post-processing)"),
+            "single_gaussian_noise_multiplier": sigma,
+            "count_share": share,
+            "counts_noise_multiplier": sigma / share**0.5,
+            "statistic_noise_multiplier": sigma / (1.0 - share) ** 0.5,
+            "design_radius": ex["design_radius"],
+            "noise_stds": ex["noise_stds"],
+            "domain": ex["domain"],
+            "domain_rule": ("public, from the schema and the policy's data-quality rules: categorical columns' one-hot "
+                            "levels (plus the all-zero missing/other level when unseen_category = other), integer "
+                            "numeric columns' integers inside their bounds in model space (plus the centre when "
+                            "missing_numeric = impute); a record maps to the nearest level per column"),
+            "prior_mean": ex.get("prior_mean"),
+            "sampling": "none (every record)",
+            "noise": "OpenDP discrete Gaussian from OS entropy",
+            **stage_noise(public, plan),
+        }
+
+    def selftest_scenarios(self) -> tuple[SelftestScenario, ...]:
+        """None yet: the contract tests' neighbour replay covers its one release."""
+        return ()
