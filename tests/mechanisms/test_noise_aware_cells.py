@@ -22,6 +22,7 @@ N = 1500
 
 
 def _request(tmp: Path, *, seed: int | None = 0, count_public: bool = True) -> ReleaseRequest:
+    tmp.mkdir(parents=True, exist_ok=True)
     data = write_csv(tmp / "d.csv", N, seed=5)
     policy = write_policy(tmp / "p.toml", n=N if count_public else None, x1_integer=True, total_epsilon=10.0)
     return ReleaseRequest(data=data, epsilon=1.0, policy=policy, out=tmp / "o.dpsummary.json",
