@@ -168,5 +168,9 @@ class NoiseAwareCells(GlmMechanism):
         }
 
     def selftest_scenarios(self) -> tuple[SelftestScenario, ...]:
-        """None yet: the contract tests' neighbour replay covers its one release."""
-        return ()
+        """``cells``: the white-box audit of its one release (:func:`dpsummary.selftest.cells.cells_audit`)."""
+        from ..selftest.cells import cells_audit
+        from ..selftest.config import SelftestScenario
+
+        return (SelftestScenario("cells", self.name, "audits", lambda cfg: "cells" in cfg.scenarios,
+                                 lambda cfg, ctx, progress: [cells_audit(cfg, ctx.alpha, progress)]),)
