@@ -101,3 +101,15 @@ def test_the_posterior_is_near_the_full_data_fit_at_a_large_epsilon(tmp_path: Pa
     mean = np.asarray(out.extra["gaussians"]["noise_aware"]["mean"])
     sd = np.sqrt(np.diag(np.asarray(out.extra["gaussians"]["noise_aware"]["cov"])))
     assert mean[1] - 2 * sd[1] > 0  # x1 (scaled to [-1, 1]): effect 2.5 model units
+
+
+@pytest.mark.parametrize(("options", "match"), [({"engine": "spark"}, "local engine only"),
+                                                ({"model": "poisson"}, "logistic regression only")])
+def test_options_it_cannot_serve_refuse_on_the_options_alone(tmp_path: Path, options: dict[str, Any],
+                                                              match: str) -> None:
+    from dpsummary.errors import ReleaseError
+
+    req = ReleaseRequest(data=tmp_path / "d.csv", epsilon=1.0, mechanism="noise-aware-cells", **options)
+    with pytest.raises(ReleaseError, match=match) as info:
+        REGISTRY["noise-aware-cells"].check_public(req, None)
+    assert "noise-aware-newton" in info.value.fix
