@@ -113,3 +113,25 @@ def test_options_it_cannot_serve_refuse_on_the_options_alone(tmp_path: Path, opt
     with pytest.raises(ReleaseError, match=match) as info:
         REGISTRY["noise-aware-cells"].check_public(req, None)
     assert "noise-aware-newton" in info.value.fix
+
+
+class InfiniteNoise:
+    """Noise that overwhelms everything (tests only)."""
+
+    def gaussian(self, values: np.ndarray, *, noise_std: float, clip_norm: float) -> np.ndarray:
+        return np.full(np.shape(values), np.inf)
+
+
+def test_statistics_that_give_no_finite_posterior_end_in_the_charged_refusal(tmp_path: Path) -> None:
+    from dpsummary.data import read_csv
+    from dpsummary.errors import ChargedRefusal
+    from dpsummary.private.mechanism import PrivateRecords
+
+    req = _request(tmp_path)
+    mech = REGISTRY["noise-aware-cells"]
+    public = plan_public(req, lambda _msg: None)
+    plan = mech.plan(public, public_stage1(public))
+    features, target = plan.transform.apply(read_csv(req.data, private=True))
+    table = torch.cat([features, target[:, None]], dim=1)
+    with pytest.raises(ChargedRefusal, match="no finite summary"):
+        mech.run(public, plan, PrivateRecords(table, randomness=InfiniteNoise()), record_count=float(N))
