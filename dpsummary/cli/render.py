@@ -138,6 +138,13 @@ def _kd_tree_rows(mech: dict[str, Any]) -> list[Row]:
     return rows
 
 
+def _statistic_sensitivity(mech: dict[str, Any]) -> Any:
+    """T's L2 sensitivity: the design radius times the target's bound (1 for a binary target)."""
+    radius, bound = mech.get("design_radius"), mech.get("target_bound", 1.0)
+    ok = all(isinstance(v, int | float) and not isinstance(v, bool) for v in (radius, bound))
+    return radius * bound if ok else radius
+
+
 def _cells_rows(mech: dict[str, Any]) -> list[Row]:
     domain = mech.get("domain") or {}
     share = mech.get("count_share")
@@ -145,7 +152,7 @@ def _cells_rows(mech: dict[str, Any]) -> list[Row]:
         ("mechanism", f"noise-aware-cells: one Gaussian mechanism over every record (no sampling) releases the record "
                       f"counts of the {domain.get('cells')} public feature cells and T = sum over records of [1, x] y"),
         ("cell counts", f"{_gaussian(mech.get('counts_noise_multiplier'), 1, ' records')} (share {_num(share)})"),
-        ("T = sum [1, x] y", f"{_gaussian(mech.get('statistic_noise_multiplier'), mech.get('design_radius'))}"),
+        ("T = sum [1, x] y", f"{_gaussian(mech.get('statistic_noise_multiplier'), _statistic_sensitivity(mech))}"),
         ("posterior", "noise-aware Gaussian with the latent cell counts integrated out by imputation "
                       "(post-processing, no privacy cost)"),
     ]

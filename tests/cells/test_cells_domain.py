@@ -88,7 +88,7 @@ def test_a_wide_integer_range_refuses_without_listing_its_values() -> None:
         check_schema(schema)
 
 
-@pytest.mark.parametrize("case", ["no schema", "continuous", "too many cells", "poisson"])
+@pytest.mark.parametrize("case", ["no schema", "continuous", "too many cells", "real target"])
 def test_refusals_come_before_any_reservation(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, case: str) -> None:
     """The release refuses on public facts before reading a record or writing the ledger."""
     import dpsummary.release as release_mod
@@ -99,7 +99,7 @@ def test_refusals_come_before_any_reservation(tmp_path: Path, monkeypatch: pytes
 
     monkeypatch.setattr(PrivateSource, "open", classmethod(never))
     monkeypatch.setattr(release_mod, "read_source", never)
-    target = "count" if case == "poisson" else "binary"
+    target = "real" if case == "real target" else "binary"
     data = write_csv(tmp_path / "d.csv", 300, seed=1, target=target)
     policy = write_policy(tmp_path / "p.toml", n=300, schema=case != "no schema", target_kind=target,
                           x1_integer=case != "continuous")
@@ -108,7 +108,7 @@ def test_refusals_come_before_any_reservation(tmp_path: Path, monkeypatch: pytes
     req = ReleaseRequest(data=data, epsilon=1.0, policy=policy, out=tmp_path / "o.json", ledger=tmp_path / "ledger.jsonl",
                          mechanism="noise-aware-cells", target="y")
     match = {"no schema": "needs a public schema", "continuous": "needs discrete features",
-             "too many cells": "more than 512 cells", "poisson": "logistic regression only"}[case]
+             "too many cells": "more than 512 cells", "real target": "Poisson regression of a count target only"}[case]
     with pytest.raises(Refusal, match=match) as info:
         run_release(req)
     assert info.value.kind == "public"

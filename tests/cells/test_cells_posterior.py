@@ -9,33 +9,44 @@ import torch
 
 from dpsummary.cells.posterior import cells_posterior
 from dpsummary.gaussian import DTYPE
-from dpsummary.models import LogisticRegression
+from dpsummary.models import LogisticRegression, PoissonRegression
 
 #: 12 cells of 3 features: 2 x 3 x 2 levels.
 CELLS = torch.tensor([[a, b, c] for a in (-1.0, 1.0) for b in (-1.0, 0.0, 1.0) for c in (0.0, 1.0)], dtype=DTYPE)
 
 
-def _data(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(records' cell index, their features, their 0/1 targets) from a known logistic model."""
+def _data(n: int, seed: int, poisson: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(records' cell index, their features, their targets) from a known logistic (0/1) or
+    Poisson (counts) model."""
     gen = torch.Generator().manual_seed(seed)
     idx = torch.randint(0, CELLS.shape[0], (n,), generator=gen)
     x = CELLS[idx]
     eta = -0.5 + x @ torch.tensor([0.8, -0.4, 1.2], dtype=DTYPE)
+    if poisson:
+        return idx, x, torch.poisson(torch.exp(eta + 1.0), generator=gen)
     y = (torch.rand(n, generator=gen, dtype=DTYPE) < torch.sigmoid(eta)).to(DTYPE)
     return idx, x, y
 
 
-def _laplace(model: LogisticRegression, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _laplace(model: LogisticRegression | PoissonRegression, x: torch.Tensor, y: torch.Tensor
+             ) -> tuple[torch.Tensor, torch.Tensor]:
     """The full-data posterior's mode and Laplace covariance (Newton on the records themselves)."""
     z = torch.cat([torch.ones(x.shape[0], 1, dtype=DTYPE), x], 1)
     prior = torch.eye(z.shape[1], dtype=DTYPE) / model.prior_scale**2
+
+    def moments(eta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if isinstance(model, PoissonRegression):
+            return torch.exp(eta), torch.exp(eta)
+        p = torch.sigmoid(eta)
+        return p, p * (1 - p)
+
     theta = torch.zeros(z.shape[1], dtype=DTYPE)
-    for _ in range(50):
-        p = torch.sigmoid(z @ theta)
-        prec = (z.T * (p * (1 - p))) @ z + prior
-        theta = theta + torch.linalg.solve(prec, z.T @ (y - p) - prior @ theta)
-    p = torch.sigmoid(z @ theta)
-    return theta, torch.linalg.inv((z.T * (p * (1 - p))) @ z + prior)
+    for _ in range(60):
+        m, v = moments(z @ theta)
+        prec = (z.T * v) @ z + prior
+        theta = theta + torch.linalg.solve(prec, z.T @ (y - m) - prior @ theta)
+    _m, v = moments(z @ theta)
+    return theta, torch.linalg.inv((z.T * v) @ z + prior)
 
 
 def _design() -> torch.Tensor:
@@ -47,10 +58,11 @@ def _exact(idx: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tens
     return counts, _design().T @ torch.zeros(CELLS.shape[0], dtype=DTYPE).index_add_(0, idx, y)
 
 
+@pytest.mark.parametrize("poisson", [False, True])
 @pytest.mark.parametrize("prior_scale", [1.0, 5.0])
-def test_without_noise_it_is_the_full_data_laplace_posterior(prior_scale: float) -> None:
-    model = LogisticRegression(3, prior_scale=prior_scale)
-    idx, x, y = _data(3000, seed=1)
+def test_without_noise_it_is_the_full_data_laplace_posterior(prior_scale: float, poisson: bool) -> None:
+    model = (PoissonRegression if poisson else LogisticRegression)(3, prior_scale=prior_scale)
+    idx, x, y = _data(3000, seed=1, poisson=poisson)
     counts, t = _exact(idx, y)
     post = cells_posterior(model, _design(), counts, t, counts_noise_std=0.0, statistic_noise_std=0.0,
                            generator=torch.Generator().manual_seed(0), imputations=3)

@@ -21,10 +21,11 @@ from dpsummary.release import plan_public, public_stage1, run_release
 N = 1500
 
 
-def _request(tmp: Path, *, seed: int | None = 0, count_public: bool = True) -> ReleaseRequest:
+def _request(tmp: Path, *, seed: int | None = 0, count_public: bool = True, target: str = "binary") -> ReleaseRequest:
     tmp.mkdir(parents=True, exist_ok=True)
-    data = write_csv(tmp / "d.csv", N, seed=5)
-    policy = write_policy(tmp / "p.toml", n=N if count_public else None, x1_integer=True, total_epsilon=10.0)
+    data = write_csv(tmp / "d.csv", N, seed=5, target=target)
+    policy = write_policy(tmp / "p.toml", n=N if count_public else None, x1_integer=True, total_epsilon=10.0,
+                          target_kind=target)
     return ReleaseRequest(data=data, epsilon=1.0, policy=policy, out=tmp / "o.dpsummary.json",
                           ledger=tmp / "ledger.jsonl", mechanism="noise-aware-cells", seed=seed, size=4)
 
@@ -104,7 +105,7 @@ def test_the_posterior_is_near_the_full_data_fit_at_a_large_epsilon(tmp_path: Pa
 
 
 @pytest.mark.parametrize(("options", "match"), [({"engine": "spark"}, "local engine only"),
-                                                ({"model": "poisson"}, "logistic regression only")])
+                                                ({"model": "linear"}, "logistic and Poisson regression only")])
 def test_options_it_cannot_serve_refuse_on_the_options_alone(tmp_path: Path, options: dict[str, Any],
                                                               match: str) -> None:
     from dpsummary.errors import ReleaseError
@@ -135,3 +136,23 @@ def test_statistics_that_give_no_finite_posterior_end_in_the_charged_refusal(tmp
     table = torch.cat([features, target[:, None]], dim=1)
     with pytest.raises(ChargedRefusal, match="no finite summary"):
         mech.run(public, plan, PrivateRecords(table, randomness=InfiniteNoise()), record_count=float(N))
+
+
+def test_a_poisson_release_centres_its_prior_at_the_noisy_mean_count(tmp_path: Path) -> None:
+    """A count target (public bound 60): T's sensitivity is the design radius times 60, and the
+    released model's prior is centred at the log of the noisy mean count (the test data's counts
+    have mean about exp(1.05), so the centre lies within 0.3 of 1.05: the noise on the centre is
+    about 0.01 here)."""
+    from dpsummary.artifact import read_artifact
+
+    req = _request(tmp_path, target="count")
+    run_release(req)
+    body, claim, info = read_artifact(req.out)  # type: ignore[arg-type]
+    assert info["verified"]
+    mech = claim["mechanism"]
+    assert mech["target_bound"] == 60.0
+    assert mech["statistic_noise_multiplier"] == pytest.approx(mech["single_gaussian_noise_multiplier"] / math.sqrt(0.7))
+    centre = body["summary"]["model"]["prior_mean"]
+    assert centre[1:] == [0.0] * (len(centre) - 1)
+    assert abs(centre[0] - 1.05) < 0.3
+    assert np.all(np.isfinite(np.asarray(body["posterior"]["gaussians"]["noise_aware"]["cov"])))
