@@ -43,8 +43,9 @@ Modes:
   table (:func:`dpsummary.data.inference.infer_schema`: data bounds, observed categories; the
   most favourable public schema, as the older grids used). The record count stays private.
 
-Mechanisms: ``noise-aware-newton`` (the default for GLMs) and ``dp-psvi`` (the paper's mechanism;
-the artifact's default posterior is the calibrated one).
+Mechanisms: ``noise-aware-newton`` (the default for GLMs), ``dp-psvi`` (the paper's mechanism;
+the artifact's default posterior is the calibrated one) and ``noise-aware-cells`` (opt-in; public
+mode on tables with a small discrete schema only).
 
 Tables (the registry :data:`TABLES`; ``python benchmarks/calibration.py tables`` lists them):
 
@@ -131,7 +132,14 @@ Tables (the registry :data:`TABLES`; ``python benchmarks/calibration.py tables``
     intercept -3.5 (12.5% positives; first written as -2.5, which gives 25%: corrected to the
     written 12% on the table's own share before any release, as ``sim_imbalanced``'s was);
   - ``sim_tiny``: logistic, N 2,000, 3 numerics U[-1, 1], intercept 0, effects 1, -1, 0.5
-    (the smoke test's table; not part of the suite).
+    (the smoke test's table; not part of the suite);
+  - ``sim_cells_logistic`` and ``sim_cells_poisson`` (issue 50, ``noise-aware-cells``' synthetic
+    check; settings in ``notebook/feature_cells.md``, written before their first run; run by name,
+    not part of the suite): three discrete features (a 75-cell public domain).
+
+* ``napsu_adult_cells`` (issue 50; run by name, not part of the suite): the NAPSU-MQ problem's
+  rows with a discrete public schema (age bin index 0-4 integer, race and sex categorical with
+  White and Female the all-zero levels: NAPSU-MQ's 50-cell domain), for ``noise-aware-cells``.
 
 Output: one CSV row per run (``--out``; appended, so a run can be resumed or extended), then
 ``report`` rebuilds the markdown table (one row per cell, a headline summary) and the plot from
@@ -296,6 +304,46 @@ def _napsu_cells_schema() -> dict[str, Any]:
         {"name": "race", "kind": "categorical", "categories": list(NAPSU_RACES)},
         {"name": "sex", "kind": "categorical", "categories": ["Male"]},
         {"name": "income", "kind": "numeric", "lower": 0.0, "upper": 1.0, "integer": True}]}
+
+
+#: The discrete simulations' features (benchmarks/notebook/feature_cells.md): region's listed
+#: categories and their rates (the unlisted reference "e" takes the rest), and flag's rate.
+CELL_REGIONS = (("a", 0.30), ("b", 0.25), ("c", 0.20), ("d", 0.15))
+CELL_FLAG_RATE = 0.30
+
+
+def _discrete_sim(seed: int, n: int, model: str, intercept: float, region: tuple[float, ...], age: float, flag: float,
+                  count_bound: float = 100.0) -> Callable[[], Any]:
+    """A simulation over three discrete features (region, age_band, flag; the notebook's
+    settings); effects in data units, the target drawn from the GLM (Poisson counts clipped at
+    ``count_bound``)."""
+
+    def build() -> Any:
+        import pandas as pd
+
+        rng = np.random.default_rng(seed)
+        names = [r for r, _ in CELL_REGIONS] + ["e"]
+        rates = [p for _, p in CELL_REGIONS]
+        reg = rng.choice(len(names), size=n, p=[*rates, 1.0 - sum(rates)])
+        band = rng.integers(0, 5, n)
+        flg = (rng.uniform(size=n) < CELL_FLAG_RATE).astype(int)
+        eta = intercept + np.asarray([*region, 0.0])[reg] + age * band + flag * flg
+        if model == "logistic":
+            y = (rng.uniform(size=n) < 1 / (1 + np.exp(-eta))).astype(int)
+        else:
+            y = np.minimum(rng.poisson(np.exp(eta)), count_bound).astype(int)
+        return pd.DataFrame({"region": np.asarray(names)[reg], "age_band": band, "flag": flg, "y": y})
+
+    return build
+
+
+def _discrete_schema(model: str, count_bound: float = 100.0) -> dict[str, Any]:
+    return {"target": "y", "columns": [
+        {"name": "region", "kind": "categorical", "categories": [r for r, _ in CELL_REGIONS]},
+        {"name": "age_band", "kind": "numeric", "lower": 0.0, "upper": 4.0, "integer": True},
+        {"name": "flag", "kind": "numeric", "lower": 0.0, "upper": 1.0, "integer": True},
+        {"name": "y", "kind": "numeric", "lower": 0.0, "upper": 1.0 if model == "logistic" else count_bound,
+         "integer": True}]}
 
 
 def _rdataset(package: str, item: str, target: str, features: list[str]) -> Callable[[], Any]:
@@ -517,15 +565,24 @@ def _registry() -> dict[str, TableSpec]:
                                 _rdataset(pkg, item, target, list(feats)), note=f"{target} ~ {' + '.join(feats)}",
                                 positive_class=POSITIVE_CLASSES.get(name)))
     tables += _sim_specs()
+    tables += [
+        TableSpec("sim_cells_logistic", "sim", "logistic", "y", "simulated (benchmarks/calibration.py)",
+                  _discrete_sim(37_021, 10_000, "logistic", -1.0, (0.5, -0.3, 0.8, 0.0), 0.3, 0.7),
+                  _discrete_schema("logistic"), note="three discrete features, a 75-cell public domain"),
+        TableSpec("sim_cells_poisson", "sim", "poisson", "y", "simulated (benchmarks/calibration.py)",
+                  _discrete_sim(37_022, 20_000, "poisson", 0.8, (0.3, -0.2, 0.4, 0.0), 0.15, 0.3),
+                  _discrete_schema("poisson"), note="three discrete features, a 75-cell public domain, counts <= 100"),
+    ]
     return {t.name: t for t in tables}
 
 
 TABLES = _registry()
-SIMULATIONS = tuple(n for n, t in TABLES.items() if t.kind == "sim" and n != "sim_tiny")
 #: Tables run by name only, outside the named suites: ``napsu_adult_cells`` is ``napsu_adult``'s
 #: rows again (the same problem with a discrete schema, for ``noise-aware-cells``; issue 50), so
-#: counting it in the suite would count one problem twice.
-BY_NAME_ONLY = ("sim_tiny", "napsu_adult_cells")
+#: counting it in the suite would count one problem twice; the ``sim_cells_*`` tables are that
+#: mechanism's synthetic check (benchmarks/notebook/feature_cells.md), not yet suite tables.
+BY_NAME_ONLY = ("sim_tiny", "napsu_adult_cells", "sim_cells_logistic", "sim_cells_poisson")
+SIMULATIONS = tuple(n for n, t in TABLES.items() if t.kind == "sim" and n not in BY_NAME_ONLY)
 SUITES = {
     "real": tuple(n for n, t in TABLES.items() if t.kind != "sim" and n not in BY_NAME_ONLY),
     "sim": SIMULATIONS,
