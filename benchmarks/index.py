@@ -50,7 +50,8 @@ BENCHMARKS: tuple[Benchmark, ...] = (
               "([docs/CALIBRATION.md](docs/CALIBRATION.md)).",
               "python benchmarks/calibration.py run --out benchmarks/results/calibration.csv; "
               "python benchmarks/calibration.py report ...; python benchmarks/headline.py",
-              ("calibration.md", "calibration_dppsvi.md"), plot="calibration.png", special="calibration"),
+              ("calibration.md", "calibration_dppsvi.md", "calibration_cells.md"), plot="calibration.png",
+              special="calibration"),
     Benchmark("Sampling: the draws analysts get", "Do `Release.sample()` (BlackJAX NUTS) and the exporters' samplers "
               "(NumPyro, PyMC, Stan) draw the released posterior, and how fast? Each against an independent reference "
               "of the pseudocoreset's exact posterior (importance sampling, or a long NumPyro run), five seeds, with "

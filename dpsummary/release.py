@@ -364,6 +364,10 @@ def plan_public(req: ReleaseRequest, say: NoticeFn) -> PublicPlan:
                                fix="fix the header or the policy's schema (`dpsummary policy init DATA` writes a "
                                "schema skeleton from the header)")
         mechanism.check_public(req, pol.data_schema)
+    elif mechanism.requires_public_schema:
+        raise ReleaseError(f"{mechanism.name} needs a public schema (it reads its domain from the schema)",
+                           fix="declare a schema in the policy ([schema]; `dpsummary policy init DATA` writes a "
+                           "skeleton), or use --mechanism noise-aware-newton")
     elif req.target is not None and req.target not in header:
         raise unknown_target(req.target, header)
 

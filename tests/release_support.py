@@ -31,10 +31,12 @@ def write_csv(path: Path, n: int, seed: int = 0, *, target: str = "binary", extr
 
 def write_policy(path: Path, *, n: int | None, target_kind: str = "binary", extra: str = "",
                  schema: bool = True, tail: str = "", total_epsilon: float = 3.0, cap: float = 2.0,
-                 min_records: int = 50, n_max: int = 100000, total_delta: float = 1e-6) -> Path:
+                 min_records: int = 50, n_max: int = 100000, total_delta: float = 1e-6,
+                 x1_integer: bool = False) -> Path:
     """A test policy (budget ``total_epsilon``, per-release cap ``cap``); public schema unless
     ``schema=False``; public record count ``n`` unless None. ``extra``: top-level TOML lines;
-    ``tail``: tables appended at the end."""
+    ``tail``: tables appended at the end. ``x1_integer``: ``x1`` declared integer (a discrete
+    schema: 11 levels x 4 of x2 = 44 cells, the domain of ``noise-aware-cells``)."""
     y = {
         "binary": 'kind = "categorical"\ncategories = ["no", "yes"]',
         "count": 'kind = "numeric"\ninteger = true\nlower = 0\nupper = 60',
@@ -56,7 +58,7 @@ target = "y"
 [[schema.columns]]
 name = "x1"
 kind = "numeric"
-lower = 0
+{"integer = true" + chr(10) if x1_integer else ""}lower = 0
 upper = 10
 [[schema.columns]]
 name = "x2"

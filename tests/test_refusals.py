@@ -129,6 +129,8 @@ CASES: dict[str, tuple[Any, str]] = {
     "non-finite-fit": (lambda t: [str(_data(t)), "--epsilon", "0.5", "--policy", str(_pub(t))], "no finite summary"),
     "mixture-options": (lambda t: [str(_data(t)), "--epsilon", "0.5", "--model", "logistic", "--components", "3",
                                    "--policy", str(_pub(t))], "--components"),
+    "cells-domain": (lambda t: [str(_data(t)), "--epsilon", "0.5", "--mechanism", "noise-aware-cells", "--policy",
+                                str(_pub(t))], "needs discrete features"),
     "mixture-schema": (lambda t: [str(_data(t)), "--epsilon", "0.5", "--model", "gmm", "--policy",
                                   str(_pub(t, extra=MIXTURE_ALLOWED, schema=False, tail=NO_NUMERIC))], "numeric column"),
     "mechanism-model": (lambda t: [str(_data(t)), "--epsilon", "0.5", "--model", "bnn", "--mechanism", "dp-psvi",

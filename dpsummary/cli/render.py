@@ -162,11 +162,37 @@ def _kd_tree_rows(mech: dict[str, Any]) -> list[Row]:
     return rows
 
 
+def _statistic_sensitivity(mech: dict[str, Any]) -> Any:
+    """T's L2 sensitivity: the design radius times the target's bound (1 for a binary target)."""
+    radius, bound = mech.get("design_radius"), mech.get("target_bound", 1.0)
+    ok = all(isinstance(v, int | float) and not isinstance(v, bool) for v in (radius, bound))
+    return radius * bound if ok else radius
+
+
+def _cells_rows(mech: dict[str, Any]) -> list[Row]:
+    domain = mech.get("domain") or {}
+    share = mech.get("count_share")
+    rows: list[Row] = [
+        ("mechanism", f"noise-aware-cells: one Gaussian mechanism over every record (no sampling) releases the record "
+                      f"counts of the {domain.get('cells')} public feature cells and T = sum over records of [1, x] y"),
+        ("cell counts", f"{_gaussian(mech.get('counts_noise_multiplier'), 1, ' records')} (share {_num(share)})"),
+        ("T = sum [1, x] y", f"{_gaussian(mech.get('statistic_noise_multiplier'), _statistic_sensitivity(mech))}"),
+        ("posterior", "noise-aware Gaussian with the latent cell counts integrated out by imputation "
+                      "(post-processing, no privacy cost)"),
+    ]
+    single = mech.get("single_gaussian_noise_multiplier")
+    if isinstance(single, int | float):
+        rows.append(("noise multiplier sigma", f"{single:.4f}: the two releases are one Gaussian of this multiplier "
+                                               "(counts at sigma / sqrt(share), T at sigma / sqrt(1 - share))"))
+    return rows
+
+
 _MECHANISM_ROWS = {
     "noise-aware-newton": _noise_aware_rows,
     "dp-psvi": _dp_psvi_rows,
     "dp-bb-psvi": _dp_bb_psvi_rows,
     "dp-kd-tree": _kd_tree_rows,
+    "noise-aware-cells": _cells_rows,
 }
 
 

@@ -12,6 +12,7 @@ from .base import Mechanism, MechanismOutput, MechanismPlan
 from .dp_bb_psvi import DpBbPsvi
 from .dp_kd_tree import DpKdTree
 from .dp_psvi import DpPsvi
+from .noise_aware_cells import NoiseAwareCells
 from .noise_aware_newton import NoiseAwareNewton
 
 #: Every mechanism by name. The first one that serves any model (``models`` empty) is the
@@ -21,6 +22,7 @@ REGISTRY: dict[str, Mechanism] = {
     "dp-psvi": DpPsvi(),
     "dp-bb-psvi": DpBbPsvi(),
     "dp-kd-tree": DpKdTree(),
+    "noise-aware-cells": NoiseAwareCells(),
 }
 
 __all__ = ["REGISTRY", "Mechanism", "MechanismOutput", "MechanismPlan"]

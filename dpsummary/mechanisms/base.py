@@ -116,13 +116,18 @@ class Mechanism(Protocol):
     model names that select it automatically and that no other mechanism runs (empty: it runs
     every model no family mechanism claims); ``options``, the :class:`ReleaseRequest` fields only
     it reads (refused with any other mechanism); ``uses_target``, whether stage 1's DP schema
-    estimation looks for a target column; ``sampling``, what the claim says about sampling."""
+    estimation looks for a target column; ``sampling``, what the claim says about sampling;
+    ``requires_public_schema`` (default False), whether it refuses without a public schema."""
 
     name: ClassVar[str]
     models: ClassVar[frozenset[str]]
     options: ClassVar[tuple[str, ...]]
     uses_target: ClassVar[bool]
     sampling: ClassVar[str]
+    #: True when the mechanism cannot run without the policy's public schema (its public
+    #: domain is read from it): the pipeline refuses a release without one before any
+    #: reservation, with :meth:`check_public` given ``schema`` None.
+    requires_public_schema: ClassVar[bool] = False
 
     def check_public(self, req: ReleaseRequest, schema: Any | None) -> None:
         """Refuse (:class:`~dpsummary.errors.ReleaseError`) on public facts: called on the options

@@ -13,7 +13,6 @@ boundary). The rounds' schedule and the noise-aware posterior are :mod:`dpsummar
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..errors import ChargedRefusal
@@ -45,23 +44,14 @@ def noise_aware_summaries(plan: MechanismPlan, records: Any, size: int, generato
                           ) -> tuple[Any, dict[str, Any]]:
     """The noise-aware mechanism (:mod:`dpsummary.noise_aware`) on the private records, then its
     noise-aware Gaussian turned into a pseudocoreset (post-processing,
-    :mod:`dpsummary.constructors.gaussian_target`). The raw (noise-unaware) Gaussian is no longer
+    :mod:`dpsummary.mechanisms.gaussian_summary`). The raw (noise-unaware) Gaussian is no longer
     matched or released (issue 25: nothing needed it, it doubled the matching time and was the
     first to go non-finite).
 
     Total: a fit that yields no finite Gaussian or no finite pseudocoreset (decided on DP outputs
     and public values only) ends in a :class:`ChargedRefusal` (``non-finite-fit``)."""
-    import torch
-
     from .. import noise_aware
-    from ..constructors.base import Summary
-    from ..constructors.gaussian_target import (
-        MATCH_KL_WARNING,
-        directions_wider_than_prior,
-        pseudocoreset_of_gaussian,
-    )
-    from ..constructors.moment_match import MATCH_METHOD, match_moments
-    from ..models import GLM
+    from .gaussian_summary import summary_of_gaussian
 
     model, tf, schedule = plan.model, plan.transform, plan.settings["schedule"]
     requested = size
@@ -101,65 +91,16 @@ def noise_aware_summaries(plan: MechanismPlan, records: Any, size: int, generato
     # The fit's model: the same likelihood, with the prior the posterior was taken under (a
     # Poisson release re-centres it at the noisy log-mean, noise_aware 5.); the summary carries it.
     model = result.model or model
-    # Issue 48: analysts' samplers draw the pseudocoreset's EXACT weighted posterior, so for a
-    # GLM the pseudocoreset is built so that those draws have the signed Gaussian's moments
-    # (constructors/moment_match.py; post-processing). Where the closed form does not apply the
-    # earlier construction stays, and the note says the exact posterior was not matched.
-    model_prior_scale = model.prior_scale
-    match, match_failed = None, None
-    if isinstance(model, GLM):
-        try:
-            match = match_moments(model, posterior, size=size, generator=generator)
-        except Exception as exc:  # noqa: BLE001 - post-processing after the charge must be total
-            # A failure here (a sampler error, a non-PD iterate) is decided on the DP target and
-            # public values only; the release keeps the closed-form construction and says so.
-            match_failed = type(exc).__name__
-        if match is not None and not all(math.isfinite(v) for v in (
-                match.max_mean_error_sd, match.sd_ratio_min, match.sd_ratio_max)):
-            match, match_failed = None, "non-finite moments"
-    if match is not None:
-        points, weights, model = match.points, match.weights, match.model
-        loss, how = 0.0, MATCH_METHOD
-    else:
-        points, weights, loss, how = pseudocoreset_of_gaussian(
-            model, posterior, size=size, initial_features=tf.sample_public_features(size, generator), generator=generator)
-    if not (math.isfinite(loss) and bool(torch.isfinite(points).all()) and bool(torch.isfinite(weights).all())):
-        raise ChargedRefusal(NON_FINITE_FIT_MESSAGE, fix=NON_FINITE_FIT_FIX)
-    wider = directions_wider_than_prior(model, posterior)
-    summary = Summary(points, weights, model, noise_aware.MECHANISM, tf.to_dict(),
-                      {"posterior": "noise_aware", "match_symmetric_kl": loss, "match_method": how,
-                       "directions_wider_than_prior": wider})
+    # Issue 48: the pseudocoreset is built so that analysts' draws of its exact weighted
+    # posterior have the signed Gaussian's moments (mechanisms/gaussian_summary.py).
+    built = summary_of_gaussian(model, posterior, transform=tf, size=size, requested=requested,
+                                method=noise_aware.MECHANISM, generator=generator)
+    summary, model = built.summary, built.model
     gaussians = {"noise_aware": {"mean": posterior.mean.tolist(), "cov": posterior.cov.tolist()}}
-    extra_notes = [] if size == requested else [
-        f"pseudocoreset of {size} points, one per parameter (--size {requested} is fewer, and fewer points than "
-        "parameters cannot carry the posterior)"]
-    if match is not None and match.carrier_prior_scale is not None:
-        extra_notes.append(f"the noise-aware Gaussian (computed under the model's prior, scale {model_prior_scale:g}) is "
-                           f"close to (within 20% of its variance) or wider than that prior in some direction, so the pseudocoreset "
-                           f"carries it under a prior of "
-                           f"scale {match.carrier_prior_scale:.4g} (a weighted likelihood only narrows its prior)")
-    if wider:
-        # Measured on the calibration suite: the imputed mixture is wider than the prior in some
-        # direction on strongly correlated or noise-dominated releases (sim_correlated, default),
-        # where the pseudocoreset then showed wrong-sign effects its Gaussian did not.
-        extra_notes.append(f"the noise-aware Gaussian is wider than the prior in {wider} direction(s), which no pseudocoreset "
-                     "can carry (a weighted likelihood only narrows the prior): there the pseudocoreset's intervals are "
-                     "narrower than the Gaussian's; the artifact also carries the Gaussian")
-    if ranges is not None:
-        extra_notes[:0] = ranges.notes()
-    if match is not None:
-        match_note = match.note()
-    else:
-        # A closed-form KL of -1e-14 is rounding: print 0 (issue 49).
-        match_note = (f"pseudocoreset matched to the noise-aware Gaussian's mode and curvature by {how} (symmetric KL "
-                      f"{max(loss, 0.0):.3g} nats" + (", a poor match" if loss > MATCH_KL_WARNING else "")
-                      + "); its exact posterior was not matched"
-                      + (f" (moment matching failed: {match_failed})" if match_failed else "")
-                      + " (the artifact also carries the noise-aware Gaussian)")
-    notes = [*result.notes, *extra_notes, match_note]
+    notes = [*result.notes, *([] if ranges is None else ranges.notes()), *built.notes]
     return summary, {
         "gaussians": gaussians, "notes": notes,
-        "pseudocoreset_match": None if match is None else {**match.claim(), "model_prior_scale": model_prior_scale},
+        "pseudocoreset_match": built.pseudocoreset_match,
         "noise_multipliers": [list(m) for m in result.noise_multipliers],
         "schedule": (result.schedule or schedule).as_dict(), "bounds": {"feature_norm": feature_norm, "target_bound": target_bound},
         "count_range": None if count_clip is None else count_clip.claim(),

@@ -44,7 +44,9 @@ from .randomness import PrivacyRandomness as PrivacyRandomness
 from .store import RecordStore
 
 if TYPE_CHECKING:
+    from ..cells.domain import CellDomain
     from ..postprocess.marginals import NoisyMarginals
+    from .cells import NoisyCells
     from .marginals import HistogramLayout
     from .moments import NoisyMoments
     from .score_stats import NoisyStatistics
@@ -242,6 +244,17 @@ class PrivateRecords:
 
         return noisy_moment_matrix(self._store, self._randomness, bound=bound, noise_multiplier=noise_multiplier,
                                    anchor=anchor, residual_bound=residual_bound)
+
+    def noisy_cell_statistics(self, domain: CellDomain, design: np.ndarray, *, target_bound: float,
+                              count_share: float, noise_multiplier: float) -> NoisyCells:
+        """``noise-aware-cells``' release over ALL records: the counts of the public domain's cells
+        and ``T = sum_i z_c(i) y_i``, one ``GaussianDpEvent(noise_multiplier)``
+        (:mod:`dpsummary.private.cells`, where the per-record rule and the sensitivity are)."""
+        from .cells import noisy_cell_statistics
+
+        return noisy_cell_statistics(self._store.chunks(), self._randomness, domain, design,
+                                     target_bound=target_bound, count_share=count_share,
+                                     noise_multiplier=noise_multiplier)
 
     def noisy_indicator_counts(self, indicators: np.ndarray, *, noise_multiplier: float) -> np.ndarray:
         """Noisy column sums of per-record 0/1 indicators: one Gaussian mechanism.

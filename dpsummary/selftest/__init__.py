@@ -108,7 +108,7 @@ runs the ones a configuration selects:
 * ``audits``: the Clopper-Pearson audit shared by the single-mechanism scenarios;
 * ``noisy_sum`` (DP-PSVI: dirac, swap, one-run, histogram), ``replay`` (DP-PSVI's gray-box
   replay, local and Spark), ``bootstrap_check`` (DP-PSVI's bootstrap reads no record),
-  ``newton`` (noise-aware-newton), ``bnn`` (dp-bb-psvi), ``mixture`` (dp-kd-tree);
+  ``newton`` (noise-aware-newton), ``cells`` (noise-aware-cells), ``bnn`` (dp-bb-psvi), ``mixture`` (dp-kd-tree);
 * ``records``: the pipeline's own record handling (quality counts, CSV line neighbours);
 * ``driver``: :func:`run_selftest` and the verdict.
 
@@ -133,6 +133,7 @@ from .canaries import (
     check_canary_design,
     histogram_design,
 )
+from .cells import cells_audit, cells_design
 from .config import (
     CERTIFIES,
     DOES_NOT_CERTIFY,
@@ -264,6 +265,8 @@ __all__ = [
     "histogram_design",
     "make_mechanism",
     "mixture_checks",
+    "cells_audit",
+    "cells_design",
     "newton_audit",
     "newton_design",
     "one_run_audit",

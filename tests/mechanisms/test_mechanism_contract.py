@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +60,8 @@ class Case:
     refusal: dict[str, Any]
     refusal_target: str = "binary"
     refusal_match: str = ""
+    #: :func:`release_support.write_policy` options of the request's policy (not the refusal's).
+    policy: dict[str, Any] = field(default_factory=dict)
 
 
 CASES: dict[str, Case] = {
@@ -70,16 +72,20 @@ CASES: dict[str, Case] = {
                        "needs a binary or real target"),
     "dp-kd-tree": Case({"model": "gmm", "components": 2}, {"model": "gmm", "target": "y"}, "binary",
                        "has no meaning"),
+    # Its own public refusal: the test schema's x1 is continuous (not a discrete domain).
+    "noise-aware-cells": Case({"mechanism": "noise-aware-cells"}, {"mechanism": "noise-aware-cells"}, "binary",
+                              "needs discrete features", policy={"x1_integer": True}),
 }
 NAMES = list(REGISTRY)
 
 
 def _request(tmp: Path, name: str, *, count_public: bool = True, target_kind: str = "binary",
-             **overrides: Any) -> ReleaseRequest:
+             refusal: bool = False, **overrides: Any) -> ReleaseRequest:
     data = write_csv(tmp / f"d-{target_kind}.csv", N, seed=3, target=target_kind)
-    policy = write_policy(tmp / f"p-{target_kind}-{count_public}.toml", n=N if count_public else None,
+    options = {} if refusal else CASES[name].policy
+    policy = write_policy(tmp / f"p-{target_kind}-{count_public}-{refusal}.toml", n=N if count_public else None,
                           target_kind=target_kind,
-                          extra=ALLOW, tail=SPLIT, total_epsilon=100.0, cap=2.0)
+                          extra=ALLOW, tail=SPLIT, total_epsilon=100.0, cap=2.0, **options)
     kw: dict[str, Any] = {"size": 3, "seed": 0, **CASES[name].request, **overrides}
     return ReleaseRequest(data=data, epsilon=1.0, policy=policy, out=tmp / "o.dpsummary.json",
                           ledger=tmp / "ledger.jsonl", **kw)
@@ -240,7 +246,8 @@ def test_public_refusal_charges_nothing_and_opens_no_record(tmp_path: Path, name
 
     monkeypatch.setattr(PrivateSource, "open", classmethod(never))
     monkeypatch.setattr(release_mod, "read_source", never)
-    req = _request(tmp_path, name, target_kind=case.refusal_target, **{**{k: None for k in ("model", "mechanism")},
+    req = _request(tmp_path, name, target_kind=case.refusal_target, refusal=True,
+                   **{**{k: None for k in ("model", "mechanism")},
                                                                   **case.refusal})
     with pytest.raises(Refusal, match=case.refusal_match) as info:
         run_release(req)

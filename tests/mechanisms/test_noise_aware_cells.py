@@ -1,0 +1,158 @@
+"""``noise-aware-cells`` as a release (dpsummary/mechanisms/noise_aware_cells.py): a charged
+release ends in a signed artifact that records what it released, one Gaussian event of the
+stage's multiplier is all it charges, and its post-processing is reproducible from a seed."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from release_support import write_csv, write_policy
+
+from dpsummary import accounting as acc
+from dpsummary.mechanisms import REGISTRY
+from dpsummary.plan import ReleaseRequest
+from dpsummary.release import plan_public, public_stage1, run_release
+
+N = 1500
+
+
+def _request(tmp: Path, *, seed: int | None = 0, count_public: bool = True, target: str = "binary") -> ReleaseRequest:
+    tmp.mkdir(parents=True, exist_ok=True)
+    data = write_csv(tmp / "d.csv", N, seed=5, target=target)
+    policy = write_policy(tmp / "p.toml", n=N if count_public else None, x1_integer=True, total_epsilon=10.0,
+                          target_kind=target)
+    return ReleaseRequest(data=data, epsilon=1.0, policy=policy, out=tmp / "o.dpsummary.json",
+                          ledger=tmp / "ledger.jsonl", mechanism="noise-aware-cells", seed=seed, size=4)
+
+
+@pytest.mark.parametrize("count_public", [True, False])
+def test_a_charged_release_ends_in_a_signed_artifact(tmp_path: Path, count_public: bool) -> None:
+    from dpsummary.artifact import read_artifact
+
+    req = _request(tmp_path, count_public=count_public)
+    result = run_release(req)
+    assert result.mechanism == "noise-aware-cells"
+    body, claim, info = read_artifact(req.out)  # type: ignore[arg-type]
+    assert info["verified"]
+    mech = claim["mechanism"]
+    assert mech["name"] == "noise-aware-cells"
+    assert mech["domain"]["cells"] == 11 * 4  # x1's integers 0..10 x x2's three categories and "other"
+    assert mech["count_share"] == 0.3
+    sigma = mech["single_gaussian_noise_multiplier"]
+    assert mech["counts_noise_multiplier"] == pytest.approx(sigma / math.sqrt(0.3))
+    assert mech["statistic_noise_multiplier"] == pytest.approx(sigma / math.sqrt(0.7))
+    # The design radius: ||[1, x1 = +-1, one-hot x2]|| = sqrt(3).
+    assert mech["design_radius"] == pytest.approx(math.sqrt(3.0))
+    # Stage 2 is one Gaussian event of the stage's multiplier (after the quality counts, if any).
+    assert claim["events"][-1] == acc.events_to_json([acc_gaussian(sigma)])[0]
+    gaussian = body["posterior"]["gaussians"]["noise_aware"]
+    assert len(gaussian["mean"]) == 1 + 1 + 3
+    assert body["posterior"]["pseudocoreset_match"] is not None
+    assert np.all(np.isfinite(np.asarray(gaussian["cov"])))
+
+
+def acc_gaussian(sigma: float) -> Any:
+    from dp_accounting import dp_event as dpe
+
+    return dpe.GaussianDpEvent(sigma)
+
+
+class SeededNoise:
+    """Seeded Gaussian noise (tests only: a release's noise is OS entropy and cannot be seeded)."""
+
+    def __init__(self, seed: int) -> None:
+        self.rng = np.random.default_rng(seed)
+
+    def gaussian(self, values: np.ndarray, *, noise_std: float, clip_norm: float) -> np.ndarray:
+        return np.asarray(values, dtype=np.float64) + noise_std * self.rng.standard_normal(np.shape(values))
+
+
+def _run(tmp: Path, seed: int, noise_seed: int) -> Any:
+    from dpsummary.data import read_csv
+    from dpsummary.private.mechanism import PrivateRecords
+
+    req = _request(tmp, seed=seed)
+    mech = REGISTRY["noise-aware-cells"]
+    public = plan_public(req, lambda _msg: None)
+    plan = mech.plan(public, public_stage1(public))
+    features, target = plan.transform.apply(read_csv(req.data, private=True))
+    table = torch.cat([features, target[:, None]], dim=1)
+    return mech.run(public, plan, PrivateRecords(table, randomness=SeededNoise(noise_seed)), record_count=float(N))
+
+
+def test_fixed_seeds_reproduce_the_release(tmp_path: Path) -> None:
+    one = _run(tmp_path / "a", seed=3, noise_seed=9)
+    two = _run(tmp_path / "b", seed=3, noise_seed=9)
+    assert one.extra["gaussians"] == two.extra["gaussians"]
+    assert torch.equal(one.summary.points, two.summary.points)
+    assert torch.equal(one.summary.weights, two.summary.weights)
+    other = _run(tmp_path / "c", seed=4, noise_seed=9)  # another --seed: other imputations
+    assert other.extra["gaussians"] != one.extra["gaussians"]
+
+
+def test_the_posterior_is_near_the_full_data_fit_at_a_large_epsilon(tmp_path: Path) -> None:
+    """At epsilon 1 on 1,500 records the cells' Gaussian sits within a few of its own sds of the
+    generating effects' signs: x1's slope (0.5 per data unit, 2.5 in model units) is found."""
+    out = _run(tmp_path, seed=0, noise_seed=1)
+    mean = np.asarray(out.extra["gaussians"]["noise_aware"]["mean"])
+    sd = np.sqrt(np.diag(np.asarray(out.extra["gaussians"]["noise_aware"]["cov"])))
+    assert mean[1] - 2 * sd[1] > 0  # x1 (scaled to [-1, 1]): effect 2.5 model units
+
+
+@pytest.mark.parametrize(("options", "match"), [({"engine": "spark"}, "local engine only"),
+                                                ({"model": "linear"}, "logistic and Poisson regression only")])
+def test_options_it_cannot_serve_refuse_on_the_options_alone(tmp_path: Path, options: dict[str, Any],
+                                                              match: str) -> None:
+    from dpsummary.errors import ReleaseError
+
+    req = ReleaseRequest(data=tmp_path / "d.csv", epsilon=1.0, mechanism="noise-aware-cells", **options)
+    with pytest.raises(ReleaseError, match=match) as info:
+        REGISTRY["noise-aware-cells"].check_public(req, None)
+    assert "noise-aware-newton" in info.value.fix
+
+
+class InfiniteNoise:
+    """Noise that overwhelms everything (tests only)."""
+
+    def gaussian(self, values: np.ndarray, *, noise_std: float, clip_norm: float) -> np.ndarray:
+        return np.full(np.shape(values), np.inf)
+
+
+def test_statistics_that_give_no_finite_posterior_end_in_the_charged_refusal(tmp_path: Path) -> None:
+    from dpsummary.data import read_csv
+    from dpsummary.errors import ChargedRefusal
+    from dpsummary.private.mechanism import PrivateRecords
+
+    req = _request(tmp_path)
+    mech = REGISTRY["noise-aware-cells"]
+    public = plan_public(req, lambda _msg: None)
+    plan = mech.plan(public, public_stage1(public))
+    features, target = plan.transform.apply(read_csv(req.data, private=True))
+    table = torch.cat([features, target[:, None]], dim=1)
+    with pytest.raises(ChargedRefusal, match="no finite summary"):
+        mech.run(public, plan, PrivateRecords(table, randomness=InfiniteNoise()), record_count=float(N))
+
+
+def test_a_poisson_release_centres_its_prior_at_the_noisy_mean_count(tmp_path: Path) -> None:
+    """A count target (public bound 60): T's sensitivity is the design radius times 60, and the
+    released model's prior is centred at the log of the noisy mean count (the test data's counts
+    have mean about exp(1.05), so the centre lies within 0.3 of 1.05: the noise on the centre is
+    about 0.01 here)."""
+    from dpsummary.artifact import read_artifact
+
+    req = _request(tmp_path, target="count")
+    run_release(req)
+    body, claim, info = read_artifact(req.out)  # type: ignore[arg-type]
+    assert info["verified"]
+    mech = claim["mechanism"]
+    assert mech["target_bound"] == 60.0
+    assert mech["statistic_noise_multiplier"] == pytest.approx(mech["single_gaussian_noise_multiplier"] / math.sqrt(0.7))
+    centre = body["summary"]["model"]["prior_mean"]
+    assert centre[1:] == [0.0] * (len(centre) - 1)
+    assert abs(centre[0] - 1.05) < 0.3
+    assert np.all(np.isfinite(np.asarray(body["posterior"]["gaussians"]["noise_aware"]["cov"])))
