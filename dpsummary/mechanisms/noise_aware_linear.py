@@ -121,7 +121,10 @@ def linear_summaries(plan: MechanismPlan, records: Any, size: int, generator: to
     summary = Summary(match.points, match.weights, match.model, noise_aware.MECHANISM, tf.to_dict(),
                       {"posterior": "noise_aware", "match_symmetric_kl": 0.0, "match_method": match.method})
     sd = torch.sqrt(torch.diagonal(posterior.cov))
-    lo, hi = (math.exp(float(posterior.mean[-1]) + z * float(sd[-1])) for z in (-1.959963984540054, 1.959963984540054))
+    # Clamped exponent: the note must not overflow after the charge (a finite Gaussian can still
+    # put log sigma's interval beyond float range; decided on DP outputs only).
+    lo, hi = (math.exp(min(float(posterior.mean[-1]) + z * float(sd[-1]), 700.0))
+              for z in (-1.959963984540054, 1.959963984540054))
     notes = [f"sigma (the residual sd in model space, target scaled into [-1, 1]) estimated privately: 95% interval "
              f"[{lo:.3g}, {hi:.3g}] (noise-aware Gaussian of log_sigma)"]
     if size != requested:
