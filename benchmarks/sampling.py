@@ -15,6 +15,12 @@ at one epsilon, released by :func:`calibration.release`, exactly as the suite do
   same releases, 4 chains x 1,000 draws after 1,000 warm-up each, their agreement with the
   reference and their seconds per 1,000 draws (compilation excluded where the library separates it).
 
+``--match A.json,B.json``: moment matching (:func:`dpsummary.constructors.moment_match.match_moments`)
+re-run on each artifact's signed Gaussian, ``--seeds`` times, so that two versions of the code can
+be compared on the same targets (paired): ``--code TREE`` imports ``dpsummary`` from another
+checkout (``git worktree add /tmp/old COMMIT``). Appends the recorded agreement, iterations and
+seconds to ``results/moment_match.csv`` (notebook: ``moment_match_stopping.md``).
+
 Run: ``python benchmarks/sampling.py --tables napsu_adult,adult --exporters`` (the timing table at
 d = 7 and d = 106), ``python benchmarks/sampling.py --suite`` (every suite table's first release);
 writes ``benchmarks/results/sampling.csv`` and ``sampling.md``.
@@ -202,7 +208,15 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--artifact", type=Path, help="judge this artifact instead of releasing (with --tables ONE)")
     ap.add_argument("--workdir", type=Path, default=Path(".cache/sampling"))
     ap.add_argument("--out", type=Path, default=RESULTS / "sampling.csv")
+    ap.add_argument("--match", help="comma-separated artifacts: re-run moment matching on their signed Gaussians")
+    ap.add_argument("--code", type=Path, help="with --match: import dpsummary from this checkout")
     args = ap.parse_args(argv)
+    if args.match:
+        if args.code:
+            sys.path.insert(0, str(args.code.resolve()))
+        bench_match([Path(a) for a in args.match.split(",")], args.seeds, RESULTS / "moment_match.csv",
+                    version=calibration.code_version() if args.code is None else f"tree:{args.code}")
+        return
     tables = list(calibration.TABLES) if args.suite else args.tables.split(",")
     args.workdir.mkdir(parents=True, exist_ok=True)
     rows: list[dict[str, Any]] = []
@@ -219,6 +233,52 @@ def main(argv: list[str] | None = None) -> None:
         w.writerows(rows)
     with args.out.open(newline="") as fh:
         write_md(list(csv.DictReader(fh)), args.out.with_suffix(".md"))
+
+
+MATCH_FIELDS = ["artifact", "d", "seed", "code", "iterations", "max_mean_error_sd", "sd_ratio_min", "sd_ratio_max",
+                "agrees", "estimator", "seconds"]
+
+
+def bench_match(artifacts: list[Path], seeds: int, out: Path, *, version: str) -> None:
+    """Moment matching re-run on each artifact's signed Gaussian under the model's own prior (the
+    release's ``model_prior_scale``), with generator seeds ``1..seeds``; rows appended to ``out``."""
+    import dpsummary
+    from dpsummary.analyst import load
+    from dpsummary.constructors.moment_match import match_moments
+
+    print(f"dpsummary from {Path(dpsummary.__file__).parent}", flush=True)
+    rows = []
+    for art in artifacts:
+        os.environ.setdefault("DPSUMMARY_HOME", str(art.parent / "home"))
+        rel = load(art, allow_unsigned=True)
+        target = rel.signed_gaussian()
+        if target is None:
+            print(f"{art.name}: no signed Gaussian to match", flush=True)
+            continue
+        spec = rel.model.spec()
+        scale = (rel.body.get("pseudocoreset_match") or {}).get("model_prior_scale")
+        if scale is not None:
+            spec["prior_scale"] = scale
+        del spec["name"]
+        model = type(rel.model)(spec.pop("num_features"), **spec)
+        for seed in range(1, seeds + 1):
+            start = time.perf_counter()
+            m = match_moments(model, target, size=rel.summary.size, generator=torch.Generator().manual_seed(seed))
+            if m is None:
+                print(f"{art.name}: the closed-form construction does not apply", flush=True)
+                break
+            row = {"artifact": art.name, "d": int(target.mean.shape[0]), "seed": seed, "code": version,
+                   "iterations": m.iterations, "max_mean_error_sd": round(m.max_mean_error_sd, 4),
+                   "sd_ratio_min": round(m.sd_ratio_min, 4), "sd_ratio_max": round(m.sd_ratio_max, 4),
+                   "agrees": m.agrees, "estimator": m.estimator, "seconds": round(time.perf_counter() - start, 1)}
+            print(row, flush=True)
+            rows.append(row)
+    new = not out.exists()
+    with out.open("a", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=MATCH_FIELDS)
+        if new:
+            w.writeheader()
+        w.writerows(rows)
 
 
 if __name__ == "__main__":

@@ -19,11 +19,21 @@ What this does (post-processing of the DP target and public values: it costs no 
    the construction is moved until the exact posterior's moments (estimated by NUTS,
    :mod:`dpsummary.sampling`) equal the signed ones: ``m_t <- m_t + (m - mu)`` and, in
    ``S_t <- D S_t D`` with ``D = diag(sd_S / sd_exact)`` (correlations kept; whitened by ``S``
-   its eigenvalues are kept in ``[MIN_RELATIVE_VARIANCE, carrier prior)``). It stops when every mean is within
-   :data:`MEAN_TOLERANCE` sds and every sd within :data:`SD_TOLERANCE` (relative), or after
-   :data:`MAX_ITERATIONS`; the best iterate is kept, and its agreement is measured again by
-   :data:`VERIFY_RUNS` fresh NUTS runs: that is what the artifact records (the issue's criterion:
-   0.05 sd and 3%).
+   its eigenvalues are kept in ``[MIN_RELATIVE_VARIANCE, carrier prior)``). It stops when every
+   mean is within its tolerance and every sd within its own (:func:`tolerances`: the larger of
+   :data:`MEAN_TOLERANCE` / :data:`SD_TOLERANCE` and what the estimate's Monte Carlo error can
+   resolve at that dimension), or after :data:`MAX_ITERATIONS`; only coordinates outside their
+   tolerance are moved (inside, a move would feed the estimate's noise back). The best iterate
+   (ranked on the fixed tolerances) is kept. Where NUTS estimates the moments, the first iteration pools :data:`VERIFY_RUNS` runs; a
+   match that stops there records that estimate (nothing was chosen among noisy estimates), one
+   that iterated is measured again by :data:`VERIFY_RUNS` fresh runs. That is what the artifact
+   records (the issue's criterion: 0.05 sd and 3%).
+
+   Why the noise-aware tolerances (``benchmarks/notebook/moment_match_stopping.md``): at d = 106
+   (adult, public schema) the largest of 106 Monte Carlo errors of 8,000 NUTS draws is about
+   0.036 sd, above the fixed 0.03; the loop never stopped, moved the construction by its own
+   noise (iteration 3 measured worse than iteration 1, which already met the criterion) and ran
+   eight iterations and two verifications: about 20 minutes of NUTS per release.
 
 The stopping rule reads only the target, public values and draws from the pseudocoreset's
 posterior: no record is touched. The sampler's randomness comes from the release's non-private
@@ -134,9 +144,25 @@ def carrier_model(model: ModelT, target: GaussianPosterior) -> tuple[ModelT, flo
     return type(model)(spec.pop("num_features"), **spec), scale
 
 
+@dataclass(frozen=True)
+class ExactMoments:
+    """An estimate of the exact weighted posterior's moments: ``mean`` and ``sd`` (d,), the
+    effective draws (the smallest coordinate's), how they were read, and per-coordinate Monte
+    Carlo standard errors of the mean (``sd / sqrt(ESS)``) and of the sd (``sd / sqrt(2 ESS)``,
+    the Gaussian value; ESS per coordinate: NUTS's bulk ESS summed over pooled runs, importance
+    sampling's Kish ESS)."""
+
+    mean: np.ndarray
+    sd: np.ndarray
+    draws: int
+    estimator: str
+    se_mean: np.ndarray
+    se_sd: np.ndarray
+
+
 def exact_moments(model: Model, points: torch.Tensor, weights: torch.Tensor, target: GaussianPosterior, *,
-                  settings: object, generator: torch.Generator, nuts_runs: int = 1) -> tuple[np.ndarray, np.ndarray, int, str]:
-    """Mean, sd, effective draws and method of the exact weighted posterior ``prior x prod p^w``.
+                  settings: object, generator: torch.Generator, nuts_runs: int = 1) -> ExactMoments:
+    """The moments of the exact weighted posterior ``prior x prod p^w`` (:class:`ExactMoments`).
 
     Importance sampling from a multivariate t (5 degrees of freedom, 1.3x the target's scale)
     when it reaches :data:`IS_MIN_ESS` effective draws (low dimensions: its sd estimates are
@@ -146,12 +172,30 @@ def exact_moments(model: Model, points: torch.Tensor, weights: torch.Tensor, tar
 
     est = importance_moments(model, points, weights, target, draws=IS_DRAWS, generator=generator)
     if est.ess >= IS_MIN_ESS:
-        return est.mean.numpy(), est.sd.numpy(), int(est.ess), "importance sampling"
+        sd = est.sd.numpy()
+        return ExactMoments(est.mean.numpy(), sd, int(est.ess), "importance sampling", sd / math.sqrt(est.ess),
+                            sd / math.sqrt(2.0 * est.ess))
     cfg = settings if isinstance(settings, NutsSettings) else NutsSettings(num_warmup=MATCH_WARMUP, draws_per_chain=MATCH_DRAWS_PER_CHAIN)
     runs = [sample_posterior(model, points, weights, start=target, settings=cfg,
-                             seed=int(torch.randint(2**62, (1,), generator=generator))).flat() for _ in range(nuts_runs)]
-    flat = np.concatenate(runs, axis=0)
-    return flat.mean(0), flat.std(0, ddof=1), int(flat.shape[0]), "NUTS"
+                             seed=int(torch.randint(2**62, (1,), generator=generator))) for _ in range(nuts_runs)]
+    flat = np.concatenate([r.flat() for r in runs], axis=0)
+    ess = np.sum([np.where(np.isfinite(r.diagnostics.ess_bulk), r.diagnostics.ess_bulk, 1.0) for r in runs], axis=0)
+    ess = np.clip(ess, 1.0, float(flat.shape[0]))
+    sd = flat.std(0, ddof=1)
+    return ExactMoments(flat.mean(0), sd, int(flat.shape[0]), "NUTS", sd / np.sqrt(ess), sd / np.sqrt(2.0 * ess))
+
+
+def tolerances(est: ExactMoments, target_sd: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per-coordinate tolerances of the mean error (in target sds) and of the sd ratio's
+    distance from 1: the larger of :data:`MEAN_TOLERANCE` / :data:`SD_TOLERANCE` and ``q_d``
+    standard errors of the estimate, ``q_d = Phi^-1(1 - 0.025 / d)`` (Bonferroni: an estimate
+    with no systematic error is within every tolerance with probability at least 0.95)."""
+    from statistics import NormalDist
+
+    d = max(int(target_sd.shape[0]), 1)
+    q = NormalDist().inv_cdf(1.0 - 0.025 / d)
+    return (np.maximum(MEAN_TOLERANCE, q * est.se_mean / target_sd),
+            np.maximum(SD_TOLERANCE, q * est.se_sd / target_sd))
 
 
 def match_moments(model: GLM, target: GaussianPosterior, *, size: int, generator: torch.Generator,
@@ -180,34 +224,47 @@ def match_moments(model: GLM, target: GaussianPosterior, *, size: int, generator
         built = exact_glm_pseudopoints(carrier, cur, size=size, generator=torch.Generator().manual_seed(frame_seed))
         if built is None:
             return None
-        mu, sd_exact, ndraws, how = exact_moments(carrier, built.points, built.weights, target, settings=cfg,
-                                                  generator=generator)
-        err = float(np.max(np.abs(mu - m) / sd))
-        ratio = sd_exact / sd
-        score = max(err / MEAN_TOLERANCE, float(np.max(np.abs(ratio - 1.0))) / SD_TOLERANCE)
+        est = exact_moments(carrier, built.points, built.weights, target, settings=cfg, generator=generator,
+                            nuts_runs=VERIFY_RUNS if it == 1 else 1)
+        mean_err = (est.mean - m) / sd
+        ratio = est.sd / sd
+        mean_tol, sd_tol = tolerances(est, sd)
+        # Stop on the noise-aware tolerances; rank iterates on the fixed ones (ranking on the
+        # noise-aware ones would favour the noisier single-run estimates).
+        within = bool(np.all(np.abs(mean_err) <= mean_tol) and np.all(np.abs(ratio - 1.0) <= sd_tol))
+        score = max(float(np.max(np.abs(mean_err))) / MEAN_TOLERANCE, float(np.max(np.abs(ratio - 1.0))) / SD_TOLERANCE)
         result = MomentMatch(points=built.points, weights=built.weights, model=carrier, iterations=it,
-                             max_mean_error_sd=err, sd_ratio_min=float(ratio.min()), sd_ratio_max=float(ratio.max()),
-                             draws=ndraws, carrier_prior_scale=widened, estimator=how)
+                             max_mean_error_sd=float(np.max(np.abs(mean_err))), sd_ratio_min=float(ratio.min()),
+                             sd_ratio_max=float(ratio.max()), draws=est.draws, carrier_prior_scale=widened,
+                             estimator=est.estimator)
         if best is None or score < best[0]:
             best = (score, result)
-        if score <= 1.0 or not np.isfinite(score):
+        if within or not np.isfinite(score):
             break
         # Means shift additively; sds scale multiplicatively, correlations kept (a full covariance
         # estimated from a few thousand draws is too noisy to feed back at d ~ 100: its
-        # eigenvalues scatter by about 2 sqrt(d / draws)).
-        cur_mean = cur_mean + DAMPING * (m - mu)
-        scale = np.clip(ratio ** -DAMPING, 0.5, 2.0)
+        # eigenvalues scatter by about 2 sqrt(d / draws)). Only coordinates outside their
+        # tolerance move: inside it the error is what the estimate's noise can make.
+        move_mean = np.abs(mean_err) > mean_tol
+        move_sd = np.abs(ratio - 1.0) > sd_tol
+        cur_mean = cur_mean - DAMPING * np.where(move_mean, mean_err * sd, 0.0)
+        scale = np.where(move_sd, np.clip(ratio ** -DAMPING, 0.5, 2.0), 1.0)
         cur_cov = cur_cov * np.outer(scale, scale)
         lam, vec = np.linalg.eigh(inv_chol @ cur_cov @ inv_chol.T)
         cur_cov = chol @ ((vec * np.clip(lam, MIN_RELATIVE_VARIANCE, cap)) @ vec.T) @ chol.T
         cur_cov = 0.5 * (cur_cov + cur_cov.T)
     assert best is not None
+    chosen = best[1]
+    if chosen.iterations == 1 and chosen.estimator == "NUTS" and it == 1:
+        # Stopped at the first iterate, whose estimate pooled VERIFY_RUNS runs: nothing was chosen
+        # among noisy estimates, so its figures are recorded as measured.
+        return chosen
     # The figures recorded are not the chosen iterate's own (choosing the best of noisy estimates
     # flatters them): VERIFY_RUNS fresh NUTS runs of the chosen pseudocoreset measure them again.
-    chosen = best[1]
-    mu, sd_exact, ndraws, how = exact_moments(carrier, chosen.points, chosen.weights, target, settings=cfg,
-                                              generator=generator, nuts_runs=VERIFY_RUNS)
-    ratio = sd_exact / sd
+    est = exact_moments(carrier, chosen.points, chosen.weights, target, settings=cfg, generator=generator,
+                        nuts_runs=VERIFY_RUNS)
+    ratio = est.sd / sd
     return MomentMatch(points=chosen.points, weights=chosen.weights, model=chosen.model, iterations=it,
-                       max_mean_error_sd=float(np.max(np.abs(mu - m) / sd)), sd_ratio_min=float(ratio.min()),
-                       sd_ratio_max=float(ratio.max()), draws=ndraws, carrier_prior_scale=widened, estimator=how)
+                       max_mean_error_sd=float(np.max(np.abs(est.mean - m) / sd)), sd_ratio_min=float(ratio.min()),
+                       sd_ratio_max=float(ratio.max()), draws=est.draws, carrier_prior_scale=widened,
+                       estimator=est.estimator)
