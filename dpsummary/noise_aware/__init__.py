@@ -179,7 +179,10 @@ from .linear import (
     LINEAR_IMPUTATIONS,
     linear_posterior,
     moment_bound,
-    pooled_moments,
+    residual_bound,
+    residual_posterior,
+    square_scale,
+    unresolved_floor,
 )
 from .posterior import (
     IMPUTATIONS,
@@ -245,7 +248,10 @@ __all__ = [
     "LINEAR_IMPUTATIONS",
     "linear_posterior",
     "moment_bound",
-    "pooled_moments",
+    "residual_bound",
+    "residual_posterior",
+    "square_scale",
+    "unresolved_floor",
     "DEFAULT_ROUNDS",
     "EXPANSION_BIAS_SDS",
     "EXPANSION_RMS_FACTOR",

@@ -38,6 +38,9 @@ from .released import NonFiniteFit
 
 #: Imputations of the true moment matrix (each one quadrature posterior: a few ms).
 LINEAR_IMPUTATIONS = 100
+#: An imputed design eigenvalue within this many of its noise sds of 0 is unresolved
+#: (:func:`unresolved_floor`): a Gaussian exceeds 3 sds one time in 740.
+UNRESOLVED_Z = 3.0
 
 
 def moment_bound(*, feature_norm: float, target_bound: float) -> float:
@@ -47,21 +50,24 @@ def moment_bound(*, feature_norm: float, target_bound: float) -> float:
     return GLM.rank_one_upper_bound(math.sqrt(1.0 + feature_norm**2 + target_bound**2))
 
 
-def pooled_moments(first: torch.Tensor, first_std: float, second: torch.Tensor, second_std: float
-                   ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Two releases of the same design block (count, ``X^T 1``, ``X^T X``) averaged by inverse
-    noise variance; the target's row and column from ``second`` (the anchored release). Returns the
-    matrix and its per-entry noise sd (post-processing)."""
-    w1, w2 = first_std**-2, second_std**-2
-    out = second.clone().to(DTYPE)
-    out[:-1, :-1] = (w1 * first[:-1, :-1] + w2 * second[:-1, :-1]) / (w1 + w2)
-    tau = torch.full_like(out, second_std)
-    tau[:-1, :-1] = (w1 + w2) ** -0.5
-    return out, tau
+def square_scale(*, feature_norm: float, residual_clip: float, residual_range: float) -> float:
+    """The public scale ``s`` of the anchored round's ``r^T r / s`` entry: ``R^2 / (sqrt(1 + F^2)
+    c_r)``, so that entry's share of one record's squared norm equals the ``X^T r`` block's
+    (``(R^2 / s)^2 = (1 + F^2) c_r^2``). Why equal: ``r^T r`` sets sigma, which scales the
+    coefficients' widths wherever the data dominate the noise; ``X^T r`` sets them where the noise
+    dominates; which regime a table is in is not known before the release, so neither gets more."""
+    return residual_range**2 / (math.sqrt(1.0 + feature_norm**2) * residual_clip)
+
+
+def residual_bound(*, feature_norm: float, residual_clip: float, residual_range: float, scale: float) -> float:
+    """The public L2 bound on one record's anchored-round vector ``[w clip(r, c_r), min(r^2, R^2)
+    / s]``, ``w = [1, x]``: ``sqrt((1 + F^2) c_r^2 + R^4 / s^2)`` (the sensitivity SECURITY.md
+    states; every feature of the public box in [-1, 1], ``||x|| <= F``)."""
+    return math.sqrt((1.0 + feature_norm**2) * residual_clip**2 + residual_range**4 / scale**2)
 
 
 def _noise_aware_grid(xx: torch.Tensor, xr: torch.Tensor, rr: float, count: float, tau_r: float, tau_rr: float,
-                      centre: torch.Tensor, s0: float) -> tuple[torch.Tensor, torch.Tensor]:
+                      centre: torch.Tensor, s0: float, *, floor: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
     """Mean and covariance of ``(delta, log sigma)`` given a design block ``xx`` taken as known
     and the noisy ``xr = X^T r + N(0, tau_r^2 I)`` and ``rr = r^T r + N(0, tau_rr^2)`` (module
     docstring, 2.): in the eigenbasis of ``xx`` the released ``xr`` is, given ``sigma`` and the
@@ -69,9 +75,11 @@ def _noise_aware_grid(xx: torch.Tensor, xr: torch.Tensor, rr: float, count: floa
     direction (the data's least-squares fit ``N(delta, sigma^2 xx^-1)``, then the noise), so a
     direction the design does not resolve carries no information instead of an exploding inverse;
     ``rr`` is ``N(sigma^2 n + delta^T xx delta, 2 sigma^4 n + tau_rr^2)`` (``r^T r`` is the residual sum
-    of squares, about ``sigma^2 chi^2``, plus the fit's). Quadrature over ``g = log sigma``."""
+    of squares, about ``sigma^2 chi^2``, plus the fit's). Quadrature over ``g = log sigma``.
+    Eigenvalues below ``floor`` (:func:`unresolved_floor`) count as 0: those directions get the
+    prior."""
     lam, vecs = torch.linalg.eigh(0.5 * (xx + xx.T))
-    lam = torch.clamp(lam, min=0.0)
+    lam = torch.where(lam < floor, torch.zeros_like(lam), torch.clamp(lam, min=0.0))
     xt = vecs.T @ xr
     mu = vecs.T @ centre[:-1]
     mu_ls = float(centre[-1])
@@ -119,17 +127,61 @@ def _noise_aware_grid(xx: torch.Tensor, xr: torch.Tensor, rr: float, count: floa
 def linear_posterior(model: LinearRegression, noisy: torch.Tensor, tau: float | torch.Tensor, *,
                      generator: torch.Generator, draws: int = LINEAR_IMPUTATIONS,
                      anchor: torch.Tensor | None = None) -> GaussianPosterior:
-    """The noise-aware Gaussian of ``(beta, log sigma)`` (module docstring). The design block's
-    noise is integrated out by imputation (draws of the true block, PSD part); ``X^T y`` and
-    ``y^T y`` enter through their noise-aware likelihood (:func:`_noise_aware_grid`). With an
-    ``anchor`` the release's target column is the residual ``y - [1, x] . anchor``: the posterior
-    of ``beta - anchor`` is computed (the prior's centre moved by ``-anchor``) and shifted back.
-    Raises :class:`NonFiniteFit` when fewer than half the imputations give finite moments."""
+    """The noise-aware Gaussian of ``(beta, log sigma)`` from one noisy moment matrix (module
+    docstring). The design block's noise is integrated out by imputation (draws of the true block,
+    PSD part, directions within the noise's reach unresolved: :func:`unresolved_floor`); ``X^T y``
+    and ``y^T y`` enter through their noise-aware likelihood (:func:`_noise_aware_grid`). With an
+    ``anchor`` the release's target column is the residual ``y - [1, x] . anchor``. Raises
+    :class:`NonFiniteFit` when fewer than half the imputations give finite moments."""
     tau_min = float(tau.min()) if isinstance(tau, torch.Tensor) else float(tau)
     if not bool(torch.isfinite(noisy).all()) or not (tau_min > 0 and math.isfinite(tau_min)):
         raise NonFiniteFit("the released moment matrix is not finite")
     dim = noisy.shape[0]
     tau_m = torch.full((dim, dim), float(tau), dtype=DTYPE) if not isinstance(tau, torch.Tensor) else tau.to(DTYPE)
+    sym = 0.5 * (noisy + noisy.T).to(DTYPE)
+    return _imputed(model, sym[:-1, :-1], tau_m[:-1, :-1], sym[:-1, -1], float(sym[-1, -1]), float(tau_m[0, -1]),
+                    float(tau_m[-1, -1]), generator=generator, draws=draws, anchor=anchor)
+
+
+def residual_posterior(model: LinearRegression, design: torch.Tensor, design_tau: float, residuals: torch.Tensor,
+                       residual_tau: float, square_scale: float, anchor: torch.Tensor, *, generator: torch.Generator,
+                       draws: int = LINEAR_IMPUTATIONS) -> GaussianPosterior:
+    """The noise-aware Gaussian of ``(beta, log sigma)`` from the two rounds of
+    :mod:`dpsummary.mechanisms.noise_aware_linear`: the design block (count, ``X^T 1``,
+    ``X^T X``) of the first round's noisy moment matrix ``design`` (per-entry noise sd
+    ``design_tau``) and the anchored round's noisy vector ``residuals = [X^T r, r^T r / s]``
+    (per-entry sd ``residual_tau``; ``s = square_scale``), ``r`` the residual at ``anchor``.
+    The clipped residuals are read as if unclipped (the clip is set beyond the residuals' likely
+    range; ``sigma^2`` is the unclipped residuals' variance, so the likelihood of ``X^T r`` is no
+    narrower than the clipped sum's). Raises :class:`NonFiniteFit` as :func:`linear_posterior`."""
+    if not (bool(torch.isfinite(design).all()) and bool(torch.isfinite(residuals).all())):
+        raise NonFiniteFit("the released statistics are not finite")
+    if not all(v > 0 and math.isfinite(v) for v in (design_tau, residual_tau, square_scale)):
+        raise NonFiniteFit("the released statistics' noise is not finite")
+    sym = 0.5 * (design + design.T).to(DTYPE)
+    dim = sym.shape[0]
+    tau_m = torch.full((dim - 1, dim - 1), float(design_tau), dtype=DTYPE)
+    res = residuals.to(DTYPE)
+    return _imputed(model, sym[:-1, :-1], tau_m, res[:-1], float(res[-1]) * square_scale, residual_tau,
+                    residual_tau * square_scale, generator=generator, draws=draws, anchor=anchor)
+
+
+def unresolved_floor(tau: float) -> float:
+    """The eigenvalue below which an imputed design direction is unresolved: the imputed block is
+    the release minus an independent draw of its noise, so its error has entry sd ``sqrt(2) tau``
+    and a unit direction's quadratic form is off by a Gaussian of sd at most ``2 tau``; an
+    eigenvalue within :data:`UNRESOLVED_Z` such sds of 0 may be noise alone (an exact linear
+    relation among the columns: a full one-hot group beside the intercept), and reading the
+    released ``X^T r`` in that direction as information made cps1988's release narrower than the
+    full data's posterior. Such a direction gets the prior (no information), as the full data's
+    posterior has where the relation is exact."""
+    return UNRESOLVED_Z * 2.0 * tau
+
+
+def _imputed(model: LinearRegression, block_noisy: torch.Tensor, block_tau: torch.Tensor, xr_full: torch.Tensor,
+             rr: float, tau_r: float, tau_rr: float, *, generator: torch.Generator, draws: int,
+             anchor: torch.Tensor | None) -> GaussianPosterior:
+    """The imputation mixture shared by :func:`linear_posterior` and :func:`residual_posterior`."""
     p = model.num_coefficients
     k0 = 0 if model.intercept else 1
     centre = model.prior_mean.clone()
@@ -137,16 +189,17 @@ def linear_posterior(model: LinearRegression, noisy: torch.Tensor, tau: float | 
     if anchor is not None:
         shift[:p] = anchor.detach().to(DTYPE)
         centre = centre - shift
-    sym = 0.5 * (noisy + noisy.T).to(DTYPE)
-    xr, rr = sym[k0:-1, -1], float(sym[-1, -1])
-    tau_r, tau_rr = float(tau_m[0, -1]), float(tau_m[-1, -1])
+    xr = xr_full[k0:]
+    floor = unresolved_floor(float(block_tau.max()))
+    size = block_noisy.shape[0]
     means, covs = [], []
     for _ in range(draws):
-        block = sym[:-1, :-1] - symmetric_noise(dim - 1, 1.0, generator) * tau_m[:-1, :-1]
+        block = block_noisy - symmetric_noise(size, 1.0, generator) * block_tau
         count = max(float(block[0, 0]), 1.0)
         lam, vec = torch.linalg.eigh(block)
         block = (vec * torch.clamp(lam, min=0.0)) @ vec.T
-        mean, cov = _noise_aware_grid(block[k0:, k0:], xr, rr, count, tau_r, tau_rr, centre, model.prior_scale)
+        mean, cov = _noise_aware_grid(block[k0:, k0:], xr, rr, count, tau_r, tau_rr, centre, model.prior_scale,
+                                      floor=floor)
         mean = mean + shift
         if bool(torch.isfinite(mean).all()) and bool(torch.isfinite(cov).all()):
             means.append(mean)

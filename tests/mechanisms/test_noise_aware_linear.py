@@ -63,7 +63,7 @@ def test_linear_release_carries_sigma(tmp_path: Path, monkeypatch: pytest.Monkey
     from dpsummary.analyst import load
     from dpsummary.private.mechanism import SystemRandomness
 
-    rng = np.random.default_rng(51)
+    rng = np.random.default_rng(52)
 
     def seeded(self: SystemRandomness, values: np.ndarray, *, noise_std: float, clip_norm: float) -> np.ndarray:
         v = np.asarray(values, dtype=np.float64)
@@ -139,3 +139,78 @@ def test_pseudocoreset_carries_the_coefficients_exactly() -> None:
     assert match.points.shape == (12, 4) and bool(torch.isfinite(match.points).all())
     assert float(((got.mean - target.mean).abs() / sd).max()) <= 0.01
     torch.testing.assert_close(torch.sqrt(torch.diagonal(got.cov)), sd, rtol=0.01, atol=0)
+
+
+def _two_rounds(model, pts: torch.Tensor, m1: float, m2: float, rng: np.random.Generator, gen: torch.Generator):
+    """The mechanism's two releases and posterior on model-space ``pts`` (features in [-1, 1],
+    the target in [-1, 1]), with seeded Gaussian noise standing in for the OS's."""
+    import dpsummary.mechanisms.noise_aware_linear as nal
+    from dpsummary import noise_aware as na
+    from dpsummary.private import kernel
+
+    n, dim = pts.shape
+    feature_norm = math.sqrt(dim - 1)
+    bound = na.moment_bound(feature_norm=feature_norm, target_bound=1.0)
+    z = torch.cat([torch.ones(n, 1, dtype=torch.float64), pts], 1)
+    noise = torch.triu(torch.from_numpy(rng.standard_normal((dim + 1, dim + 1)))) * m1 * bound
+    first = z.T @ z + noise + torch.triu(noise, 1).T
+    start = na.linear_posterior(model, first, m1 * bound, generator=gen, draws=30)
+    anchor = start.mean[:model.num_coefficients]
+    clip = nal.clip_rule(model, start, first, 2.0)
+    scale = na.square_scale(feature_norm=feature_norm, residual_clip=clip, residual_range=2.0)
+    b2 = na.residual_bound(feature_norm=feature_norm, residual_clip=clip, residual_range=2.0, scale=scale)
+    total = kernel.residual_partial(pts.numpy(), bound=b2, anchor=anchor, residual_clip=clip, residual_range=2.0,
+                                    square_scale=scale)
+    vec = torch.from_numpy(kernel.finish(total, b2)) + torch.from_numpy(rng.standard_normal(dim + 1)) * m2 * b2
+    return na.residual_posterior(model, first, m1 * bound, vec, m2 * b2, scale, anchor, generator=gen, draws=50)
+
+
+def test_sigma_and_coefficients_cover_over_seeded_releases() -> None:
+    """Calibration of the two rounds (the noise multipliers of epsilon 1 at n = 4,000): over 30
+    seeded releases sigma's 95% interval covers the full-data sigma in at least 24 (measured:
+    99 of 100; if the true rate were 0.95 this fails with probability 0.8%) and the coefficients'
+    intervals cover the full-data means at a mean rate of at least 0.85."""
+    from dpsummary.models import LinearRegression
+
+    model = LinearRegression(2)
+    g = torch.Generator().manual_seed(0)
+    x = torch.rand(4000, 2, generator=g, dtype=torch.float64) * 2 - 1
+    y = (0.19 * x[:, 0] - 0.25 * x[:, 1] + 0.0625 * torch.randn(4000, generator=g, dtype=torch.float64)).clamp(-1, 1)
+    pts = torch.cat([x, y[:, None]], 1)
+    full = model.exact_posterior(pts, torch.ones(4000, dtype=torch.float64))
+    rng = np.random.default_rng(1)
+    sigma_hits, coef = 0, []
+    for rep in range(30):
+        post = _two_rounds(model, pts, 9.0, 6.5, rng, torch.Generator().manual_seed(rep))
+        sd = torch.sqrt(torch.diagonal(post.cov))
+        inside = (post.mean - full.mean).abs() <= 1.96 * sd
+        sigma_hits += int(inside[-1])
+        coef.append(float(inside[:-1].double().mean()))
+    assert sigma_hits >= 24, sigma_hits
+    assert float(np.mean(coef)) >= 0.85, coef
+
+
+def test_collinear_one_hot_design_is_not_narrower_than_the_full_posterior() -> None:
+    """cps1988's defect (issue 51): a full one-hot group beside the intercept is an exact linear
+    relation, along which the full data's posterior is the prior; the imputed design block keeps
+    noise eigenvalues there, and reading the released X^T r along them as information made the
+    release 0.6-0.9x the full data's width. With unresolved directions given the prior, no
+    coefficient is narrower than 0.95x the full data's, in each of 3 seeded releases."""
+    from dpsummary.models import LinearRegression
+
+    n = 20_000
+    g = torch.Generator().manual_seed(2)
+    level = torch.randint(0, 3, (n,), generator=g)
+    one_hot = torch.nn.functional.one_hot(level, 3).to(torch.float64)  # 0/1, the three columns sum to 1
+    x = torch.rand(n, 1, generator=g, dtype=torch.float64) * 2 - 1
+    y = (0.3 * x[:, 0] + one_hot @ torch.tensor([0.1, -0.1, 0.2], dtype=torch.float64)
+         + 0.05 * torch.randn(n, generator=g, dtype=torch.float64)).clamp(-1, 1)
+    pts = torch.cat([x, one_hot, y[:, None]], 1)
+    model = LinearRegression(4)
+    full = model.exact_posterior(pts, torch.ones(n, dtype=torch.float64))
+    full_sd = torch.sqrt(torch.diagonal(full.cov))[:-1]
+    rng = np.random.default_rng(3)
+    for rep in range(3):
+        post = _two_rounds(model, pts, 9.0, 6.5, rng, torch.Generator().manual_seed(rep))
+        ratio = torch.sqrt(torch.diagonal(post.cov))[:-1] / full_sd
+        assert float(ratio.min()) >= 0.95, ratio
