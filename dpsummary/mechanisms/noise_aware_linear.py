@@ -46,7 +46,7 @@ if TYPE_CHECKING:
 #: The ``settings["statistic"]`` of a linear plan.
 MOMENTS = "moments"
 #: Share of the stage-2 Gaussian spent on the anchor round; the anchored round gets the rest.
-ANCHOR_SHARE = 0.3
+ANCHOR_SHARE = 0.5
 #: The residual range ``R`` (the residual sum of squares' clip), in units of the target's public bound.
 RESIDUAL_BOUND_FACTOR = 2.0
 #: The clip of the residuals in ``X^T r``, in units of the residual's sd at the anchor
