@@ -80,7 +80,7 @@ DESCRIPTION = ("linear regression, sigma estimated: two Gaussian mechanisms over
                "first release's noise-aware mean a, residual_clip = min(residual_range, 4 x the residual's sd at a "
                "from the first release: its upper 95% limit for sigma and the anchor's expected error), each record's vector clipped to L2 residual_vector_bound; the posterior of "
                "(coefficients, log_sigma) integrates the noise out by multiple imputation of the first release's design "
-               "block (PSD part; eigenvalues within 3 noise sds of 0 unresolved) and, given each, the noise-aware "
+               "block (PSD part; projected off the public one-hot relations the first release cannot tell from exact) and, given each, the noise-aware "
                "likelihood of X^T r and r^T r (quadrature over log sigma), moment-matched; the pseudocoreset's exact "
                "posterior is matched to it (post-processing)")
 
@@ -145,9 +145,11 @@ def linear_summaries(plan: MechanismPlan, records: Any, size: int, generator: to
     m1, m2 = plan.noise_multiplier / math.sqrt(s1), plan.noise_multiplier / math.sqrt(s2)
     first = records.noisy_moment_matrix(bound=bound, noise_multiplier=m1)
     residual_clip = residual_range
+    relations = noise_aware.exact_relations(noise_aware.one_hot_relations(tf, intercept=model.intercept),
+                                            first.matrix[:-1, :-1], first.noise_std)
     try:
         start = noise_aware.linear_posterior(model, first.matrix, first.noise_std, generator=generator,
-                                             draws=ANCHOR_IMPUTATIONS)
+                                             draws=ANCHOR_IMPUTATIONS, relations=relations)
         anchor = start.mean[:model.num_coefficients].detach()
         residual_clip = clip_rule(model, start, first.matrix, residual_range)
     except (noise_aware.NonFiniteFit, ArithmeticError, RuntimeError, ValueError):
@@ -162,7 +164,8 @@ def linear_summaries(plan: MechanismPlan, records: Any, size: int, generator: to
                                            square_scale=scale)
     try:
         posterior = noise_aware.residual_posterior(model, first.matrix, first.noise_std, second.vector,
-                                                   second.noise_std, scale, anchor, generator=generator)
+                                                   second.noise_std, scale, anchor, generator=generator,
+                                                   relations=relations)
         match = match_linear(model, posterior, size=size, generator=generator)
     except (noise_aware.NonFiniteFit, ArithmeticError, RuntimeError, ValueError):
         raise ChargedRefusal(NON_FINITE_FIT_MESSAGE, fix=NON_FINITE_FIT_FIX) from None
@@ -195,6 +198,7 @@ def linear_summaries(plan: MechanismPlan, records: Any, size: int, generator: to
         "noise_multipliers": [[m1], [m2]],
         "shares": [s1, s2],
         "anchor": anchor.tolist(),
+        "exact_relations": relations.tolist(),
         "bounds": {"feature_norm": feature_norm, "target_bound": target_bound, "moment_bound": bound,
                    "residual_range": residual_range, "residual_clip": residual_clip, "square_scale": scale,
                    "residual_vector_bound": bound2},

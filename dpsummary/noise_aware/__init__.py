@@ -182,7 +182,8 @@ from .linear import (
     residual_bound,
     residual_posterior,
     square_scale,
-    unresolved_floor,
+    exact_relations,
+    one_hot_relations,
 )
 from .posterior import (
     IMPUTATIONS,
@@ -251,7 +252,8 @@ __all__ = [
     "residual_bound",
     "residual_posterior",
     "square_scale",
-    "unresolved_floor",
+    "exact_relations",
+    "one_hot_relations",
     "DEFAULT_ROUNDS",
     "EXPANSION_BIAS_SDS",
     "EXPANSION_RMS_FACTOR",

@@ -38,9 +38,9 @@ from .released import NonFiniteFit
 
 #: Imputations of the true moment matrix (each one quadrature posterior: a few ms).
 LINEAR_IMPUTATIONS = 100
-#: An imputed design eigenvalue within this many of its noise sds of 0 is unresolved
-#: (:func:`unresolved_floor`): a Gaussian exceeds 3 sds one time in 740.
-UNRESOLVED_Z = 3.0
+#: A public one-hot relation is taken as exact when the release puts it within this many noise
+#: sds of 0 (:func:`exact_relations`): a Gaussian exceeds 3 sds one time in 740.
+RELATION_Z = 3.0
 
 
 def moment_bound(*, feature_norm: float, target_bound: float) -> float:
@@ -67,7 +67,7 @@ def residual_bound(*, feature_norm: float, residual_clip: float, residual_range:
 
 
 def _noise_aware_grid(xx: torch.Tensor, xr: torch.Tensor, rr: float, count: float, tau_r: float, tau_rr: float,
-                      centre: torch.Tensor, s0: float, *, floor: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+                      centre: torch.Tensor, s0: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Mean and covariance of ``(delta, log sigma)`` given a design block ``xx`` taken as known
     and the noisy ``xr = X^T r + N(0, tau_r^2 I)`` and ``rr = r^T r + N(0, tau_rr^2)`` (module
     docstring, 2.): in the eigenbasis of ``xx`` the released ``xr`` is, given ``sigma`` and the
@@ -76,10 +76,11 @@ def _noise_aware_grid(xx: torch.Tensor, xr: torch.Tensor, rr: float, count: floa
     direction the design does not resolve carries no information instead of an exploding inverse;
     ``rr`` is ``N(sigma^2 n + delta^T xx delta, 2 sigma^4 n + tau_rr^2)`` (``r^T r`` is the residual sum
     of squares, about ``sigma^2 chi^2``, plus the fit's). Quadrature over ``g = log sigma``.
-    Eigenvalues below ``floor`` (:func:`unresolved_floor`) count as 0: those directions get the
-    prior."""
+    Eigenvalues at the round-off level of the largest count as 0 (a block projected off an exact
+    relation: that direction gets the prior)."""
     lam, vecs = torch.linalg.eigh(0.5 * (xx + xx.T))
-    lam = torch.where(lam < floor, torch.zeros_like(lam), torch.clamp(lam, min=0.0))
+    tiny = 1e-10 * float(lam.abs().max()) if lam.numel() else 0.0
+    lam = torch.where(lam <= tiny, torch.zeros_like(lam), lam)
     xt = vecs.T @ xr
     mu = vecs.T @ centre[:-1]
     mu_ls = float(centre[-1])
@@ -126,10 +127,10 @@ def _noise_aware_grid(xx: torch.Tensor, xr: torch.Tensor, rr: float, count: floa
 
 def linear_posterior(model: LinearRegression, noisy: torch.Tensor, tau: float | torch.Tensor, *,
                      generator: torch.Generator, draws: int = LINEAR_IMPUTATIONS,
-                     anchor: torch.Tensor | None = None) -> GaussianPosterior:
+                     anchor: torch.Tensor | None = None, relations: torch.Tensor | None = None) -> GaussianPosterior:
     """The noise-aware Gaussian of ``(beta, log sigma)`` from one noisy moment matrix (module
     docstring). The design block's noise is integrated out by imputation (draws of the true block,
-    PSD part, directions within the noise's reach unresolved: :func:`unresolved_floor`); ``X^T y``
+    PSD part, projected off the exact ``relations``: :func:`exact_relations`); ``X^T y``
     and ``y^T y`` enter through their noise-aware likelihood (:func:`_noise_aware_grid`). With an
     ``anchor`` the release's target column is the residual ``y - [1, x] . anchor``. Raises
     :class:`NonFiniteFit` when fewer than half the imputations give finite moments."""
@@ -140,12 +141,12 @@ def linear_posterior(model: LinearRegression, noisy: torch.Tensor, tau: float | 
     tau_m = torch.full((dim, dim), float(tau), dtype=DTYPE) if not isinstance(tau, torch.Tensor) else tau.to(DTYPE)
     sym = 0.5 * (noisy + noisy.T).to(DTYPE)
     return _imputed(model, sym[:-1, :-1], tau_m[:-1, :-1], sym[:-1, -1], float(sym[-1, -1]), float(tau_m[0, -1]),
-                    float(tau_m[-1, -1]), generator=generator, draws=draws, anchor=anchor)
+                    float(tau_m[-1, -1]), generator=generator, draws=draws, anchor=anchor, relations=relations)
 
 
 def residual_posterior(model: LinearRegression, design: torch.Tensor, design_tau: float, residuals: torch.Tensor,
                        residual_tau: float, square_scale: float, anchor: torch.Tensor, *, generator: torch.Generator,
-                       draws: int = LINEAR_IMPUTATIONS) -> GaussianPosterior:
+                       draws: int = LINEAR_IMPUTATIONS, relations: torch.Tensor | None = None) -> GaussianPosterior:
     """The noise-aware Gaussian of ``(beta, log sigma)`` from the two rounds of
     :mod:`dpsummary.mechanisms.noise_aware_linear`: the design block (count, ``X^T 1``,
     ``X^T X``) of the first round's noisy moment matrix ``design`` (per-entry noise sd
@@ -163,25 +164,79 @@ def residual_posterior(model: LinearRegression, design: torch.Tensor, design_tau
     tau_m = torch.full((dim - 1, dim - 1), float(design_tau), dtype=DTYPE)
     res = residuals.to(DTYPE)
     return _imputed(model, sym[:-1, :-1], tau_m, res[:-1], float(res[-1]) * square_scale, residual_tau,
-                    residual_tau * square_scale, generator=generator, draws=draws, anchor=anchor)
+                    residual_tau * square_scale, generator=generator, draws=draws, anchor=anchor,
+                    relations=relations)
 
 
-def unresolved_floor(tau: float) -> float:
-    """The eigenvalue below which an imputed design direction is unresolved: the imputed block is
-    the release minus an independent draw of its noise, so its error has entry sd ``sqrt(2) tau``
-    and a unit direction's quadratic form is off by a Gaussian of sd at most ``2 tau``; an
-    eigenvalue within :data:`UNRESOLVED_Z` such sds of 0 may be noise alone (an exact linear
-    relation among the columns: a full one-hot group beside the intercept), and reading the
-    released ``X^T r`` in that direction as information made cps1988's release narrower than the
-    full data's posterior. Such a direction gets the prior (no information), as the full data's
-    posterior has where the relation is exact."""
-    return UNRESOLVED_Z * 2.0 * tau
+def one_hot_relations(transform: object, *, intercept: bool) -> torch.Tensor:
+    """The public candidate linear relations among the design's columns ``w = [1, x]`` (rows of
+    a ``(r, 1 + num_features)`` tensor): a categorical feature is one-hot (0/1) over its public
+    categories, so for every record with a listed category its columns sum to 1, the intercept's
+    value: ``w . (e_0 - sum_{j in group} e_j) = 0``. Without an intercept, two groups' sums are
+    equal instead. A record with a missing or unseen category (the all-zero "other" vector)
+    breaks the relation, so whether it holds is data-dependent: :func:`exact_relations` decides
+    it from the DP release."""
+    from ..data import Transform
+
+    assert isinstance(transform, Transform)
+    dim = 1 + transform.num_features
+    groups: list[list[int]] = []
+    offset = 1
+    for col in transform.schema.feature_columns:
+        if col.kind == "numeric":
+            offset += 1
+            continue
+        k = len(col.categories or [])
+        groups.append(list(range(offset, offset + k)))
+        offset += k
+    rows = []
+    for i, group in enumerate(groups):
+        v = torch.zeros(dim, dtype=DTYPE)
+        v[group] = -1.0
+        if intercept:
+            v[0] = 1.0
+        elif i == 0:
+            continue
+        else:
+            v[groups[0]] = 1.0
+        rows.append(v)
+    return torch.stack(rows) if rows else torch.zeros(0, dim, dtype=DTYPE)
+
+
+def exact_relations(relations: torch.Tensor, block: torch.Tensor, tau: float) -> torch.Tensor:
+    """The candidate relations (:func:`one_hot_relations`) the noisy design ``block`` (count,
+    ``X^T 1``, ``X^T X``; per-entry noise sd ``tau`` on the upper triangle) does not tell from
+    exact: ``v^T block v`` (the number of records breaking the relation, plus noise of sd
+    ``tau sqrt(2 |v|^4 - sum v^4)``) below :data:`RELATION_Z` noise sds. Post-processing of a DP
+    output and public structure. Along an exact relation the full data's posterior is the prior;
+    the imputed block keeps noise eigenvalues there, and reading the released ``X^T r`` along
+    them as information made cps1988's release 0.6-0.9x the full data's width (issue 51). A
+    relation broken by fewer records than the noise resolves is taken as exact too: its direction
+    then gets the prior, wider than the full data's posterior, never narrower."""
+    if relations.shape[0] == 0:
+        return relations
+    sym = 0.5 * (block + block.T).to(DTYPE)
+    quad = torch.einsum("ri,ij,rj->r", relations, sym, relations)
+    sq = relations**2
+    sd = tau * torch.sqrt(2.0 * sq.sum(1) ** 2 - (sq**2).sum(1))
+    return relations[quad < RELATION_Z * sd]
+
+
+def _projector(relations: torch.Tensor | None, dim: int) -> torch.Tensor | None:
+    """The orthogonal projector onto the complement of the relations' span (None: no relation)."""
+    if relations is None or relations.shape[0] == 0:
+        return None
+    q, _ = torch.linalg.qr(relations.to(DTYPE).T)
+    return torch.eye(dim, dtype=DTYPE) - q @ q.T
 
 
 def _imputed(model: LinearRegression, block_noisy: torch.Tensor, block_tau: torch.Tensor, xr_full: torch.Tensor,
              rr: float, tau_r: float, tau_rr: float, *, generator: torch.Generator, draws: int,
-             anchor: torch.Tensor | None) -> GaussianPosterior:
-    """The imputation mixture shared by :func:`linear_posterior` and :func:`residual_posterior`."""
+             anchor: torch.Tensor | None, relations: torch.Tensor | None) -> GaussianPosterior:
+    """The imputation mixture shared by :func:`linear_posterior` and :func:`residual_posterior`:
+    each imputed block is projected off the exact ``relations`` (:func:`exact_relations`), so
+    along them the block is exactly 0 (the prior, as in the full data's posterior) and the other
+    directions are not rotated into them."""
     p = model.num_coefficients
     k0 = 0 if model.intercept else 1
     centre = model.prior_mean.clone()
@@ -190,16 +245,17 @@ def _imputed(model: LinearRegression, block_noisy: torch.Tensor, block_tau: torc
         shift[:p] = anchor.detach().to(DTYPE)
         centre = centre - shift
     xr = xr_full[k0:]
-    floor = unresolved_floor(float(block_tau.max()))
     size = block_noisy.shape[0]
+    proj = _projector(relations, size)
     means, covs = [], []
     for _ in range(draws):
         block = block_noisy - symmetric_noise(size, 1.0, generator) * block_tau
         count = max(float(block[0, 0]), 1.0)
-        lam, vec = torch.linalg.eigh(block)
+        if proj is not None:
+            block = proj @ block @ proj
+        lam, vec = torch.linalg.eigh(0.5 * (block + block.T))
         block = (vec * torch.clamp(lam, min=0.0)) @ vec.T
-        mean, cov = _noise_aware_grid(block[k0:, k0:], xr, rr, count, tau_r, tau_rr, centre, model.prior_scale,
-                                      floor=floor)
+        mean, cov = _noise_aware_grid(block[k0:, k0:], xr, rr, count, tau_r, tau_rr, centre, model.prior_scale)
         mean = mean + shift
         if bool(torch.isfinite(mean).all()) and bool(torch.isfinite(cov).all()):
             means.append(mean)

@@ -141,7 +141,8 @@ def test_pseudocoreset_carries_the_coefficients_exactly() -> None:
     torch.testing.assert_close(torch.sqrt(torch.diagonal(got.cov)), sd, rtol=0.01, atol=0)
 
 
-def _two_rounds(model, pts: torch.Tensor, m1: float, m2: float, rng: np.random.Generator, gen: torch.Generator):
+def _two_rounds(model, pts: torch.Tensor, m1: float, m2: float, rng: np.random.Generator, gen: torch.Generator,
+                candidates: torch.Tensor | None = None):
     """The mechanism's two releases and posterior on model-space ``pts`` (features in [-1, 1],
     the target in [-1, 1]), with seeded Gaussian noise standing in for the OS's."""
     import dpsummary.mechanisms.noise_aware_linear as nal
@@ -154,7 +155,8 @@ def _two_rounds(model, pts: torch.Tensor, m1: float, m2: float, rng: np.random.G
     z = torch.cat([torch.ones(n, 1, dtype=torch.float64), pts], 1)
     noise = torch.triu(torch.from_numpy(rng.standard_normal((dim + 1, dim + 1)))) * m1 * bound
     first = z.T @ z + noise + torch.triu(noise, 1).T
-    start = na.linear_posterior(model, first, m1 * bound, generator=gen, draws=30)
+    relations = None if candidates is None else na.exact_relations(candidates, first[:-1, :-1], m1 * bound)
+    start = na.linear_posterior(model, first, m1 * bound, generator=gen, draws=30, relations=relations)
     anchor = start.mean[:model.num_coefficients]
     clip = nal.clip_rule(model, start, first, 2.0)
     scale = na.square_scale(feature_norm=feature_norm, residual_clip=clip, residual_range=2.0)
@@ -162,7 +164,8 @@ def _two_rounds(model, pts: torch.Tensor, m1: float, m2: float, rng: np.random.G
     total = kernel.residual_partial(pts.numpy(), bound=b2, anchor=anchor, residual_clip=clip, residual_range=2.0,
                                     square_scale=scale)
     vec = torch.from_numpy(kernel.finish(total, b2)) + torch.from_numpy(rng.standard_normal(dim + 1)) * m2 * b2
-    return na.residual_posterior(model, first, m1 * bound, vec, m2 * b2, scale, anchor, generator=gen, draws=50)
+    return na.residual_posterior(model, first, m1 * bound, vec, m2 * b2, scale, anchor, generator=gen, draws=50,
+                                 relations=relations)
 
 
 def test_sigma_and_coefficients_cover_over_seeded_releases() -> None:
@@ -194,8 +197,11 @@ def test_collinear_one_hot_design_is_not_narrower_than_the_full_posterior() -> N
     """cps1988's defect (issue 51): a full one-hot group beside the intercept is an exact linear
     relation, along which the full data's posterior is the prior; the imputed design block keeps
     noise eigenvalues there, and reading the released X^T r along them as information made the
-    release 0.6-0.9x the full data's width. With unresolved directions given the prior, no
-    coefficient is narrower than 0.95x the full data's, in each of 3 seeded releases."""
+    release 0.6-0.9x the full data's width. With the public relation taken as exact (the release
+    cannot tell it from exact) no coefficient is narrower than 0.95x the full data's, in each of
+    3 seeded releases, and the numeric feature keeps its information (within 3x the full data's
+    width: the relation's direction is projected out exactly, not guessed from noisy eigenvectors);
+    without the relation the release is narrower (the defect, so this test can fail)."""
     from dpsummary.models import LinearRegression
 
     n = 20_000
@@ -209,8 +215,31 @@ def test_collinear_one_hot_design_is_not_narrower_than_the_full_posterior() -> N
     model = LinearRegression(4)
     full = model.exact_posterior(pts, torch.ones(n, dtype=torch.float64))
     full_sd = torch.sqrt(torch.diagonal(full.cov))[:-1]
+    relation = torch.tensor([[1.0, 0.0, -1.0, -1.0, -1.0]], dtype=torch.float64)  # w = [1, x, one-hot]
     rng = np.random.default_rng(3)
     for rep in range(3):
-        post = _two_rounds(model, pts, 9.0, 6.5, rng, torch.Generator().manual_seed(rep))
+        post = _two_rounds(model, pts, 9.0, 6.5, rng, torch.Generator().manual_seed(rep), relation)
         ratio = torch.sqrt(torch.diagonal(post.cov))[:-1] / full_sd
         assert float(ratio.min()) >= 0.95, ratio
+        assert float(ratio[1]) <= 3.0, ratio
+    bare = _two_rounds(model, pts, 9.0, 6.5, rng, torch.Generator().manual_seed(9))
+    assert float((torch.sqrt(torch.diagonal(bare.cov))[:-1] / full_sd).min()) < 0.95
+
+
+def test_one_hot_relations_are_public_and_taken_as_exact_only_within_the_noise() -> None:
+    """The candidate relations come from the schema alone (each categorical group's one-hot sum
+    against the intercept); the release keeps one when its quadratic form is within 3 noise sds of
+    0, and drops it when many records break it (an "other" category)."""
+    from dpsummary.data import ColumnSpec, Schema, Transform
+    from dpsummary.noise_aware import exact_relations, one_hot_relations
+
+    schema = Schema(columns=[ColumnSpec(name="a", kind="numeric", lower=0.0, upper=1.0),
+                             ColumnSpec(name="c", kind="categorical", categories=["p", "q"]),
+                             ColumnSpec(name="y", kind="numeric", lower=-1.0, upper=1.0)], target="y")
+    rel = one_hot_relations(Transform.from_schema(schema), intercept=True)
+    torch.testing.assert_close(rel, torch.tensor([[1.0, 0.0, -1.0, -1.0]], dtype=torch.float64))
+    w = torch.tensor([[1.0, 0.5, 1.0, 0.0], [1.0, -0.5, 0.0, 1.0]] * 500, dtype=torch.float64)
+    tau = 10.0  # the quadratic form's noise sd: 10 sqrt(2 * 16 - 4) = 53
+    assert exact_relations(rel, w.T @ w, tau).shape[0] == 1
+    broken = torch.cat([w, torch.tensor([[1.0, 0.0, 0.0, 0.0]] * 200, dtype=torch.float64)])  # 200 "other"
+    assert exact_relations(rel, broken.T @ broken, tau).shape[0] == 0
