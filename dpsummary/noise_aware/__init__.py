@@ -177,13 +177,13 @@ from .bounds import (
 )
 from .linear import (
     LINEAR_IMPUTATIONS,
+    exact_relations,
     linear_posterior,
     moment_bound,
+    one_hot_relations,
     residual_bound,
     residual_posterior,
     square_scale,
-    exact_relations,
-    one_hot_relations,
 )
 from .posterior import (
     IMPUTATIONS,
