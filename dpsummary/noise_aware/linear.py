@@ -2,14 +2,16 @@
 (issue 51). Post-processing of DP outputs (:mod:`dpsummary.private.moments`).
 
 The release is ``R = M + E``: ``M = sum_i z_i z_i^T`` with ``z_i = [1, x_i, r_i]`` (the record
-count, ``X^T X``, ``X^T r`` and ``r^T r`` of the design with its intercept column; ``r = y``, or
-the residual at a public anchor) and ``E`` symmetric Gaussian noise of per-entry sd ``tau`` on
+count, ``X^T X``, ``X^T r`` and ``r^T r`` of the design with its intercept column; ``r = y``; the
+anchored round releases ``X^T r`` and ``r^T r`` of the residual at a public anchor as a vector
+instead, :func:`residual_posterior`) and ``E`` symmetric Gaussian noise of per-entry sd ``tau`` on
 the upper triangle. Bernstein and Sheldon (2019) show that plugging ``R`` in as if it were ``M``
 gives miscalibrated posteriors at realistic N; here the noise is integrated out:
 
 1. the design block (count, ``X^T 1``, ``X^T X``) by multiple imputation (the pattern of
    :func:`~dpsummary.noise_aware.posterior.imputed_posterior`): draws of the true block from its
-   flat-prior posterior given the release, PSD part;
+   flat-prior posterior given the release, projected off the public one-hot relations the release
+   cannot tell from exact (:func:`exact_relations`), PSD part;
 2. given each draw, ``X^T r`` and ``r^T r`` through their noise-aware likelihood
    (:func:`_noise_aware_grid`; the score form of module docstring 2. with sigma among the
    parameters): in a direction the design does not resolve the released ``X^T r`` is noise and
