@@ -177,6 +177,7 @@ from .bounds import (
 )
 from .linear import (
     LINEAR_IMPUTATIONS,
+    RELATION_Z,
     exact_relations,
     linear_posterior,
     moment_bound,
@@ -247,6 +248,7 @@ __all__ = [
     "BoundsFn",
     "COUNT_RANGE_SHARE",
     "LINEAR_IMPUTATIONS",
+    "RELATION_Z",
     "linear_posterior",
     "moment_bound",
     "residual_bound",
