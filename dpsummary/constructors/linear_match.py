@@ -43,8 +43,12 @@ MAX_ITERATIONS = 40
 MEAN_TOLERANCE = 0.005
 SD_TOLERANCE = 0.005
 DAMPING = 0.8
-#: Eigenvalue floor of the coefficients' likelihood precision, relative to its largest.
+#: Eigenvalue floor of the coefficients' likelihood precision, relative to its largest, but never
+#: above ABSOLUTE_FLOOR prior precisions: a floor relative to the largest alone bound on a large
+#: table whose posterior is the prior along some directions (cps1988: largest 4e7, the prior-like
+#: directions' 0.2 raised to 0.43, the pseudocoreset 0.9x the target's sd there).
 PRECISION_FLOOR = 1e-8
+ABSOLUTE_FLOOR = 1e-3
 
 
 def statistics_for(model: LinearRegression, mean: torch.Tensor, cov: torch.Tensor) -> tuple[torch.Tensor, float]:
@@ -56,7 +60,7 @@ def statistics_for(model: LinearRegression, mean: torch.Tensor, cov: torch.Tenso
     s2 = math.exp(2.0 * float(mean[-1]))
     prec = torch.linalg.inv(0.5 * (cov[:p, :p] + cov[:p, :p].T)) - torch.eye(p, dtype=DTYPE) / s0**2
     lam, vec = torch.linalg.eigh(0.5 * (prec + prec.T))
-    lam = torch.clamp(lam, min=PRECISION_FLOOR * max(float(lam.max()), 1e-300))
+    lam = torch.clamp(lam, min=min(PRECISION_FLOOR * max(float(lam.max()), 1e-300), ABSOLUTE_FLOOR / s0**2))
     xx = s2 * (vec * lam) @ vec.T
     xx = 0.5 * (xx + xx.T)
     if model.intercept:
@@ -148,7 +152,10 @@ def match_linear(model: LinearRegression, target: GaussianPosterior, *, size: in
         free = torch.ones_like(ratio, dtype=torch.bool)
         if carrier.intercept and _lowered(carrier, cur_m, cur_c):
             free[0] = False
-        score = max(err / MEAN_TOLERANCE, float((ratio[free] - 1).abs().max()) / SD_TOLERANCE)
+        # ... but never narrower: an intercept below the target's sd counts against the iterate
+        # (cps1988: an iterate that matched the rest better left the intercept at 0.46x).
+        narrow = float(torch.clamp(1.0 - ratio[~free], min=0.0).max()) if bool((~free).any()) else 0.0
+        score = max(err / MEAN_TOLERANCE, float((ratio[free] - 1).abs().max()) / SD_TOLERANCE, narrow / SD_TOLERANCE)
         if not math.isfinite(score):
             break
         if best is None or score < best[0]:
