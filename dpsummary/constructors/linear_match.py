@@ -149,13 +149,13 @@ def match_linear(model: LinearRegression, target: GaussianPosterior, *, size: in
         ratio = sd_e / sd
         # Where the total weight was lowered for sigma (step 1) the intercept's sd cannot reach
         # the target's (it is wider: conservative); the other coordinates are still matched.
+        # Only while it IS wider: where the target's intercept is prior-like (cps1988's one-hot
+        # relations include it) the lowered weight leaves it matched, and holding it out let the
+        # other coordinates' updates pull it to 0.46x.
         free = torch.ones_like(ratio, dtype=torch.bool)
-        if carrier.intercept and _lowered(carrier, cur_m, cur_c):
+        if carrier.intercept and _lowered(carrier, cur_m, cur_c) and float(ratio[0]) > 1.0:
             free[0] = False
-        # ... but never narrower: an intercept below the target's sd counts against the iterate
-        # (cps1988: an iterate that matched the rest better left the intercept at 0.46x).
-        narrow = float(torch.clamp(1.0 - ratio[~free], min=0.0).max()) if bool((~free).any()) else 0.0
-        score = max(err / MEAN_TOLERANCE, float((ratio[free] - 1).abs().max()) / SD_TOLERANCE, narrow / SD_TOLERANCE)
+        score = max(err / MEAN_TOLERANCE, float((ratio[free] - 1).abs().max()) / SD_TOLERANCE)
         if not math.isfinite(score):
             break
         if best is None or score < best[0]:
