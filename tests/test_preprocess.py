@@ -526,3 +526,31 @@ def test_a_bound_set_by_a_lone_marginal_grid_bin_is_flagged_not_dropped() -> Non
     for edge in (200.0, 500.0, 1000.0, 2000.0):
         zeros[int(np.searchsorted(GRID_EDGES, edge))] = 2000.0
     assert "warning" not in _numeric_spec("z", zeros, floor, False, full_range=False, noise_sd=sd)[1]
+
+
+def test_a_target_range_set_by_a_false_bin_profile_is_read_off_the_next_bin() -> None:
+    """Issue 51 (sim_linear_heavy, zero configuration, epsilon 0.1): the target's range is read off
+    its lowest and highest surviving bins, and one false bin far out put every residual into a
+    sliver of model space (coefficient sds 10^7 times the full data's). A bin with a false bin's
+    profile (alone in its decade, within one noise sd of the threshold, widening the range more
+    than 10x) is left out of the TARGET's range and the note says so; a far bin clearly above the
+    threshold, and a near one, are kept."""
+    from dpsummary.postprocess.schema import _numeric_spec
+
+    floor, sd = 40.0, 10.0
+    grid = np.zeros(NUM_GRID_BINS)
+    for edge in (-5.0, -2.0, -1.0, 1.0, 2.0, 5.0):
+        grid[int(np.searchsorted(GRID_EDGES, edge))] = 3000.0
+    spec, note = _numeric_spec("y", grid, floor, False, full_range=True, noise_sd=sd)
+    assert spec is not None and (spec.lower, spec.upper) == (-10.0, 5.0)  # [-5, -2) reaches down to -10's edge
+    far = int(np.searchsorted(GRID_EDGES, 1e8))
+    grid[far] = floor + 0.5 * sd
+    spec, note = _numeric_spec("y", grid, floor, False, full_range=True, noise_sd=sd)
+    assert spec is not None and spec.upper == 5.0 and "upper surviving bin was left out" in note
+    grid[far] = floor + 3 * sd  # clearly above the threshold: real values, kept
+    spec, note = _numeric_spec("y", grid, floor, False, full_range=True, noise_sd=sd)
+    assert spec is not None and spec.upper == 1e8 and "left out" not in note
+    grid[far] = 0.0
+    grid[int(np.searchsorted(GRID_EDGES, 10.0))] = floor + 0.5 * sd  # next to the data: kept
+    spec, note = _numeric_spec("y", grid, floor, False, full_range=True, noise_sd=sd)
+    assert spec is not None and spec.upper == 10.0 and "left out" not in note

@@ -55,16 +55,17 @@ def _first(mech: dict[str, Any], i: int) -> Any:
 
 
 def _linear_moment_rows(mech: dict[str, Any]) -> list[Row]:
-    """Linear regression with sigma estimated (issue 51): one Gaussian release of the moment matrix."""
+    """Linear regression with sigma estimated (issue 51): the two Gaussian releases."""
     bounds = mech.get("bounds") or {}
     single = mech.get("single_gaussian_noise_multiplier")
     return [
-        ("mechanism", "noise-aware-newton (linear regression, sigma estimated): twice, the sum over every record (no "
-                      "sampling) of z z^T (count, X^T X, X^T y, y^T y), its upper triangle clipped and released with "
-                      "Gaussian noise"),
+        ("mechanism", "noise-aware-newton (linear regression, sigma estimated): two Gaussian releases of sums over "
+                      "every record (no sampling): the moment matrix z z^T (count, X^T X, X^T y, y^T y), then the vector "
+                      "[w clip(r), r^2 / s] (X^T r and the residual sum of squares), each record's part clipped"),
         ("anchor round", f"{_gaussian(_first(mech, 0), bounds.get('moment_bound'))}: z = [1, x, y]"),
-        ("anchored round", f"{_gaussian(_first(mech, 1), bounds.get('anchored_moment_bound'))}: z = [1, x, r], "
-                           f"r = y - [1, x] . anchor clipped to +-{_num(bounds.get('residual_bound'))}"),
+        ("anchored round", f"{_gaussian(_first(mech, 1), bounds.get('residual_vector_bound'))}: w = [1, x], "
+                           f"r = y - w . anchor clipped to +-{_num(bounds.get('residual_clip'))} (r^2 at "
+                           f"{_num(bounds.get('residual_range'))}^2, s = {_num(bounds.get('square_scale'))})"),
         ("noise multiplier sigma", f"{_num(single)}: the 2 releases compose to one Gaussian of this multiplier"),
         ("posterior", "noise-aware Gaussian of (coefficients, log_sigma): the statistics' noise integrated out by "
                       "multiple imputation (post-processing, no privacy cost)"),

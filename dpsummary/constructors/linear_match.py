@@ -43,8 +43,12 @@ MAX_ITERATIONS = 40
 MEAN_TOLERANCE = 0.005
 SD_TOLERANCE = 0.005
 DAMPING = 0.8
-#: Eigenvalue floor of the coefficients' likelihood precision, relative to its largest.
+#: Eigenvalue floor of the coefficients' likelihood precision, relative to its largest, but never
+#: above ABSOLUTE_FLOOR prior precisions: a floor relative to the largest alone bound on a large
+#: table whose posterior is the prior along some directions (cps1988: largest 4e7, the prior-like
+#: directions' 0.2 raised to 0.43, the pseudocoreset 0.9x the target's sd there).
 PRECISION_FLOOR = 1e-8
+ABSOLUTE_FLOOR = 1e-3
 
 
 def statistics_for(model: LinearRegression, mean: torch.Tensor, cov: torch.Tensor) -> tuple[torch.Tensor, float]:
@@ -56,7 +60,7 @@ def statistics_for(model: LinearRegression, mean: torch.Tensor, cov: torch.Tenso
     s2 = math.exp(2.0 * float(mean[-1]))
     prec = torch.linalg.inv(0.5 * (cov[:p, :p] + cov[:p, :p].T)) - torch.eye(p, dtype=DTYPE) / s0**2
     lam, vec = torch.linalg.eigh(0.5 * (prec + prec.T))
-    lam = torch.clamp(lam, min=PRECISION_FLOOR * max(float(lam.max()), 1e-300))
+    lam = torch.clamp(lam, min=min(PRECISION_FLOOR * max(float(lam.max()), 1e-300), ABSOLUTE_FLOOR / s0**2))
     xx = s2 * (vec * lam) @ vec.T
     xx = 0.5 * (xx + xx.T)
     if model.intercept:
@@ -145,8 +149,11 @@ def match_linear(model: LinearRegression, target: GaussianPosterior, *, size: in
         ratio = sd_e / sd
         # Where the total weight was lowered for sigma (step 1) the intercept's sd cannot reach
         # the target's (it is wider: conservative); the other coordinates are still matched.
+        # Only while it IS wider: where the target's intercept is prior-like (cps1988's one-hot
+        # relations include it) the lowered weight leaves it matched, and holding it out let the
+        # other coordinates' updates pull it to 0.46x.
         free = torch.ones_like(ratio, dtype=torch.bool)
-        if carrier.intercept and _lowered(carrier, cur_m, cur_c):
+        if carrier.intercept and _lowered(carrier, cur_m, cur_c) and float(ratio[0]) > 1.0:
             free[0] = False
         score = max(err / MEAN_TOLERANCE, float((ratio[free] - 1).abs().max()) / SD_TOLERANCE)
         if not math.isfinite(score):

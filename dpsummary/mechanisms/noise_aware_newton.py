@@ -167,10 +167,13 @@ class NoiseAwareNewton(GlmMechanism):
         if ex.get("statistic") == MOMENTS:
             return {"name": self.name, "description": DESCRIPTION, "single_gaussian_noise_multiplier": plan.noise_multiplier,
                     "noise_multipliers": ex["noise_multipliers"], "statistic": MOMENTS, "shares": ex["shares"],
-                    "anchor": ex["anchor"],
+                    "anchor": ex["anchor"], "exact_relations": ex.get("exact_relations"),
                     "bounds_rule": ("public, from the schema: feature L2 norm bound as for the GLMs, target bound 1 (a "
                                     "real target scaled into [-1, 1]); moment_bound = sqrt((r^4 + min(r^2, r^4)) / 2) with "
-                                    "r^2 = 1 + feature_norm^2 + target_bound^2 (the L2 norm of the upper triangle of z z^T)"),
+                                    "r^2 = 1 + feature_norm^2 + target_bound^2 (the L2 norm of the upper triangle of z z^T); "
+                                    "residual_vector_bound = sqrt((1 + feature_norm^2) residual_clip^2 + residual_range^4 / "
+                                    "square_scale^2), residual_range = 2 target_bound, residual_clip and square_scale from the "
+                                    "first release (DP outputs)"),
                     "bounds": ex["bounds"], "prior_mean": ex.get("prior_mean"),
                     "sampling": "none (every record)", "noise": "OpenDP discrete Gaussian from OS entropy",
                     **stage_noise(public, plan)}

@@ -177,9 +177,14 @@ from .bounds import (
 )
 from .linear import (
     LINEAR_IMPUTATIONS,
+    RELATION_Z,
+    exact_relations,
     linear_posterior,
     moment_bound,
-    pooled_moments,
+    one_hot_relations,
+    residual_bound,
+    residual_posterior,
+    square_scale,
 )
 from .posterior import (
     IMPUTATIONS,
@@ -243,9 +248,14 @@ __all__ = [
     "BoundsFn",
     "COUNT_RANGE_SHARE",
     "LINEAR_IMPUTATIONS",
+    "RELATION_Z",
     "linear_posterior",
     "moment_bound",
-    "pooled_moments",
+    "residual_bound",
+    "residual_posterior",
+    "square_scale",
+    "exact_relations",
+    "one_hot_relations",
     "DEFAULT_ROUNDS",
     "EXPANSION_BIAS_SDS",
     "EXPANSION_RMS_FACTOR",

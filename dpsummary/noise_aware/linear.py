@@ -2,14 +2,16 @@
 (issue 51). Post-processing of DP outputs (:mod:`dpsummary.private.moments`).
 
 The release is ``R = M + E``: ``M = sum_i z_i z_i^T`` with ``z_i = [1, x_i, r_i]`` (the record
-count, ``X^T X``, ``X^T r`` and ``r^T r`` of the design with its intercept column; ``r = y``, or
-the residual at a public anchor) and ``E`` symmetric Gaussian noise of per-entry sd ``tau`` on
+count, ``X^T X``, ``X^T r`` and ``r^T r`` of the design with its intercept column; ``r = y``; the
+anchored round releases ``X^T r`` and ``r^T r`` of the residual at a public anchor as a vector
+instead, :func:`residual_posterior`) and ``E`` symmetric Gaussian noise of per-entry sd ``tau`` on
 the upper triangle. Bernstein and Sheldon (2019) show that plugging ``R`` in as if it were ``M``
 gives miscalibrated posteriors at realistic N; here the noise is integrated out:
 
 1. the design block (count, ``X^T 1``, ``X^T X``) by multiple imputation (the pattern of
    :func:`~dpsummary.noise_aware.posterior.imputed_posterior`): draws of the true block from its
-   flat-prior posterior given the release, PSD part;
+   flat-prior posterior given the release, projected off the public one-hot relations the release
+   cannot tell from exact (:func:`exact_relations`), PSD part;
 2. given each draw, ``X^T r`` and ``r^T r`` through their noise-aware likelihood
    (:func:`_noise_aware_grid`; the score form of module docstring 2. with sigma among the
    parameters): in a direction the design does not resolve the released ``X^T r`` is noise and
@@ -38,6 +40,9 @@ from .released import NonFiniteFit
 
 #: Imputations of the true moment matrix (each one quadrature posterior: a few ms).
 LINEAR_IMPUTATIONS = 100
+#: A public one-hot relation is taken as exact when the release puts it within this many noise
+#: sds of 0 (:func:`exact_relations`): a Gaussian exceeds 3 sds one time in 740.
+RELATION_Z = 3.0
 
 
 def moment_bound(*, feature_norm: float, target_bound: float) -> float:
@@ -47,17 +52,20 @@ def moment_bound(*, feature_norm: float, target_bound: float) -> float:
     return GLM.rank_one_upper_bound(math.sqrt(1.0 + feature_norm**2 + target_bound**2))
 
 
-def pooled_moments(first: torch.Tensor, first_std: float, second: torch.Tensor, second_std: float
-                   ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Two releases of the same design block (count, ``X^T 1``, ``X^T X``) averaged by inverse
-    noise variance; the target's row and column from ``second`` (the anchored release). Returns the
-    matrix and its per-entry noise sd (post-processing)."""
-    w1, w2 = first_std**-2, second_std**-2
-    out = second.clone().to(DTYPE)
-    out[:-1, :-1] = (w1 * first[:-1, :-1] + w2 * second[:-1, :-1]) / (w1 + w2)
-    tau = torch.full_like(out, second_std)
-    tau[:-1, :-1] = (w1 + w2) ** -0.5
-    return out, tau
+def square_scale(*, feature_norm: float, residual_clip: float, residual_range: float) -> float:
+    """The public scale ``s`` of the anchored round's ``r^T r / s`` entry: ``R^2 / (sqrt(1 + F^2)
+    c_r)``, so that entry's share of one record's squared norm equals the ``X^T r`` block's
+    (``(R^2 / s)^2 = (1 + F^2) c_r^2``). Why equal: ``r^T r`` sets sigma, which scales the
+    coefficients' widths wherever the data dominate the noise; ``X^T r`` sets them where the noise
+    dominates; which regime a table is in is not known before the release, so neither gets more."""
+    return residual_range**2 / (math.sqrt(1.0 + feature_norm**2) * residual_clip)
+
+
+def residual_bound(*, feature_norm: float, residual_clip: float, residual_range: float, scale: float) -> float:
+    """The public L2 bound on one record's anchored-round vector ``[w clip(r, c_r), min(r^2, R^2)
+    / s]``, ``w = [1, x]``: ``sqrt((1 + F^2) c_r^2 + R^4 / s^2)`` (the sensitivity SECURITY.md
+    states; every feature of the public box in [-1, 1], ``||x|| <= F``)."""
+    return math.sqrt((1.0 + feature_norm**2) * residual_clip**2 + residual_range**4 / scale**2)
 
 
 def _noise_aware_grid(xx: torch.Tensor, xr: torch.Tensor, rr: float, count: float, tau_r: float, tau_rr: float,
@@ -68,10 +76,14 @@ def _noise_aware_grid(xx: torch.Tensor, xr: torch.Tensor, rr: float, count: floa
     coefficients ``delta`` of ``r`` on the design, ``N(lam delta, sigma^2 lam + tau_r^2)`` per
     direction (the data's least-squares fit ``N(delta, sigma^2 xx^-1)``, then the noise), so a
     direction the design does not resolve carries no information instead of an exploding inverse;
-    ``rr`` is ``N(sigma^2 n + delta^T xx delta, 2 sigma^4 n + tau_rr^2)`` (``r^T r`` is the residual sum
-    of squares, about ``sigma^2 chi^2``, plus the fit's). Quadrature over ``g = log sigma``."""
+    ``rr`` is ``N(sigma^2 (n - d) + E F, 2 sigma^4 (n - d) + tau_rr^2 + Var F)``: ``r^T r`` is the
+    residual sum of squares, ``sigma^2 chi^2_(n - d)``, plus the fit ``F`` (the squared norm of the
+    data's projection on the design), whose mean and variance are taken given ``xr``. Quadrature over ``g = log sigma``.
+    Eigenvalues at the round-off level of the largest count as 0 (a block projected off an exact
+    relation: that direction gets the prior)."""
     lam, vecs = torch.linalg.eigh(0.5 * (xx + xx.T))
-    lam = torch.clamp(lam, min=0.0)
+    tiny = 1e-10 * float(lam.abs().max()) if lam.numel() else 0.0
+    lam = torch.where(lam <= tiny, torch.zeros_like(lam), lam)
     xt = vecs.T @ xr
     mu = vecs.T @ centre[:-1]
     mu_ls = float(centre[-1])
@@ -83,9 +95,21 @@ def _noise_aware_grid(xx: torch.Tensor, xr: torch.Tensor, rr: float, count: floa
         mean = (mu / s0**2 + lam * xt / v) / prec
         marg_var = lam**2 * s0**2 + v
         lp = -0.5 * ((xt - lam * mu) ** 2 / marg_var + torch.log(marg_var)).sum(1)
-        fit = (lam * (mean**2 + 1.0 / prec)).sum(1)
-        rr_var = 2.0 * s2[:, 0] ** 2 * count + tau_rr**2
-        lp = lp - 0.5 * ((rr - s2[:, 0] * count - fit) ** 2 / rr_var + torch.log(rr_var))
+        # r^T r = RSS + F: RSS ~ sigma^2 chi^2_(n - d), and the fit F = sum_j u_j^2 with u_j =
+        # sqrt(lam_j) delta_j + sigma z_j the data's own projection (xt_j = sqrt(lam_j) u_j + noise):
+        # mean and variance of F under u's posterior given xt. Without F's variance, where the
+        # design leaves delta to the prior (many rare columns), r^T r minus its expected fit was
+        # read as a precise sigma^2 n and pulled sigma far below the full data's (ISLR/Wage public:
+        # log sigma -2.9 +- 0.5 against -1.48); with noise-free xt the variance is 0 (exact).
+        root = torch.sqrt(lam)
+        su = lam * s0**2 + s2
+        prec_u = 1.0 / su + lam / tau_r**2
+        m_u = (root * mu / su + root * xt / tau_r**2) / prec_u
+        v_u = 1.0 / prec_u
+        fit = (m_u**2 + v_u).sum(1)
+        dof = max(count - lam.shape[0], 1.0)
+        rr_var = 2.0 * s2[:, 0] ** 2 * dof + tau_rr**2 + (2.0 * v_u**2 + 4.0 * m_u**2 * v_u).sum(1)
+        lp = lp - 0.5 * ((rr - s2[:, 0] * dof - fit) ** 2 / rr_var + torch.log(rr_var))
         return lp - 0.5 * ((g - mu_ls) / s0) ** 2, mean, 1.0 / prec
 
     lo, hi = _LOG_SIGMA_RANGE
@@ -118,18 +142,116 @@ def _noise_aware_grid(xx: torch.Tensor, xr: torch.Tensor, rr: float, count: floa
 
 def linear_posterior(model: LinearRegression, noisy: torch.Tensor, tau: float | torch.Tensor, *,
                      generator: torch.Generator, draws: int = LINEAR_IMPUTATIONS,
-                     anchor: torch.Tensor | None = None) -> GaussianPosterior:
-    """The noise-aware Gaussian of ``(beta, log sigma)`` (module docstring). The design block's
-    noise is integrated out by imputation (draws of the true block, PSD part); ``X^T y`` and
-    ``y^T y`` enter through their noise-aware likelihood (:func:`_noise_aware_grid`). With an
-    ``anchor`` the release's target column is the residual ``y - [1, x] . anchor``: the posterior
-    of ``beta - anchor`` is computed (the prior's centre moved by ``-anchor``) and shifted back.
-    Raises :class:`NonFiniteFit` when fewer than half the imputations give finite moments."""
+                     anchor: torch.Tensor | None = None, relations: torch.Tensor | None = None) -> GaussianPosterior:
+    """The noise-aware Gaussian of ``(beta, log sigma)`` from one noisy moment matrix (module
+    docstring). The design block's noise is integrated out by imputation (draws of the true block,
+    PSD part, projected off the exact ``relations``: :func:`exact_relations`); ``X^T y``
+    and ``y^T y`` enter through their noise-aware likelihood (:func:`_noise_aware_grid`). With an
+    ``anchor`` the release's target column is the residual ``y - [1, x] . anchor``. Raises
+    :class:`NonFiniteFit` when fewer than half the imputations give finite moments."""
     tau_min = float(tau.min()) if isinstance(tau, torch.Tensor) else float(tau)
     if not bool(torch.isfinite(noisy).all()) or not (tau_min > 0 and math.isfinite(tau_min)):
         raise NonFiniteFit("the released moment matrix is not finite")
     dim = noisy.shape[0]
     tau_m = torch.full((dim, dim), float(tau), dtype=DTYPE) if not isinstance(tau, torch.Tensor) else tau.to(DTYPE)
+    sym = 0.5 * (noisy + noisy.T).to(DTYPE)
+    return _imputed(model, sym[:-1, :-1], tau_m[:-1, :-1], sym[:-1, -1], float(sym[-1, -1]), float(tau_m[0, -1]),
+                    float(tau_m[-1, -1]), generator=generator, draws=draws, anchor=anchor, relations=relations)
+
+
+def residual_posterior(model: LinearRegression, design: torch.Tensor, design_tau: float, residuals: torch.Tensor,
+                       residual_tau: float, square_scale: float, anchor: torch.Tensor, *, generator: torch.Generator,
+                       draws: int = LINEAR_IMPUTATIONS, relations: torch.Tensor | None = None) -> GaussianPosterior:
+    """The noise-aware Gaussian of ``(beta, log sigma)`` from the two rounds of
+    :mod:`dpsummary.mechanisms.noise_aware_linear`: the design block (count, ``X^T 1``,
+    ``X^T X``) of the first round's noisy moment matrix ``design`` (per-entry noise sd
+    ``design_tau``) and the anchored round's noisy vector ``residuals = [X^T r, r^T r / s]``
+    (per-entry sd ``residual_tau``; ``s = square_scale``), ``r`` the residual at ``anchor``.
+    The clipped residuals are read as if unclipped (the clip is set beyond the residuals' likely
+    range; ``sigma^2`` is the unclipped residuals' variance, so the likelihood of ``X^T r`` is no
+    narrower than the clipped sum's). Raises :class:`NonFiniteFit` as :func:`linear_posterior`."""
+    if not (bool(torch.isfinite(design).all()) and bool(torch.isfinite(residuals).all())):
+        raise NonFiniteFit("the released statistics are not finite")
+    if not all(v > 0 and math.isfinite(v) for v in (design_tau, residual_tau, square_scale)):
+        raise NonFiniteFit("the released statistics' noise is not finite")
+    sym = 0.5 * (design + design.T).to(DTYPE)
+    dim = sym.shape[0]
+    tau_m = torch.full((dim - 1, dim - 1), float(design_tau), dtype=DTYPE)
+    res = residuals.to(DTYPE)
+    return _imputed(model, sym[:-1, :-1], tau_m, res[:-1], float(res[-1]) * square_scale, residual_tau,
+                    residual_tau * square_scale, generator=generator, draws=draws, anchor=anchor,
+                    relations=relations)
+
+
+def one_hot_relations(transform: object, *, intercept: bool) -> torch.Tensor:
+    """The public candidate linear relations among the design's columns ``w = [1, x]`` (rows of
+    a ``(r, 1 + num_features)`` tensor): a categorical feature is one-hot (0/1) over its public
+    categories, so for every record with a listed category its columns sum to 1, the intercept's
+    value: ``w . (e_0 - sum_{j in group} e_j) = 0``. Without an intercept, two groups' sums are
+    equal instead. A record with a missing or unseen category (the all-zero "other" vector)
+    breaks the relation, so whether it holds is data-dependent: :func:`exact_relations` decides
+    it from the DP release."""
+    from ..data import Transform
+
+    assert isinstance(transform, Transform)
+    dim = 1 + transform.num_features
+    groups: list[list[int]] = []
+    offset = 1
+    for col in transform.schema.feature_columns:
+        if col.kind == "numeric":
+            offset += 1
+            continue
+        k = len(col.categories or [])
+        groups.append(list(range(offset, offset + k)))
+        offset += k
+    rows = []
+    for i, group in enumerate(groups):
+        v = torch.zeros(dim, dtype=DTYPE)
+        v[group] = -1.0
+        if intercept:
+            v[0] = 1.0
+        elif i == 0:
+            continue
+        else:
+            v[groups[0]] = 1.0
+        rows.append(v)
+    return torch.stack(rows) if rows else torch.zeros(0, dim, dtype=DTYPE)
+
+
+def exact_relations(relations: torch.Tensor, block: torch.Tensor, tau: float) -> torch.Tensor:
+    """The candidate relations (:func:`one_hot_relations`) the noisy design ``block`` (count,
+    ``X^T 1``, ``X^T X``; per-entry noise sd ``tau`` on the upper triangle) does not tell from
+    exact: ``v^T block v`` (the number of records breaking the relation, plus noise of sd
+    ``tau sqrt(2 |v|^4 - sum v^4)``) below :data:`RELATION_Z` noise sds. Post-processing of a DP
+    output and public structure. Along an exact relation the full data's posterior is the prior;
+    the imputed block keeps noise eigenvalues there, and reading the released ``X^T r`` along
+    them as information made cps1988's release 0.6-0.9x the full data's width (issue 51). A
+    relation broken by fewer records than the noise resolves is taken as exact too: its direction
+    then gets the prior, wider than the full data's posterior, never narrower."""
+    if relations.shape[0] == 0:
+        return relations
+    sym = 0.5 * (block + block.T).to(DTYPE)
+    quad = torch.einsum("ri,ij,rj->r", relations, sym, relations)
+    sq = relations**2
+    sd = tau * torch.sqrt(2.0 * sq.sum(1) ** 2 - (sq**2).sum(1))
+    return relations[quad < RELATION_Z * sd]
+
+
+def _projector(relations: torch.Tensor | None, dim: int) -> torch.Tensor | None:
+    """The orthogonal projector onto the complement of the relations' span (None: no relation)."""
+    if relations is None or relations.shape[0] == 0:
+        return None
+    q, _ = torch.linalg.qr(relations.to(DTYPE).T)
+    return torch.eye(dim, dtype=DTYPE) - q @ q.T
+
+
+def _imputed(model: LinearRegression, block_noisy: torch.Tensor, block_tau: torch.Tensor, xr_full: torch.Tensor,
+             rr: float, tau_r: float, tau_rr: float, *, generator: torch.Generator, draws: int,
+             anchor: torch.Tensor | None, relations: torch.Tensor | None) -> GaussianPosterior:
+    """The imputation mixture shared by :func:`linear_posterior` and :func:`residual_posterior`:
+    each imputed block is projected off the exact ``relations`` (:func:`exact_relations`), so
+    along them the block is exactly 0 (the prior, as in the full data's posterior) and the other
+    directions are not rotated into them."""
     p = model.num_coefficients
     k0 = 0 if model.intercept else 1
     centre = model.prior_mean.clone()
@@ -137,14 +259,16 @@ def linear_posterior(model: LinearRegression, noisy: torch.Tensor, tau: float | 
     if anchor is not None:
         shift[:p] = anchor.detach().to(DTYPE)
         centre = centre - shift
-    sym = 0.5 * (noisy + noisy.T).to(DTYPE)
-    xr, rr = sym[k0:-1, -1], float(sym[-1, -1])
-    tau_r, tau_rr = float(tau_m[0, -1]), float(tau_m[-1, -1])
+    xr = xr_full[k0:]
+    size = block_noisy.shape[0]
+    proj = _projector(relations, size)
     means, covs = [], []
     for _ in range(draws):
-        block = sym[:-1, :-1] - symmetric_noise(dim - 1, 1.0, generator) * tau_m[:-1, :-1]
+        block = block_noisy - symmetric_noise(size, 1.0, generator) * block_tau
         count = max(float(block[0, 0]), 1.0)
-        lam, vec = torch.linalg.eigh(block)
+        if proj is not None:
+            block = proj @ block @ proj
+        lam, vec = torch.linalg.eigh(0.5 * (block + block.T))
         block = (vec * torch.clamp(lam, min=0.0)) @ vec.T
         mean, cov = _noise_aware_grid(block[k0:, k0:], xr, rr, count, tau_r, tau_rr, centre, model.prior_scale)
         mean = mean + shift

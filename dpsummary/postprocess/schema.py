@@ -17,7 +17,8 @@ Post-processing (no further privacy cost)
   all grid bins of all feature columns, an empty bin survives with probability below 1%; the
   target has its own 1% over its 83 bins, ``TARGET_FALSE_BIN_PROB``); the bounds are
   the outer edges of the bins holding the 1% and 99% quantiles of what remains (for the target:
-  of the lowest and highest surviving bins), rounded inwards (ceil / floor) for integer
+  of the lowest and highest surviving bins, except a bin with a false bin's profile, which the
+  target's note names: see ``_numeric_spec``), rounded inwards (ceil / floor) for integer
   columns, capped at ``±1e9``; a feature's note warns when a bound was set by one bin alone in
   its decade whose count is within one noise sd of the threshold and that widens the box more
   than 10x (a false bin's profile, :func:`_suspect_bounds`; the bin is kept, since dropping such
@@ -305,9 +306,20 @@ def _numeric_spec(
     total = float(mass.sum())
     if total <= 0:
         return None, "no numeric bin rose above the noise"
+    dropped_sides: list[str] = []
     if full_range:
         nz = np.flatnonzero(mass > 0)
         lo_bin, hi_bin = order[int(nz[0])], order[int(nz[-1])]
+        # The target's range sets the model-space scale of every residual, so a false bin far out
+        # makes the whole release noise (sim_linear_heavy, zero configuration, epsilon 0.1: a
+        # bin at the noise level widened the target's range and the coefficients' sds came out
+        # 10^7 times the full data's): a bound set by a bin with a false bin's profile
+        # (:func:`_suspect_bounds`) is read off the next surviving bin instead, and the note says so.
+        dropped_sides = _suspect_bounds(mass, order, lo_bin, hi_bin, floor, noise_sd) if nz.size > 1 else []
+        if "lower" in dropped_sides:
+            lo_bin = order[int(nz[1])]
+        if "upper" in dropped_sides:
+            hi_bin = order[int(nz[-2])]
     else:
         cum = np.cumsum(mass) / total
         lo_bin = order[int(np.searchsorted(cum, LOWER_QUANTILE, side="left"))]
@@ -337,6 +349,10 @@ def _numeric_spec(
         how += ", widened to unit width (constant column)"
     spec = ColumnSpec(name=name, kind="numeric", lower=lower, upper=upper, integer=integer)
     kind = "integer" if integer else "real"
+    if dropped_sides:
+        how += (f"; its {' and '.join(dropped_sides)} surviving bin was left out: alone in its decade, within one noise "
+                f"sd of the threshold and widening the range more than {SUSPECT_WIDENING:g}x (a false bin's profile); "
+                "if the target does reach that far, declare its bounds in the policy's schema")
     warning = "" if not suspect else (
         f"; warning: its {' and '.join(suspect)} bound comes from one grid bin alone in its decade whose noisy count "
         "is within one noise sd of the threshold, and it widens the box more than "

@@ -59,6 +59,7 @@ __all__ = [
     "combine",
     "dppsvi_partial",
     "moment_partial",
+    "residual_partial",
     "effective_clip",
     "finish",
     "fixed_point_sum",
@@ -266,26 +267,15 @@ def score_partial(rows: np.ndarray | torch.Tensor, model: Model, theta: torch.Te
     return total
 
 
-def moment_partial(rows: np.ndarray | torch.Tensor, *, bound: float, anchor: torch.Tensor | None = None,
-                   residual_bound: float | None = None) -> np.ndarray:
+def moment_partial(rows: np.ndarray | torch.Tensor, *, bound: float) -> np.ndarray:
     """Linear regression's exact partial sums over ``rows`` (model-space points: features, then
     the target): the upper triangle (diagonal included, row-major) of ``sum_i z_i z_i^T`` with
     ``z_i = [1, x_i, y_i]``, on the grid of ``bound``. Per record: non-finite entries become 0,
     the upper triangle of ``z_i z_i^T`` is clipped to L2 norm :func:`effective_clip` ``(bound)``
     by scaling (a record inside the public box is never clipped when ``bound`` is the box's
     :meth:`~dpsummary.models.GLM.rank_one_upper_bound`), then rounded toward zero onto the grid
-    and summed exactly (:func:`_rank_one_upper_sum`).
-
-    With a public ``anchor`` (coefficients, intercept first) the last coordinate is the residual
-    ``y_i - [1, x_i] . anchor`` clipped to ``[-residual_bound, residual_bound]`` (public)."""
+    and summed exactly (:func:`_rank_one_upper_sum`)."""
     batch = _as_rows(rows)
-    if anchor is not None:
-        if residual_bound is None or not (residual_bound > 0 and math.isfinite(residual_bound)):
-            raise KernelError("an anchored moment matrix needs a positive residual bound")
-        a = anchor.detach().to(DTYPE)
-        design = torch.cat([torch.ones(batch.shape[0], 1, dtype=DTYPE), batch[:, :-1]], 1)
-        resid = torch.nan_to_num(batch[:, -1] - torch.nan_to_num(design) @ a, nan=0.0)
-        batch = torch.cat([batch[:, :-1], resid.clamp(-residual_bound, residual_bound)[:, None]], 1)
     dim = batch.shape[1] + 1
     tri = dim * (dim + 1) // 2
     eff = effective_clip(bound, tri)
@@ -301,4 +291,41 @@ def moment_partial(rows: np.ndarray | torch.Tensor, *, bound: float, anchor: tor
             if bool((c * norm > bound).any()):
                 raise KernelError("a clipped statistic exceeds its bound")
             total = total + _rank_one_upper_sum(c.numpy(), z.numpy(), unit)
+    return total
+
+
+def residual_partial(rows: np.ndarray | torch.Tensor, *, bound: float, anchor: torch.Tensor, residual_clip: float,
+                     residual_range: float, square_scale: float) -> np.ndarray:
+    """Linear regression's anchored round (issue 51): exact partial sums over ``rows``
+    (model-space points: features, then the target) of the vector
+    ``u_i = [w_i clip(r_i, residual_clip), min(r_i^2, residual_range^2) / square_scale]`` with
+    ``w_i = [1, x_i]`` and ``r_i = y_i - w_i . anchor`` (anchor public, intercept first), on the
+    grid of ``bound``. Per record: non-finite entries of ``x`` and a non-finite residual become 0,
+    ``r`` is clipped to ``[-residual_clip, residual_clip]`` in the first block and to
+    ``[-residual_range, residual_range]`` in the last entry, the vector is clipped to L2 norm
+    :func:`effective_clip` ``(bound)`` by scaling (a record in the public box with
+    ``bound^2 >= (1 + feature_norm^2) residual_clip^2 + residual_range^4 / square_scale^2`` is
+    never clipped), rounded toward zero onto the grid and summed exactly."""
+    for name, value in (("bound", bound), ("residual_clip", residual_clip), ("residual_range", residual_range),
+                        ("square_scale", square_scale)):
+        if not (value > 0 and math.isfinite(value)):
+            raise KernelError(f"the anchored round needs a positive finite {name}")
+    batch = _as_rows(rows)
+    a = anchor.detach().to(DTYPE)
+    dim = batch.shape[1] + 1
+    eff = effective_clip(bound, dim)
+    unit = _unit(bound)
+    total = zero_partial(dim)
+    with torch.no_grad():
+        for start in range(0, batch.shape[0], CHUNK_ROWS):
+            chunk = batch[start:start + CHUNK_ROWS]
+            w = torch.cat([torch.ones(chunk.shape[0], 1, dtype=DTYPE), chunk[:, :-1]], 1)
+            w = torch.where(torch.isfinite(w), w, torch.zeros_like(w))
+            r = torch.nan_to_num(chunk[:, -1] - w @ a, nan=0.0, posinf=0.0, neginf=0.0)
+            u = torch.cat([w * r.clamp(-residual_clip, residual_clip)[:, None],
+                           (r.clamp(-residual_range, residual_range) ** 2 / square_scale)[:, None]], 1)
+            clipped = clip_rows(u, eff)
+            if bool((clipped.norm(dim=1) > bound).any()):
+                raise KernelError("a clipped statistic exceeds its bound")
+            total = total + fixed_point_sum(clipped.numpy(), unit)
     return total

@@ -48,7 +48,7 @@ if TYPE_CHECKING:
     from ..postprocess.marginals import NoisyMarginals
     from .cells import NoisyCells
     from .marginals import HistogramLayout
-    from .moments import NoisyMoments
+    from .moments import NoisyMoments, NoisyResiduals
     from .score_stats import NoisyStatistics
 
 
@@ -235,15 +235,23 @@ class PrivateRecords:
             score_noise_multiplier=score_noise_multiplier, curvature_noise_multiplier=curvature_noise_multiplier,
         )
 
-    def noisy_moment_matrix(self, *, bound: float, noise_multiplier: float, anchor: torch.Tensor | None = None,
-                            residual_bound: float | None = None) -> NoisyMoments:
+    def noisy_moment_matrix(self, *, bound: float, noise_multiplier: float) -> NoisyMoments:
         """Linear regression's release over ALL records: the clipped moment matrix of
         ``[1, x, y]`` plus Gaussian noise (:mod:`dpsummary.private.moments`),
         ``GaussianDpEvent(noise_multiplier)``."""
         from .moments import noisy_moment_matrix
 
-        return noisy_moment_matrix(self._store, self._randomness, bound=bound, noise_multiplier=noise_multiplier,
-                                   anchor=anchor, residual_bound=residual_bound)
+        return noisy_moment_matrix(self._store, self._randomness, bound=bound, noise_multiplier=noise_multiplier)
+
+    def noisy_residual_vector(self, *, bound: float, noise_multiplier: float, anchor: torch.Tensor,
+                              residual_clip: float, residual_range: float, square_scale: float) -> NoisyResiduals:
+        """Linear regression's anchored round over ALL records: the clipped ``[X^T r, r^T r / s]``
+        plus Gaussian noise (:mod:`dpsummary.private.moments`), ``GaussianDpEvent(noise_multiplier)``."""
+        from .moments import noisy_residual_vector
+
+        return noisy_residual_vector(self._store, self._randomness, bound=bound, noise_multiplier=noise_multiplier,
+                                     anchor=anchor, residual_clip=residual_clip, residual_range=residual_range,
+                                     square_scale=square_scale)
 
     def noisy_cell_statistics(self, domain: CellDomain, design: np.ndarray, *, target_bound: float,
                               count_share: float, noise_multiplier: float) -> NoisyCells:

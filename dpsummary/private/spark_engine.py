@@ -326,8 +326,6 @@ class MomentPass:
 
     encoder: BatchEncoder
     bound: float
-    anchor: Any = None
-    residual_bound: float | None = None
 
     def __call__(self, batches: Iterator[Any]) -> Iterator[Any]:
         import pyarrow as pa
@@ -337,10 +335,36 @@ class MomentPass:
         total = None
         for batch in batches:
             rows, _, _ = self.encoder(_data_columns(batch))
-            part = moment_partial(rows, bound=self.bound, anchor=self.anchor, residual_bound=self.residual_bound)
+            part = moment_partial(rows, bound=self.bound)
             total = part if total is None else combine(total, part)
         if total is not None:
             yield pa.RecordBatch.from_pydict({"name": ["moments"], "ints": [_ints_json(total)]})
+
+
+@dataclass(frozen=True)
+class ResidualPass:
+    """Per partition: linear regression's anchored-round exact partial sums (issue 51)."""
+
+    encoder: BatchEncoder
+    bound: float
+    anchor: Any
+    residual_clip: float
+    residual_range: float
+    square_scale: float
+
+    def __call__(self, batches: Iterator[Any]) -> Iterator[Any]:
+        import pyarrow as pa
+
+        from .kernel import combine, residual_partial
+
+        total = None
+        for batch in batches:
+            rows, _, _ = self.encoder(_data_columns(batch))
+            part = residual_partial(rows, bound=self.bound, anchor=self.anchor, residual_clip=self.residual_clip,
+                                    residual_range=self.residual_range, square_scale=self.square_scale)
+            total = part if total is None else combine(total, part)
+        if total is not None:
+            yield pa.RecordBatch.from_pydict({"name": ["residuals"], "ints": [_ints_json(total)]})
 
 
 @dataclass(frozen=True)
@@ -711,6 +735,9 @@ class SparkEncoded:
     def noisy_moment_matrix(self, **mechanism: float) -> Any:
         return self.records.noisy_moment_matrix(**mechanism)
 
+    def noisy_residual_vector(self, **mechanism: Any) -> Any:
+        return self.records.noisy_residual_vector(**mechanism)
+
     def close(self) -> None:
         """Step files go with the source's private directory (:meth:`SparkSource.close`)."""
 
@@ -765,18 +792,30 @@ class SparkRecords:
             return ScorePartial.zero(model.param_dim)
         return ScorePartial(totals["score"], totals["curvature"])
 
-    def noisy_moment_matrix(self, *, bound: float, noise_multiplier: float, anchor: Any = None,
-                            residual_bound: float | None = None) -> Any:
+    def noisy_moment_matrix(self, *, bound: float, noise_multiplier: float) -> Any:
         """One full pass of linear regression's moment kernel, then the Gaussian release on the
         driver (:func:`~dpsummary.private.moments.release_moments`, the local engine's release)."""
         from .kernel import zero_partial
         from .moments import release_moments
 
         dim = self._encoder.transform.point_dim + 1
-        totals = _collect(self._source._df, MomentPass(self._encoder, float(bound),
-                                                       None if anchor is None else anchor.detach(), residual_bound))
+        totals = _collect(self._source._df, MomentPass(self._encoder, float(bound)))
         total = totals["moments"] if "moments" in totals else zero_partial(dim * (dim + 1) // 2)
         return release_moments(total, self._source._randomness, dim, bound=bound, noise_multiplier=noise_multiplier)
+
+    def noisy_residual_vector(self, *, bound: float, noise_multiplier: float, anchor: Any, residual_clip: float,
+                              residual_range: float, square_scale: float) -> Any:
+        """One full pass of the anchored round's kernel, then the Gaussian release on the driver
+        (:func:`~dpsummary.private.moments.release_residuals`, the local engine's release)."""
+        from .kernel import zero_partial
+        from .moments import release_residuals
+
+        dim = self._encoder.transform.point_dim + 1
+        totals = _collect(self._source._df, ResidualPass(self._encoder, float(bound), anchor.detach(),
+                                                         float(residual_clip), float(residual_range),
+                                                         float(square_scale)))
+        total = totals["residuals"] if "residuals" in totals else zero_partial(dim)
+        return release_residuals(total, self._source._randomness, dim, bound=bound, noise_multiplier=noise_multiplier)
 
     def noisy_marginals(self, layout: Any, *, noise_multiplier: float) -> Any:
         """One full pass of exact histogram counts, then one Gaussian mechanism on the driver

@@ -63,7 +63,7 @@ def test_linear_release_carries_sigma(tmp_path: Path, monkeypatch: pytest.Monkey
     from dpsummary.analyst import load
     from dpsummary.private.mechanism import SystemRandomness
 
-    rng = np.random.default_rng(51)
+    rng = np.random.default_rng(52)
 
     def seeded(self: SystemRandomness, values: np.ndarray, *, noise_std: float, clip_norm: float) -> np.ndarray:
         v = np.asarray(values, dtype=np.float64)
@@ -139,3 +139,160 @@ def test_pseudocoreset_carries_the_coefficients_exactly() -> None:
     assert match.points.shape == (12, 4) and bool(torch.isfinite(match.points).all())
     assert float(((got.mean - target.mean).abs() / sd).max()) <= 0.01
     torch.testing.assert_close(torch.sqrt(torch.diagonal(got.cov)), sd, rtol=0.01, atol=0)
+
+
+def _two_rounds(model, pts: torch.Tensor, m1: float, m2: float, rng: np.random.Generator, gen: torch.Generator,
+                candidates: torch.Tensor | None = None):
+    """The mechanism's two releases and posterior on model-space ``pts`` (features in [-1, 1],
+    the target in [-1, 1]), with seeded Gaussian noise standing in for the OS's."""
+    import dpsummary.mechanisms.noise_aware_linear as nal
+    from dpsummary import noise_aware as na
+    from dpsummary.private import kernel
+
+    n, dim = pts.shape
+    feature_norm = math.sqrt(dim - 1)
+    bound = na.moment_bound(feature_norm=feature_norm, target_bound=1.0)
+    z = torch.cat([torch.ones(n, 1, dtype=torch.float64), pts], 1)
+    noise = torch.triu(torch.from_numpy(rng.standard_normal((dim + 1, dim + 1)))) * m1 * bound
+    first = z.T @ z + noise + torch.triu(noise, 1).T
+    relations = None if candidates is None else na.exact_relations(candidates, first[:-1, :-1], m1 * bound)
+    start = na.linear_posterior(model, first, m1 * bound, generator=gen, draws=30, relations=relations)
+    anchor = start.mean[:model.num_coefficients]
+    clip = nal.clip_rule(model, start, first, 2.0)
+    scale = na.square_scale(feature_norm=feature_norm, residual_clip=clip, residual_range=2.0)
+    b2 = na.residual_bound(feature_norm=feature_norm, residual_clip=clip, residual_range=2.0, scale=scale)
+    total = kernel.residual_partial(pts.numpy(), bound=b2, anchor=anchor, residual_clip=clip, residual_range=2.0,
+                                    square_scale=scale)
+    vec = torch.from_numpy(kernel.finish(total, b2)) + torch.from_numpy(rng.standard_normal(dim + 1)) * m2 * b2
+    return na.residual_posterior(model, first, m1 * bound, vec, m2 * b2, scale, anchor, generator=gen, draws=50,
+                                 relations=relations)
+
+
+def test_sigma_and_coefficients_cover_over_seeded_releases() -> None:
+    """Calibration of the two rounds (the noise multipliers of epsilon 1 at n = 4,000): over 30
+    seeded releases sigma's 95% interval covers the full-data sigma in at least 24 (measured:
+    99 of 100; if the true rate were 0.95 this fails with probability 0.8%) and the coefficients'
+    intervals cover the full-data means at a mean rate of at least 0.85."""
+    from dpsummary.models import LinearRegression
+
+    model = LinearRegression(2)
+    g = torch.Generator().manual_seed(0)
+    x = torch.rand(4000, 2, generator=g, dtype=torch.float64) * 2 - 1
+    y = (0.19 * x[:, 0] - 0.25 * x[:, 1] + 0.0625 * torch.randn(4000, generator=g, dtype=torch.float64)).clamp(-1, 1)
+    pts = torch.cat([x, y[:, None]], 1)
+    full = model.exact_posterior(pts, torch.ones(4000, dtype=torch.float64))
+    rng = np.random.default_rng(1)
+    sigma_hits, coef = 0, []
+    for rep in range(30):
+        post = _two_rounds(model, pts, 9.0, 6.5, rng, torch.Generator().manual_seed(rep))
+        sd = torch.sqrt(torch.diagonal(post.cov))
+        inside = (post.mean - full.mean).abs() <= 1.96 * sd
+        sigma_hits += int(inside[-1])
+        coef.append(float(inside[:-1].double().mean()))
+    assert sigma_hits >= 24, sigma_hits
+    assert float(np.mean(coef)) >= 0.85, coef
+
+
+def test_collinear_one_hot_design_is_not_narrower_than_the_full_posterior() -> None:
+    """cps1988's defect (issue 51): a full one-hot group beside the intercept is an exact linear
+    relation, along which the full data's posterior is the prior; the imputed design block keeps
+    noise eigenvalues there, and reading the released X^T r along them as information made the
+    release 0.6-0.9x the full data's width. With the public relation taken as exact (the release
+    cannot tell it from exact) no coefficient is narrower than 0.95x the full data's, in each of
+    3 seeded releases, and the numeric feature keeps its information (within 3x the full data's
+    width: the relation's direction is projected out exactly, not guessed from noisy eigenvectors);
+    without the relation the release is narrower (the defect, so this test can fail)."""
+    from dpsummary.models import LinearRegression
+
+    n = 20_000
+    g = torch.Generator().manual_seed(2)
+    level = torch.randint(0, 3, (n,), generator=g)
+    one_hot = torch.nn.functional.one_hot(level, 3).to(torch.float64)  # 0/1, the three columns sum to 1
+    x = torch.rand(n, 1, generator=g, dtype=torch.float64) * 2 - 1
+    y = (0.3 * x[:, 0] + one_hot @ torch.tensor([0.1, -0.1, 0.2], dtype=torch.float64)
+         + 0.05 * torch.randn(n, generator=g, dtype=torch.float64)).clamp(-1, 1)
+    pts = torch.cat([x, one_hot, y[:, None]], 1)
+    model = LinearRegression(4)
+    full = model.exact_posterior(pts, torch.ones(n, dtype=torch.float64))
+    full_sd = torch.sqrt(torch.diagonal(full.cov))[:-1]
+    relation = torch.tensor([[1.0, 0.0, -1.0, -1.0, -1.0]], dtype=torch.float64)  # w = [1, x, one-hot]
+    rng = np.random.default_rng(3)
+    for rep in range(3):
+        post = _two_rounds(model, pts, 9.0, 6.5, rng, torch.Generator().manual_seed(rep), relation)
+        ratio = torch.sqrt(torch.diagonal(post.cov))[:-1] / full_sd
+        assert float(ratio.min()) >= 0.95, ratio
+        assert float(ratio[1]) <= 3.0, ratio
+    bare = _two_rounds(model, pts, 9.0, 6.5, rng, torch.Generator().manual_seed(9))
+    assert float((torch.sqrt(torch.diagonal(bare.cov))[:-1] / full_sd).min()) < 0.95
+
+
+def test_one_hot_relations_are_public_and_taken_as_exact_only_within_the_noise() -> None:
+    """The candidate relations come from the schema alone (each categorical group's one-hot sum
+    against the intercept); the release keeps one when its quadratic form is within 3 noise sds of
+    0, and drops it when many records break it (an "other" category)."""
+    from dpsummary.data import ColumnSpec, Schema, Transform
+    from dpsummary.noise_aware import exact_relations, one_hot_relations
+
+    schema = Schema(columns=[ColumnSpec(name="a", kind="numeric", lower=0.0, upper=1.0),
+                             ColumnSpec(name="c", kind="categorical", categories=["p", "q"]),
+                             ColumnSpec(name="y", kind="numeric", lower=-1.0, upper=1.0)], target="y")
+    rel = one_hot_relations(Transform.from_schema(schema), intercept=True)
+    torch.testing.assert_close(rel, torch.tensor([[1.0, 0.0, -1.0, -1.0]], dtype=torch.float64))
+    w = torch.tensor([[1.0, 0.5, 1.0, 0.0], [1.0, -0.5, 0.0, 1.0]] * 500, dtype=torch.float64)
+    tau = 10.0  # the quadratic form's noise sd: 10 sqrt(2 * 16 - 4) = 53
+    assert exact_relations(rel, w.T @ w, tau).shape[0] == 1
+    broken = torch.cat([w, torch.tensor([[1.0, 0.0, 0.0, 0.0]] * 200, dtype=torch.float64)])  # 200 "other"
+    assert exact_relations(rel, broken.T @ broken, tau).shape[0] == 0
+
+
+def test_sigma_covers_where_the_design_leaves_coefficients_to_the_prior() -> None:
+    """ISLR/Wage's sigma defect (issue 51): with many rare binary columns (n = 3,000, 18 columns at
+    1-5%) the noisy design leaves most coefficients to the prior, so r^T r's expected fit term is
+    large and uncertain; without its variance in r^T r's likelihood sigma came out far below the
+    full data's (1 of these 6 seeded releases covered it). With it, at least 5 of 6 cover (a
+    95% interval misses 2 or more of 6 with probability 3%)."""
+    from dpsummary.models import LinearRegression
+
+    n, k = 3000, 18
+    g = torch.Generator().manual_seed(5)
+    num = torch.rand(n, 2, generator=g, dtype=torch.float64) * 2 - 1
+    rates = torch.linspace(0.01, 0.05, k, dtype=torch.float64)
+    rare = (torch.rand(n, k, generator=g, dtype=torch.float64) < rates).to(torch.float64) * 2 - 1
+    x = torch.cat([num, rare], 1)
+    beta = torch.cat([torch.tensor([0.2, -0.1]), 0.05 * torch.randn(k, generator=g)]).to(torch.float64)
+    y = (x @ beta + 0.05 * (rare[:, 0] + 1) + 0.2 * torch.randn(n, generator=g, dtype=torch.float64)).clamp(-1, 1)
+    pts = torch.cat([x, y[:, None]], 1)
+    model = LinearRegression(k + 2)
+    full = model.exact_posterior(pts, torch.ones(n, dtype=torch.float64))
+    rng = np.random.default_rng(0)
+    hits = 0
+    for rep in range(6):
+        post = _two_rounds(model, pts, 8.0, 8.0, rng, torch.Generator().manual_seed(rep))
+        hits += int(abs(float(post.mean[-1] - full.mean[-1])) <= 1.96 * float(post.cov[-1, -1]) ** 0.5)
+    assert hits >= 5, hits
+
+
+def test_pseudocoreset_keeps_prior_like_directions_of_a_large_table() -> None:
+    """cps1988 (issue 51): the target is the prior along the one-hot relations (variance 1) and
+    very precise elsewhere (variances 2e-9 to 3e-8, a condition number near 5e8). A precision
+    floor relative to the largest eigenvalue alone raised the prior-like directions' likelihood
+    precision (the pseudocoreset 0.9x the target there), and an iterate that matched the other
+    coordinates better left the intercept at 0.46x. Now every coefficient's exact sd is within 2%
+    of the target's and none narrower than 0.98x."""
+    from dpsummary.constructors.linear_match import match_linear
+    from dpsummary.gaussian import GaussianPosterior
+    from dpsummary.models import LinearRegression
+
+    model = LinearRegression(5)
+    q, _ = torch.linalg.qr(torch.randn(6, 6, generator=torch.Generator().manual_seed(4), dtype=torch.float64))
+    cov = torch.zeros(7, 7, dtype=torch.float64)
+    cov[:6, :6] = q @ torch.diag(torch.tensor([2e-9, 5e-9, 1e-8, 3e-8, 1.0, 1.0], dtype=torch.float64)) @ q.T
+    cov[6, 6] = 0.15**2
+    mean = torch.zeros(7, dtype=torch.float64)
+    mean[:6] = q[:, :4] @ torch.tensor([0.01, -0.02, 0.03, 0.01], dtype=torch.float64)  # the prior's mean along q[:, 4:]
+    mean[6] = -3.0
+    target = GaussianPosterior(mean=mean, scale_tril=torch.linalg.cholesky(cov))
+    match = match_linear(model, target, size=12, generator=torch.Generator().manual_seed(0))
+    got = match.model.exact_posterior(match.points, match.weights)
+    ratio = torch.sqrt(torch.diagonal(got.cov))[:6] / torch.sqrt(torch.diagonal(cov))[:6]
+    assert float(ratio.min()) >= 0.98 and float(ratio.max()) <= 1.02, ratio

@@ -101,6 +101,27 @@ def test_score_sums_bit_identical_to_local(spark: Any, data: dict[str, Any], whi
     assert list(totals.score) == list(exact.score) and list(totals.curvature) == list(exact.curvature)
 
 
+def test_linear_releases_bit_identical_to_local(spark: Any, data: dict[str, Any]) -> None:
+    """Linear regression's two releases (issue 51: the moment matrix, then the anchored residual
+    vector) give bit-identical pre-noise sums on Spark (5 partitions) and locally."""
+    rows, _ = local_encoded(data["split"], TF)
+    anchor = torch.tensor([0.1, -0.2, 0.3, 0.0, 0.1], dtype=torch.float64)  # w = [1, x1, x2 one-hot]
+    rule = {"residual_clip": 0.5, "residual_range": 2.0, "square_scale": 3.0}
+    local, remote = Recorder(), Recorder()
+    mine = PrivateRecords(rows, randomness=local)
+    mine.noisy_moment_matrix(bound=5.0, noise_multiplier=1.0)
+    mine.noisy_residual_vector(bound=3.0, noise_multiplier=1.0, anchor=anchor, **rule)
+    enc = _source(spark, data["split_dir"], remote, partitions=5).encode(
+        TF, missing_numeric="impute", unseen_category="other")
+    enc.noisy_moment_matrix(bound=5.0, noise_multiplier=1.0)
+    enc.noisy_residual_vector(bound=3.0, noise_multiplier=1.0, anchor=anchor, **rule)
+    assert len(local.inputs) == len(remote.inputs) == 2
+    for a, b in zip(local.inputs, remote.inputs, strict=True):
+        assert a.dtype == b.dtype and np.array_equal(a, b)
+    exact = kernel.finish(kernel.residual_partial(rows, bound=3.0, anchor=anchor, **rule), 3.0)
+    assert np.array_equal(local.inputs[1], exact)
+
+
 @pytest.mark.parametrize(("which", "partitions", "max_bytes"), PARTITIONINGS)
 def test_dppsvi_steps_bit_identical_to_local(spark: Any, data: dict[str, Any], which: str, partitions: int | None,
                                             max_bytes: int | None) -> None:
