@@ -4,6 +4,15 @@ releases (``calibration_linear.csv``) against the one with sigma estimated; then
 cases (an exact linear relation, residuals that fill the public range) released at epsilon 1.
 
     python benchmarks/linear_issue_table.py [--csv benchmarks/results/calibration_linear.csv]
+    python benchmarks/linear_issue_table.py --frontier [--table gpa2] [--runs 10]
+
+``--frontier``: where the width goes (``benchmarks/results/linear_frontier.md``). The mechanism's
+two rounds replayed on seeded noise at each epsilon's real noise multiplier, then with oracle
+pieces swapped in one at a time: the data's own largest anchored-round vector norm as its
+sensitivity (what the idealised floor assumes), the design block ``X^T X`` known exactly (the
+target's row of the first round keeps its noise), the whole stage-2 Gaussian on the anchored
+round, and both oracles together. Medians over ``--runs`` seeded releases of the coefficients'
+median sd over the full-data sd, against the idealised floor's.
 
 Prints markdown. Curator-side (reads the rows); the releases use OS entropy (their numbers vary
 from run to run; the suite's rows are the committed record).
@@ -18,6 +27,7 @@ import statistics
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -124,11 +134,126 @@ def edge_rows() -> list[str]:
     return out
 
 
+#: The frontier's arms: (name, design block exact, whole stage-2 Gaussian on round 2, the data's own sensitivity).
+FRONTIER_ARMS: tuple[tuple[str, bool, bool, bool], ...] = (
+    ("mechanism", False, False, False),
+    ("mechanism, the data's own sensitivity", False, False, True),
+    ("X^T X exact", True, False, False),
+    ("X^T X exact, whole budget on round 2", True, True, False),
+    ("X^T X exact, whole budget, the data's own sensitivity", True, True, True),
+)
+FRONTIER_EPSILONS = (0.1, 0.3, 1.0, 3.0)
+
+
+def _stage_two_multiplier(spec: Any, data: Path, epsilon: float, workdir: Path) -> tuple[float, float]:
+    """The stage-2 Gaussian's noise multiplier and accounting delta of a real public-schema
+    release at ``epsilon`` (read from its claim: deterministic, the plan's calibration)."""
+    import dpsummary
+
+    art = C.release(spec, data, "public", epsilon, "noise-aware-newton", 0, workdir)
+    claim = dpsummary.load(str(art)).claim
+    return float(claim["mechanism"]["single_gaussian_noise_multiplier"]), float(claim["delta_accounting"])
+
+
+def _frontier_release(arm: tuple[str, bool, bool, bool], ctx: dict[str, Any], multiplier: float,
+                      rng: np.random.Generator, gen: torch.Generator) -> Any:
+    """One seeded replay of the mechanism's two rounds (``dpsummary.mechanisms.noise_aware_linear``)
+    with the arm's oracle pieces."""
+    import dpsummary.mechanisms.noise_aware_linear as nal
+    from dpsummary import noise_aware as na
+    from dpsummary.private import kernel
+
+    _, exact_design, whole_budget, own_sensitivity = arm
+    model, pts, fn, tb, exact, bound = (ctx[k] for k in ("model", "pts", "fn", "tb", "exact", "bound"))
+    s1, s2 = nal.shares()
+    m1, m2 = multiplier / math.sqrt(s1), multiplier / math.sqrt(s2)
+    d = exact.shape[0]
+    upper = torch.triu(torch.from_numpy(rng.standard_normal((d, d))))
+    noise = (upper + torch.triu(upper, 1).T) * m1 * bound
+    second_noise = torch.from_numpy(rng.standard_normal(d))
+    tau = m1 * bound
+    if exact_design:  # only the target's row and column keep their noise
+        kept = torch.zeros_like(noise)
+        kept[-1, :], kept[:, -1] = noise[-1, :], noise[:, -1]
+        noise = kept
+    first = exact + noise
+    relations = na.exact_relations(ctx["relations"], first[:-1, :-1], tau)
+    start = na.linear_posterior(model, first, tau, generator=gen, draws=nal.ANCHOR_IMPUTATIONS, relations=relations)
+    anchor = start.mean[:model.num_coefficients]
+    big_r = nal.RESIDUAL_BOUND_FACTOR * tb
+    clip = nal.clip_rule(model, start, first, big_r)
+    scale = na.square_scale(feature_norm=fn, residual_clip=clip, residual_range=big_r)
+    b2 = na.residual_bound(feature_norm=fn, residual_clip=clip, residual_range=big_r, scale=scale)
+    if own_sensitivity:
+        w = torch.cat([torch.ones(len(pts), 1, dtype=torch.float64), pts[:, :-1]], 1)
+        r = pts[:, -1] - w @ anchor
+        u = torch.cat([w * r.clamp(-clip, clip)[:, None], (r.clamp(-big_r, big_r) ** 2 / scale)[:, None]], 1)
+        b2 = float(u.norm(dim=1).max()) * (1.0 + 1e-6)
+    total = kernel.residual_partial(pts.numpy(), bound=b2, anchor=anchor, residual_clip=clip, residual_range=big_r,
+                                    square_scale=scale)
+    m2 = multiplier if whole_budget else m2
+    vec = torch.from_numpy(kernel.finish(total, b2)) + second_noise * m2 * b2
+    design_tau = tau * 1e-9 if exact_design else tau
+    return na.residual_posterior(model, first, design_tau, vec, m2 * b2, scale, anchor, generator=gen,
+                                 relations=relations)
+
+
+def frontier_rows(table: str, runs: int) -> list[str]:
+    """Issue 51's width frontier on ``table`` (module docstring, ``--frontier``)."""
+    from dpsummary import data as dmod
+    from dpsummary import noise_aware as na
+    from dpsummary.models import LinearRegression
+
+    spec = C.TABLES[table]
+    path = C.table_csv(spec)
+    tf = dmod.Transform.from_schema(dmod.Schema.model_validate(C.public_schema(spec, path)))
+    pts = tf.to_points(dmod.read_csv(path, private=True)).to(torch.float64)
+    model = LinearRegression(tf.num_features)
+    p = model.num_coefficients
+    fn, tb = na.schema_bounds(tf)
+    z = torch.cat([torch.ones(len(pts), 1, dtype=torch.float64), pts], 1)
+    ctx = {"model": model, "pts": pts, "fn": fn, "tb": tb, "exact": z.T @ z,
+           "bound": na.moment_bound(feature_norm=fn, target_bound=tb),
+           "relations": na.one_hot_relations(tf, intercept=model.intercept)}
+    out = [f"| {table}, epsilon | floor / full-data sd | " + " | ".join(a[0] for a in FRONTIER_ARMS) + " |",
+           "|---|---|" + "---|" * len(FRONTIER_ARMS)]
+    with tempfile.TemporaryDirectory() as tmp:
+        import os
+
+        os.environ["DPSUMMARY_HOME"] = str(Path(tmp) / "home")
+        for eps in FRONTIER_EPSILONS:
+            multiplier, delta = _stage_two_multiplier(spec, path, eps, Path(tmp))
+            ref = C.reference(model, pts, epsilon=eps, delta=delta, key=f"frontier:{table}")
+            full_sd = torch.sqrt(torch.diagonal(ref.full.cov))[:p]
+            cells = []
+            for arm in FRONTIER_ARMS:
+                widths, covered = [], []
+                for r in range(runs):
+                    post = _frontier_release(arm, ctx, multiplier, np.random.default_rng(1000 * r + round(10 * eps)),
+                                             torch.Generator().manual_seed(r))
+                    sd = torch.sqrt(torch.diagonal(post.cov))[:p]
+                    widths.append(float((sd / full_sd).median()))
+                    covered.append(float(((post.mean[:p] - ref.full.mean[:p]).abs() <= 1.959963984540054 * sd)
+                                         .double().mean()))
+                w = statistics.median(widths)
+                cells.append(f"{w / ref.floor.width_ratio:.2f}x ({w:.1f}x full; cov {statistics.median(covered):.2f})")
+            out.append(f"| {eps:g} (multiplier {multiplier:.3g}) | {ref.floor.width_ratio:.1f}x | " + " | ".join(cells)
+                       + " |")
+            print(out[-1], file=sys.stderr, flush=True)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--csv", type=Path, default=Path(__file__).resolve().parent / "results" / "calibration_linear.csv")
+    ap.add_argument("--frontier", action="store_true", help="the width frontier with oracle pieces (docstring)")
+    ap.add_argument("--table", default="gpa2", help="--frontier's table (a linear suite table)")
+    ap.add_argument("--runs", type=int, default=10, help="--frontier's seeded releases per arm and epsilon")
     a = ap.parse_args()
     torch.set_num_threads(1)
+    if a.frontier:
+        print("\n".join(frontier_rows(a.table, a.runs)))
+        return
     print("| | value |\n|---|---|")
     print("\n".join(full_data_rows() + release_rows(a.csv) + edge_rows()))
 
