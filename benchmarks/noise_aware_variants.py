@@ -117,7 +117,10 @@ def _with_feature_range(sched: na.Schedule, share: float) -> na.Schedule:
 
 
 def _fit(model: Any, pts: torch.Tensor, fn: float, tb: float, epsilon: float, delta: float,
-         schedule: str = "default", randomness: Any = None) -> na.NoiseAwareFit:
+         schedule: str = "default", randomness: Any = None, range_randomness: Any = None) -> na.NoiseAwareFit:
+    """One release's rounds on ``pts``; ``randomness`` draws the rounds' noise and
+    ``range_randomness`` (default: the same) the data-range histogram's, so that paired arms
+    whose range histograms differ still draw the same noise in their rounds (thirtieth rule)."""
     from dpsummary.private.mechanism import SystemRandomness
     from dpsummary.private.score_stats import noisy_score_statistics
 
@@ -131,7 +134,7 @@ def _fit(model: Any, pts: torch.Tensor, fn: float, tb: float, epsilon: float, de
                                     score_noise_multiplier=sm, curvature_noise_multiplier=cm)
         return st.score, st.curvature
 
-    fn, tb = cal.release_bounds(sched, sigma, pts, fn, tb, rnd)
+    fn, tb = cal.release_bounds(sched, sigma, pts, fn, tb, rnd if range_randomness is None else range_randomness)
     bounds = na.public_bounds(model, feature_norm=fn, target_bound=tb)
     return na.fit(model, release, bounds, schedule=sched, sigma=sigma, feature_norm=fn, target_bound=tb,
                   generator=torch.Generator().manual_seed(0))
@@ -265,7 +268,8 @@ def run(table: str, epsilons: list[float], runs: int, out: Path, *, schedules: l
     """Replay ``runs`` releases per epsilon and schedule and judge every variant on them.
     ``prior_scale``: the model's prior sd (eighteenth rule); ``paired``: every schedule of run r
     draws the same standard-normal noise (a seeded stand-in for OS entropy, so schedules that
-    differ in their anchors are compared on the same noise; twenty-third rule), else OS entropy,
+    differ in their anchors are compared on the same noise; twenty-third rule; the data-range
+    histogram from its own stream, thirtieth rule), else OS entropy,
     independent per fit."""
     from dpsummary.metrics import data_hessian
 
@@ -277,8 +281,9 @@ def run(table: str, epsilons: list[float], runs: int, out: Path, *, schedules: l
         ref = cal.reference(model, pts, epsilon=eps, delta=delta, key=f"variants:{table}:prior{prior_scale:g}")
         true_eigs = torch.linalg.eigvalsh(data_hessian(model, pts, ref.full.mean))
         for r, sched in ((r, sched) for r in range(runs) for sched in (schedules or ["default"])):
-            fit = _fit(model, pts, fn, tb, eps, delta, sched,
-                       randomness=_SeededNoise(seed_offset + 10_000 * r + int(1000 * eps)) if paired else None)
+            seed = seed_offset + 10_000 * r + int(1000 * eps)
+            fit = _fit(model, pts, fn, tb, eps, delta, sched, randomness=_SeededNoise(seed) if paired else None,
+                       range_randomness=_SeededNoise(seed + RANGE_SEED_OFFSET) if paired else None)
             last = fit.rounds[-1]
             m = fit.model or model
             u = fit.posterior.mean - last.anchor
@@ -336,6 +341,10 @@ def misses(table: str, epsilons: list[float], runs: int, seed_offset: int = 0) -
                     str(i), f"{full_mean[i]:+.2f} ({full_sd[i]:.3f})", f"{post.mean[i]:+.2f} ({sd[i]:.3f})",
                     f"{ref.floor.sd[i]:.3f}", f"{z[i]:+.2f}"]
                 print(f"| {table} | {eps:g} | {r} | {cov:.2f} | " + " | ".join(cells) + " |", flush=True)
+
+
+#: Added to a paired run's seed for its data-range histogram's own stream (thirtieth rule).
+RANGE_SEED_OFFSET = 5_000_000
 
 
 class _SeededNoise:
