@@ -627,11 +627,18 @@ def start_accountant_worker() -> None:
 
 
 def _in_process(accountant: str, history: Sequence[Triple], delta: float) -> float:
-    if accountant == "prv":
-        return _prv_of_history(history, delta)
-    if accountant == "pld":
-        return _pld_of_history(history, delta)
-    raise ValueError(f"the worker evaluates prv and pld, not {accountant!r}")
+    """``accountant``'s epsilon of ``history`` at ``delta``, computed in this process with its
+    numerical libraries held to one thread. Why: PRV's epsilon moved in its last bits with the
+    BLAS thread count (1.0331178750604837 at one thread, ...844 at the machine's default), so
+    without the limit the epsilon a ledger records would depend on the machine, not only on the
+    event history (the worker runs single-threaded; ``threadpoolctl`` is how scikit-learn and
+    NumPy's own docs hold a pool)."""
+    from threadpoolctl import threadpool_limits
+
+    if accountant not in ("prv", "pld"):
+        raise ValueError(f"the worker evaluates prv and pld, not {accountant!r}")
+    with threadpool_limits(limits=1):
+        return _prv_of_history(history, delta) if accountant == "prv" else _pld_of_history(history, delta)
 
 
 def _from_worker(accountant: str, history: Sequence[Triple], delta: float) -> float:
