@@ -94,3 +94,14 @@ def mentions_number(text: str, number: int) -> bool:
     import re
 
     return re.search(rf"(?<![\w.]){number}(?![\d])", text) is not None
+
+
+def write_linear_policy(path: Path) -> Path:
+    """:func:`write_policy` for a linear release: public count 4,000, a real target ``y`` in
+    [-8, 8], and ``x2`` numeric in [-5, 5] instead of categorical (the linear mechanism's tests,
+    local and Spark)."""
+    write_policy(path, n=4000, target_kind="real")
+    text = path.read_text().replace('name = "x2"\nkind = "categorical"\ncategories = ["a", "b", "c"]',
+                                    'name = "x2"\nkind = "numeric"\nlower = -5\nupper = 5')
+    path.write_text(text)
+    return path

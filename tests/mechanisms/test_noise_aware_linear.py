@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from release_support import write_policy
+from release_support import write_linear_policy
 from typer.testing import CliRunner
 
 from dpsummary.cli import app
@@ -36,11 +36,7 @@ def _csv(path: Path, n: int, *, noise: str, seed: int = 0) -> Path:
 
 
 def _policy(path: Path) -> Path:
-    write_policy(path, n=4000, target_kind="real")
-    text = path.read_text().replace('name = "x2"\nkind = "categorical"\ncategories = ["a", "b", "c"]',
-                                    'name = "x2"\nkind = "numeric"\nlower = -5\nupper = 5')
-    path.write_text(text)
-    return path
+    return write_linear_policy(path)
 
 
 def _full_sigma_interval(rel, data: Path) -> tuple[float, float, float]:

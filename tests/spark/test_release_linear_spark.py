@@ -18,7 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 import torch
-from release_support import write_policy
+from release_support import write_linear_policy
 from spark_helpers import write_parquet
 from typer.testing import CliRunner
 
@@ -36,14 +36,6 @@ def _records(n: int, seed: int = 0) -> pa.Table:
     x1, x2 = rng.uniform(0, 10, n), rng.uniform(-5, 5, n)
     y = 0.3 * (x1 - 5) - 0.4 * x2 + rng.normal(0, 0.5, n)
     return pa.table({"x1": x1, "x2": x2, "y": y})
-
-
-def _policy(path: Path) -> Path:
-    write_policy(path, n=4000, target_kind="real")
-    text = path.read_text().replace('name = "x2"\nkind = "categorical"\ncategories = ["a", "b", "c"]',
-                                    'name = "x2"\nkind = "numeric"\nlower = -5\nupper = 5')
-    path.write_text(text)
-    return path
 
 
 def _release(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str, data: Path, policy: Path,
@@ -74,7 +66,7 @@ def test_linear_release_on_spark_matches_the_local_engine(spark: Any, tmp_path: 
     from dpsummary.private import spark_engine
 
     data = write_parquet(tmp_path / "records.parquet", _records(4000))
-    policy = _policy(tmp_path / "policy.toml")
+    policy = write_linear_policy(tmp_path / "policy.toml")
     local, _ = _release(tmp_path, monkeypatch, "local", data, policy)
     passes: list[str] = []
     real_collect = spark_engine._collect
