@@ -1400,8 +1400,13 @@ def report(results: Path, target: Path, plot: Path | None = None, note: str = ""
         lines += ["", "Cells that are not honest:", ""]
         for c in bad:
             t, _, mode, eps, mech = c.key
+            # Beside each dishonest cell, the measured reason issue 50 asks for: what the idealised
+            # floor (an honest mechanism with the design known and the data's own sensitivity) shows
+            # at the same budget, and how wide this release is against it.
             why = (c.message or "refused") if c.verdict in ("REFUSED", "ERROR") else (
-                f"coverage {_f(c.coverage)} (threshold {_f(c.threshold)}), {c.wrong_sign} wrong-sign")
+                f"coverage {_f(c.coverage)} (threshold {_f(c.threshold)}), {c.wrong_sign} wrong-sign; the idealised "
+                f"floor covers {_f(c.floor_coverage)} at {_x(c.floor_width)} the full-data width (this release "
+                f"{_x(c.width)})")
             lines.append(f"- {t} {mode} eps {eps:g} {mech}: {c.verdict}: {why}")
     lines += ["", "## Cells", "",
               "| table | model | mode | eps | mechanism | d | runs (refused) | coverage (min) | floor cov. | threshold | "
