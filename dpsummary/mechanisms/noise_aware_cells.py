@@ -18,9 +18,14 @@ budget (the counts at multiplier ``sigma / sqrt(f)``, T at ``sigma / sqrt(1 - f)
 noise-aware posterior with the latent counts integrated by imputation
 (:mod:`dpsummary.cells.posterior`) and the pseudocoreset moment-matched to it
 (:mod:`dpsummary.mechanisms.gaussian_summary`), as ``noise-aware-newton`` builds its own. A
-Poisson release centres its prior's intercept at the log of the noisy mean count
-(:func:`poisson_prior_centre`, as the Newton rounds do); its mean model ``exp(eta)`` ignores the
-clip at ``B``, so ``B`` must be a true bound (a count above it biases the posterior down).
+Poisson release first sets ``B`` from the data, as the Newton rounds do (issue 37's twelfth rule;
+:func:`count_range`): a Gaussian histogram of the count over the public 1-2-5 grid below the
+schema's bound, share :data:`~dpsummary.noise_aware.schedule.COUNT_RANGE_SHARE` of the stage's
+Gaussian (the cells get the rest; the two compose to the plan's one multiplier), and ``B`` the
+upper edge of the bin holding its noisy 99.9% quantile. Its prior's intercept is centred at the
+log of the noisy mean count (:func:`poisson_prior_centre`, as the Newton rounds do); its mean
+model ``exp(eta)`` ignores the clip at ``B``, so the few counts above it (about 0.1%) bias the
+posterior slightly down (benchmarks/notebook/feature_cells.md).
 
 Stage 1 is the framework's: with a private record count the pipeline still releases its noisy
 count (min_records and n_max are judged on it before the plan); the posterior does not read it
@@ -30,6 +35,7 @@ benchmarks/feature_cells.py, benchmarks/notebook/feature_cells.md.
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..errors import ChargedRefusal, ReleaseError
@@ -87,6 +93,37 @@ def poisson_prior_centre(model: Any, cells: Any, *, target_bound: float) -> Any:
     return model.with_prior_mean(centre)
 
 
+def cells_events(sigma: float, range_share: float) -> list[Any]:
+    """The stage's Gaussian events at single-Gaussian multiplier ``sigma``: the count histogram's
+    (share ``range_share``, Poisson only) and the cells' (the rest); they compose to
+    ``GaussianDpEvent(sigma)``."""
+    if range_share <= 0.0:
+        return [gaussian_event(sigma)]
+    return [gaussian_event(sigma / math.sqrt(range_share)), gaussian_event(sigma / math.sqrt(1.0 - range_share))]
+
+
+def composed(events: list[Any]) -> Any:
+    from dp_accounting import dp_event as dpe
+
+    return events[0] if len(events) == 1 else dpe.ComposedDpEvent(events)
+
+
+def count_range(records: Any, plan: MechanismPlan, range_share: float) -> Any:
+    """The count target's DP clip bound (a :class:`~dpsummary.postprocess.count_range.Clip`), or
+    None without a share: the Newton rounds' histogram over the public 1-2-5 grid below the
+    schema's bound (:func:`~dpsummary.postprocess.count_range.count_layout`), one Gaussian
+    mechanism at ``sigma / sqrt(range_share)``, then :func:`~dpsummary.postprocess.count_range.clip_bound`
+    (post-processing)."""
+    if range_share <= 0.0:
+        return None
+    from ..postprocess.count_range import clip_bound, count_layout
+
+    tf, bound = plan.transform, float(plan.settings["target_bound"])
+    layout = count_layout(tf.num_features, tf.target or "target", bound)
+    noisy = records.noisy_marginals(layout, noise_multiplier=plan.noise_multiplier / math.sqrt(range_share))
+    return clip_bound(noisy, bound)
+
+
 class NoiseAwareCells(GlmMechanism):
     """Cell counts and T in one Gaussian mechanism; the noise-aware posterior (module docstring)."""
 
@@ -123,6 +160,7 @@ class NoiseAwareCells(GlmMechanism):
         from ..cells.domain import cell_domain
         from ..cells.posterior import COUNT_SHARE
         from ..models.glm import LogisticRegression, PoissonRegression
+        from ..noise_aware.schedule import COUNT_RANGE_SHARE
 
         _name, transform, model = glm_model(public, released)
         if isinstance(model, LogisticRegression):
@@ -136,11 +174,18 @@ class NoiseAwareCells(GlmMechanism):
         rules = public.policy.data_quality
         domain = cell_domain(transform, missing_numeric=rules.missing_numeric, unseen_category=rules.unseen_category)
         quality_sigma, before = quality_noise(public, glm_split(public, initialisation=False))
-        sigma = acc.calibrate_gaussian(target_epsilon=public.req.epsilon - selection_slack(public), delta=public.delta,
-                                       prior_events=before, accountant=public.accountant)
-        parts = (*quality_parts(quality_sigma), ("optimisation", gaussian_event(sigma)))
+        target = public.req.epsilon - selection_slack(public)
+        range_share = COUNT_RANGE_SHARE if isinstance(model, PoissonRegression) else 0.0
+        sigma = acc.calibrate_gaussian(target_epsilon=target, delta=public.delta, prior_events=before,
+                                       accountant=public.accountant)
+        for _ in range(50):  # the count histogram and the cells compose to this Gaussian; confirm on the real events
+            if acc.epsilon([*before, *cells_events(sigma, range_share)], public.delta, public.accountant) <= target * (1 + 1e-6):
+                break
+            sigma *= 1.0 + 1e-4
+        parts = (*quality_parts(quality_sigma), ("optimisation", composed(cells_events(sigma, range_share))))
         return MechanismPlan(self.name, model, transform, sigma, 1.0, 1, quality_sigma, parts,
-                             {"domain": domain, "count_share": COUNT_SHARE, "target_bound": target_bound})
+                             {"domain": domain, "count_share": COUNT_SHARE, "target_bound": target_bound,
+                              "range_share": range_share})
 
     def run(self, public: PublicPlan, plan: MechanismPlan, records: Any, *, record_count: float,
             progress: ProgressFn | None = None, checkpoint: CheckpointFn | None = None) -> MechanismOutput:
@@ -155,9 +200,12 @@ class NoiseAwareCells(GlmMechanism):
         mark("initialised")  # nothing to release before the one mechanism
         model, domain, share = plan.model, plan.settings["domain"], plan.settings["count_share"]
         design = model.design(torch.from_numpy(domain.features()))
-        target_bound = plan.settings["target_bound"]
+        range_share = plan.settings.get("range_share", 0.0)
+        count_clip = count_range(records, plan, range_share)
+        target_bound = plan.settings["target_bound"] if count_clip is None else count_clip.bound
+        cells_multiplier = plan.noise_multiplier / math.sqrt(1.0 - range_share)
         cells = records.noisy_cell_statistics(domain, design.numpy(), target_bound=target_bound, count_share=share,
-                                              noise_multiplier=plan.noise_multiplier)
+                                              noise_multiplier=cells_multiplier)
         model = poisson_prior_centre(model, cells, target_bound=target_bound)
         try:
             posterior = cells_posterior(model, design, torch.from_numpy(cells.counts),
@@ -172,9 +220,12 @@ class NoiseAwareCells(GlmMechanism):
         gaussians = {"noise_aware": {"mean": posterior.mean.tolist(), "cov": posterior.cov.tolist()}}
         radius = float(design.norm(dim=1).max())
         notes = [f"{NAME}: the counts of {domain.num_cells} public feature cells and T = sum [1, x] y released by one "
-                 "Gaussian mechanism; the posterior integrates both noises (latent counts imputed)", *built.notes]
+                 "Gaussian mechanism; the posterior integrates both noises (latent counts imputed)",
+                 *([] if count_clip is None else [count_clip.note()]), *built.notes]
         extra = {"gaussians": gaussians, "pseudocoreset_match": built.pseudocoreset_match,
                  "domain": domain.describe(), "count_share": share, "design_radius": radius,
+                 "count_range": None if count_clip is None else count_clip.claim(), "target_bound": target_bound,
+                 "cells_noise_multiplier": cells_multiplier,
                  "noise_stds": {"counts": cells.counts_noise_std, "statistic": cells.statistic_noise_std},
                  "prior_mean": built.model.prior_mean.tolist()}
         body = {"posterior": {"default": "noise_aware", "gaussians": gaussians,
@@ -183,23 +234,32 @@ class NoiseAwareCells(GlmMechanism):
 
     def claim(self, public: PublicPlan, plan: MechanismPlan, output: MechanismOutput) -> dict[str, Any]:
         ex = output.extra
-        sigma, share = plan.noise_multiplier, ex["count_share"]
+        share = ex["count_share"]
+        sigma = ex.get("cells_noise_multiplier", plan.noise_multiplier)  # the cells' Gaussian (the stage's, less the count histogram's share)
         return {
             "name": self.name,
-            "description": ("one Gaussian mechanism over ALL records releases the record counts of the public feature "
-                            "domain's cells (every combination of the schema's declared levels; sensitivity 1) and "
-                            "T = sum_i [1, x_i] y_i with x_i the record's cell's features and y_i clipped to "
-                            "[0, target_bound] (sensitivity design_radius x target_bound); for Poisson the prior is "
-                            "centred at the log of the noisy mean count (prior_mean); "
+            "description": ("for Poisson, first one Gaussian mechanism over ALL records releases a histogram of the "
+                            "count target over public 1-2-5 bins below the schema's bound (sensitivity 1; share "
+                            "count_range_share of the stage's Gaussian) and target_bound is the upper edge of the bin "
+                            "holding its noisy 99.9% quantile (count_range; issue 37's twelfth rule, as the Newton "
+                            "rounds); then one Gaussian mechanism over ALL records releases the record counts of the "
+                            "public feature domain's cells (every combination of the schema's declared levels; "
+                            "sensitivity 1) and T = sum_i [1, x_i] y_i with x_i the record's cell's features and y_i "
+                            "clipped to [0, target_bound] (sensitivity design_radius x target_bound); for Poisson the "
+                            "prior is centred at the log of the noisy mean count (prior_mean); "
                             "the noise-aware posterior N(T | mu(theta, n), H(theta, n) + noise) with the latent counts "
                             "integrated by imputation (Kulkarni et al. 2021 style) is carried by the pseudocoreset "
                             "(moment-matched; post-processing)"),
-            "single_gaussian_noise_multiplier": sigma,
+            "single_gaussian_noise_multiplier": plan.noise_multiplier,
+            "cells_noise_multiplier": sigma,
+            "count_range": ex.get("count_range"),
+            "count_range_share": plan.settings.get("range_share", 0.0),
             "count_share": share,
             "counts_noise_multiplier": sigma / share**0.5,
             "statistic_noise_multiplier": sigma / (1.0 - share) ** 0.5,
             "design_radius": ex["design_radius"],
-            "target_bound": plan.settings["target_bound"],
+            "target_bound": ex.get("target_bound", plan.settings["target_bound"]),
+            "schema_target_bound": plan.settings["target_bound"],
             "noise_stds": ex["noise_stds"],
             "domain": ex["domain"],
             "domain_rule": ("public, from the schema and the policy's data-quality rules: categorical columns' one-hot "

@@ -139,10 +139,12 @@ def test_statistics_that_give_no_finite_posterior_end_in_the_charged_refusal(tmp
 
 
 def test_a_poisson_release_centres_its_prior_at_the_noisy_mean_count(tmp_path: Path) -> None:
-    """A count target (public bound 60): T's sensitivity is the design radius times 60, and the
-    released model's prior is centred at the log of the noisy mean count (the test data's counts
-    have mean about exp(1.05), so the centre lies within 0.3 of 1.05: the noise on the centre is
-    about 0.01 here)."""
+    """A count target (public bound 60): the count's DP histogram (5% of the stage's Gaussian)
+    clips it at a bin edge of the public grid far below 60 (the test data's counts have mean about
+    exp(1.05); 1,500 records put hundreds in the low bins against a noise sd of about 20, so a
+    bound of 60 here would take every bin below the threshold at once), T's sensitivity is the
+    design radius times that bound, and the released model's prior is centred at the log of the
+    noisy mean count (within 0.3 of 1.05: the noise on the centre is about 0.01 here)."""
     from dpsummary.artifact import read_artifact
 
     req = _request(tmp_path, target="count")
@@ -150,8 +152,15 @@ def test_a_poisson_release_centres_its_prior_at_the_noisy_mean_count(tmp_path: P
     body, claim, info = read_artifact(req.out)  # type: ignore[arg-type]
     assert info["verified"]
     mech = claim["mechanism"]
-    assert mech["target_bound"] == 60.0
-    assert mech["statistic_noise_multiplier"] == pytest.approx(mech["single_gaussian_noise_multiplier"] / math.sqrt(0.7))
+    assert mech["schema_target_bound"] == 60.0
+    clip = mech["count_range"]
+    assert clip["bin_above_noise"] and clip["schema_bound"] == 60.0
+    assert mech["target_bound"] == clip["clip_bound"] and mech["target_bound"] in (5.0, 10.0, 20.0)
+    single = mech["single_gaussian_noise_multiplier"]
+    assert mech["count_range_share"] == 0.05
+    assert clip["noise_multiplier"] == pytest.approx(single / math.sqrt(0.05))
+    assert mech["cells_noise_multiplier"] == pytest.approx(single / math.sqrt(0.95))
+    assert mech["statistic_noise_multiplier"] == pytest.approx(mech["cells_noise_multiplier"] / math.sqrt(0.7))
     centre = body["summary"]["model"]["prior_mean"]
     assert centre[1:] == [0.0] * (len(centre) - 1)
     assert abs(centre[0] - 1.05) < 0.3
