@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -105,3 +106,36 @@ def write_linear_policy(path: Path) -> Path:
                                     'name = "x2"\nkind = "numeric"\nlower = -5\nupper = 5')
     path.write_text(text)
     return path
+
+
+def seeded_privacy_randomness(monkeypatch: Any, seed: int) -> None:
+    """Replace the release's OS-entropy privacy randomness by a seeded stand-in for one test, so
+    a test that judges a release's posterior is deterministic (with OS noise a 95% interval, or a
+    sampler's divergence check, fails a fixed share of releases by design): every Gaussian noise
+    draw (:func:`dpsummary.private.noise.add_gaussian_noise`, also under its name in
+    :mod:`dpsummary.private.preprocess`; the noise pools are bypassed) and every Poisson sample
+    (:class:`~dpsummary.private.mechanism.SystemRandomness`'s ``coins`` and ``sample_indices``)
+    come from one ``numpy`` generator seeded with ``seed``. Tests only: a release never seeds
+    its privacy randomness."""
+    import numpy as np
+
+    from dpsummary.private import noise, preprocess
+    from dpsummary.private.mechanism import SystemRandomness
+
+    rng = np.random.default_rng(seed)
+
+    def gaussian(values: Any, *, noise_std: float, clip_norm: float) -> Any:
+        v = np.asarray(values, dtype=np.float64)
+        return v + noise_std * rng.standard_normal(v.shape)
+
+    def coins(self: Any, num_records: int, sample_rate: float) -> Any:
+        return rng.random(num_records) < sample_rate
+
+    def sample_indices(self: Any, num_records: int, sample_rate: float) -> Any:
+        return np.flatnonzero(rng.random(num_records) < sample_rate).astype(np.int64)
+
+    monkeypatch.setattr(noise, "add_gaussian_noise", gaussian)
+    monkeypatch.setattr(preprocess, "add_gaussian_noise", gaussian)
+    monkeypatch.setattr(SystemRandomness, "prepare_gaussian", lambda self, **_kw: None)
+    monkeypatch.setattr(SystemRandomness, "coins", coins)
+    monkeypatch.setattr(SystemRandomness, "sample_indices", sample_indices)

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from release_support import write_csv, write_policy
+from release_support import seeded_privacy_randomness, write_csv, write_policy
 
 import dpsummary
 from dpsummary.inference import coreset_posterior
@@ -66,6 +66,10 @@ CASES = [
 
 @pytest.mark.parametrize(("mechanism", "target", "model"), CASES)
 def test_sample_agrees_with_the_exact_posterior(tmp_path, monkeypatch, mechanism, target, model):
+    # The release's privacy noise and Poisson samples from a seeded stand-in: with OS entropy the
+    # dp-psvi release differed run to run, and one in some tens of them gave NUTS one divergent
+    # transition in 8,000 draws (CI of 2026-11-28), which fails the sampler check below.
+    seeded_privacy_randomness(monkeypatch, 48)
     monkeypatch.setenv("DPSUMMARY_HOME", str(tmp_path / "home"))
     rel = _release(tmp_path, target=target, model=model, mechanism=mechanism)
     assert rel.model.name == model
