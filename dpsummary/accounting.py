@@ -43,7 +43,7 @@ import math
 import threading
 import warnings
 from collections import namedtuple
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from functools import lru_cache
 from typing import Any, Literal
 
@@ -859,6 +859,30 @@ def calibrate_gaussian(
         accountant=accountant,
         rel_tol=rel_tol,
     )
+
+
+def calibrate_split_gaussian(
+    events_of: Callable[[float], list[dpa.DpEvent]],
+    *,
+    target_epsilon: float,
+    delta: float,
+    prior_events: Sequence[dpa.DpEvent] = (),
+    accountant: Accountant = "rdp",
+) -> tuple[float, list[dpa.DpEvent]]:
+    """Single-Gaussian noise multiplier ``sigma`` for a stage that releases several Gaussian
+    statistics whose multipliers split ``sigma`` by shares (``events_of(sigma)``: multipliers
+    ``sigma / sqrt(share)``, shares summing to 1), and those events. They compose to exactly one
+    Gaussian of multiplier ``sigma`` (RDP: orders add; PLD: Gaussian PLDs compose to a Gaussian),
+    so calibrating that Gaussian calibrates them; the result is re-checked on the actual events
+    and ``sigma`` nudged up where rounding made the composition exceed the target."""
+    sigma = calibrate_gaussian(target_epsilon=target_epsilon, delta=delta, prior_events=prior_events,
+                               accountant=accountant)
+    for _ in range(50):
+        events = events_of(sigma)
+        if epsilon([*prior_events, *events], delta, accountant) <= target_epsilon * (1 + 1e-6):
+            return sigma, events
+        sigma *= 1.0 + 1e-4
+    raise RuntimeError("the split Gaussian's calibration could not be confirmed by the accountant")
 
 
 def gaussian_delta(sigma: float, epsilon: float) -> float:

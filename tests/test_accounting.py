@@ -388,3 +388,18 @@ def test_part_calibration_refuses_what_it_cannot_compose():
         acc.calibrate_part(target_epsilon=0.1, delta=1e-9, prior_events=[dpe.GaussianDpEvent(1.0)])
     with pytest.raises(ValueError):
         acc.calibrate_part(target_epsilon=0.0, delta=1e-9)
+
+
+def test_a_split_gaussian_is_calibrated_as_the_one_gaussian_it_composes_to() -> None:
+    """Shares 0.05 / 0.95 of one Gaussian (the cells' count histogram and cells): the split's
+    sigma is the single Gaussian's (within the re-check's nudges) and its events meet the target."""
+    import math as m
+
+    prior = [A.gaussian_event(40.0)]
+    target, delta = 1.0, 1e-6
+    single = A.calibrate_gaussian(target_epsilon=target, delta=delta, prior_events=prior)
+    sigma, events = A.calibrate_split_gaussian(
+        lambda s: [A.gaussian_event(s / m.sqrt(0.05)), A.gaussian_event(s / m.sqrt(0.95))],
+        target_epsilon=target, delta=delta, prior_events=prior)
+    assert len(events) == 2 and single <= sigma <= single * (1 + 1e-3)
+    assert A.epsilon([*prior, *events], delta, "rdp") <= target * (1 + 1e-6)

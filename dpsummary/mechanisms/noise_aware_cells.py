@@ -174,15 +174,11 @@ class NoiseAwareCells(GlmMechanism):
         rules = public.policy.data_quality
         domain = cell_domain(transform, missing_numeric=rules.missing_numeric, unseen_category=rules.unseen_category)
         quality_sigma, before = quality_noise(public, glm_split(public, initialisation=False))
-        target = public.req.epsilon - selection_slack(public)
         range_share = COUNT_RANGE_SHARE if isinstance(model, PoissonRegression) else 0.0
-        sigma = acc.calibrate_gaussian(target_epsilon=target, delta=public.delta, prior_events=before,
-                                       accountant=public.accountant)
-        for _ in range(50):  # the count histogram and the cells compose to this Gaussian; confirm on the real events
-            if acc.epsilon([*before, *cells_events(sigma, range_share)], public.delta, public.accountant) <= target * (1 + 1e-6):
-                break
-            sigma *= 1.0 + 1e-4
-        parts = (*quality_parts(quality_sigma), ("optimisation", composed(cells_events(sigma, range_share))))
+        sigma, events = acc.calibrate_split_gaussian(  # the count histogram and the cells compose to one Gaussian
+            lambda s: cells_events(s, range_share), target_epsilon=public.req.epsilon - selection_slack(public),
+            delta=public.delta, prior_events=before, accountant=public.accountant)
+        parts = (*quality_parts(quality_sigma), ("optimisation", composed(events)))
         return MechanismPlan(self.name, model, transform, sigma, 1.0, 1, quality_sigma, parts,
                              {"domain": domain, "count_share": COUNT_SHARE, "target_bound": target_bound,
                               "range_share": range_share})

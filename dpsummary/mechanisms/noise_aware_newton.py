@@ -130,14 +130,10 @@ class NoiseAwareNewton(GlmMechanism):
             # Issue 51: one Gaussian release of the moment matrix (noise_aware_linear.py).
             from .. import accounting as acc
 
-            target = public.req.epsilon - selection_slack(public)
-            sigma = acc.calibrate_gaussian(target_epsilon=target, delta=public.delta, prior_events=before,
-                                           accountant=public.accountant)
-            for _ in range(50):  # the two rounds compose to this Gaussian; confirm on the real events
-                if acc.epsilon([*before, *linear_events(sigma)], public.delta, public.accountant) <= target * (1 + 1e-6):
-                    break
-                sigma *= 1.0 + 1e-4
-            parts = (*quality_parts(quality_sigma), ("optimisation", dpe.ComposedDpEvent(linear_events(sigma))))
+            sigma, events = acc.calibrate_split_gaussian(  # the two rounds compose to one Gaussian
+                linear_events, target_epsilon=public.req.epsilon - selection_slack(public), delta=public.delta,
+                prior_events=before, accountant=public.accountant)
+            parts = (*quality_parts(quality_sigma), ("optimisation", dpe.ComposedDpEvent(events)))
             return MechanismPlan(self.name, model, transform, sigma, 1.0, 1, quality_sigma, parts,
                                  {"statistic": MOMENTS})
         schedule = noise_aware.Schedule.default(model)

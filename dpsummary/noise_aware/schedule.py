@@ -248,16 +248,8 @@ def calibrate(
     The schedule's events compose to exactly one Gaussian of multiplier ``sigma`` (RDP: orders
     add; PLD: Gaussian PLDs compose to a Gaussian), so calibrating that Gaussian calibrates them;
     the result is re-checked on the actual event list."""
-    sigma = acc.calibrate_gaussian(target_epsilon=target_epsilon, delta=delta, prior_events=prior_events,
-                                   accountant=accountant)
-    events = schedule.events(sigma)
-    # Re-check on the real events; nudge sigma up if rounding made the composition exceed.
-    for _ in range(50):
-        if acc.epsilon([*prior_events, *events], delta, accountant) <= target_epsilon * (1 + 1e-6):
-            return sigma, events
-        sigma *= 1.0 + 1e-4
-        events = schedule.events(sigma)
-    raise RuntimeError("noise-aware calibration could not be confirmed by the accountant")
+    return acc.calibrate_split_gaussian(schedule.events, target_epsilon=target_epsilon, delta=delta,
+                                        prior_events=prior_events, accountant=accountant)
 
 
 def range_clips(schedule: Schedule, *, sigma: float, num_features: int, feature_norm: float, target_name: str,
