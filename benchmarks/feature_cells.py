@@ -28,6 +28,16 @@ Usage::
 
     python benchmarks/feature_cells.py --table napsu_adult --epsilons 0.3,0.5,1 --runs 20 \\
         --out benchmarks/results/feature_cells_napsu.csv
+
+The counts' share of the mechanism ``noise-aware-cells`` (``--share-sweep``; the rule in
+benchmarks/notebook/feature_cells.md): real releases through the calibration harness
+(:func:`calibration.run_cells`) with ``dpsummary.cells.posterior.COUNT_SHARE`` set in-process to
+each share, their rows labelled ``noise-aware-cells f=SHARE``; ``--judge-sweep`` applies the
+rule's checks against the baseline share::
+
+    python benchmarks/feature_cells.py --share-sweep 0.15,0.3,0.5 --tables sim_cells_logistic,sim_cells_poisson \\
+        --epsilons 0.1,0.3,0.5,1,3 --runs 10 --out benchmarks/results/cells_share_sweep.csv
+    python benchmarks/feature_cells.py --judge-sweep --out benchmarks/results/cells_share_sweep.csv
 """
 
 from __future__ import annotations
@@ -164,6 +174,73 @@ def summarise(path: Path) -> None:
               f"{sum(int(float(r['effects_wrong_sign'])) for r in rs)} |")
 
 
+#: The sweep's baseline share (today's COUNT_SHARE) and the rule's limits.
+SWEEP_BASELINE = 0.3
+SWEEP_GEOMEAN = 0.95
+SWEEP_CELL_LIMIT = 1.10
+
+
+def share_sweep(shares: list[float], tables: list[str], epsilons: list[float], runs: int, out: Path) -> None:
+    """Real ``noise-aware-cells`` releases at each counts' share (module docstring), appended to ``out``."""
+    import tempfile
+
+    import dpsummary.cells.posterior as cells_posterior
+
+    saved = cells_posterior.COUNT_SHARE
+    try:
+        for share in shares:
+            cells_posterior.COUNT_SHARE = share
+            with tempfile.TemporaryDirectory() as tmp:
+                part = Path(tmp) / "part.csv"
+                cal.run_cells(part, tables, ["public"], epsilons, ["noise-aware-cells"], runs)
+                with part.open(newline="") as fh:
+                    rows = list(csv.DictReader(fh))
+            for row in rows:
+                row["mechanism"] = f"noise-aware-cells f={share:g}"
+            new = not out.exists()
+            with out.open("a", newline="") as fh:
+                w = csv.DictWriter(fh, fieldnames=cal.FIELDS, extrasaction="ignore")
+                if new:
+                    w.writeheader()
+                w.writerows(rows)
+    finally:
+        cells_posterior.COUNT_SHARE = saved
+
+
+def judge_sweep(out: Path, baseline: float = SWEEP_BASELINE) -> None:
+    """The rule's checks (benchmarks/notebook/feature_cells.md) for every share of ``out`` against
+    ``baseline``: (a) every cell honest, (b) the geometric mean of the width ratios over the cells
+    at most SWEEP_GEOMEAN, (c) no cell wider than SWEEP_CELL_LIMIT. Prints markdown."""
+    with out.open(newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    cs = cal.cells(rows)
+    base = f"noise-aware-cells f={baseline:g}"
+    shares = sorted({k[4] for k in cs} - {base})
+    print("| share | table | epsilon | verdict | coverage | width | baseline width | ratio |")
+    print("|---|---|---|---|---|---|---|---|")
+    verdicts = []
+    for arm in [base, *shares]:
+        ratios, honest, wider = [], True, []
+        for key in sorted(k for k in cs if k[4] == arm):
+            c = cs[key]
+            b = cs.get((key[0], key[1], key[2], key[3], base))
+            ratio = c.width / b.width if c.width and b is not None and b.width else float("nan")
+            ratios.append(ratio)
+            honest = honest and c.verdict == "HONEST"
+            if ratio > SWEEP_CELL_LIMIT:
+                wider.append(f"{key[0]} {key[3]:g}")
+            print(f"| {arm.split('=')[1]} | {key[0]} | {key[3]:g} | {c.verdict} | {c.coverage:.2f} | {c.width:.2f}x | "
+                  f"{b.width if b else float('nan'):.2f}x | {ratio:.3f} |")
+        geo = math.exp(sum(math.log(r) for r in ratios) / len(ratios)) if ratios else float("nan")
+        if arm != base:
+            ok = honest and geo <= SWEEP_GEOMEAN and not wider
+            verdicts.append(f"- f={arm.split('=')[1]}: (a) every cell honest: {honest}; (b) geometric mean {geo:.3f} "
+                            f"(limit {SWEEP_GEOMEAN}); (c) cells over {SWEEP_CELL_LIMIT}x: {wider or 'none'}: "
+                            f"{'PASSES' if ok else 'fails'}")
+    print()
+    print("\n".join(verdicts))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--table", default="napsu_adult")
@@ -175,7 +252,17 @@ def main() -> None:
                     help="the cells: the table's distinct feature rows (an oracle), or the declared public domain")
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--summary", action="store_true", help="only summarise --out")
+    ap.add_argument("--share-sweep", help="comma-separated counts' shares of noise-aware-cells (module docstring)")
+    ap.add_argument("--tables", default="sim_cells_logistic,sim_cells_poisson", help="--share-sweep's tables")
+    ap.add_argument("--judge-sweep", action="store_true", help="the share rule's checks on --out")
     a = ap.parse_args()
+    if a.share_sweep:
+        share_sweep([float(s) for s in a.share_sweep.split(",")], a.tables.split(","),
+                    [float(e) for e in a.epsilons.split(",")], a.runs, a.out)
+        return
+    if a.judge_sweep:
+        judge_sweep(a.out)
+        return
     if a.summary:
         summarise(a.out)
         return
