@@ -47,9 +47,10 @@ IMPUTATIONS = 50
 #: Gauss-Newton steps per imputation at most (converged when the largest step is below 1e-9).
 ITERATIONS = 30
 #: The counts' share of the one Gaussian mechanism's budget (multiplier ``sigma / sqrt(f)`` for
-#: the counts, ``sigma / sqrt(1 - f)`` for T). PROVISIONAL: 0.3 was measured on the NAPSU-MQ
-#: problem, a real table (benchmarks/notebook/feature_cells.md: 0.3 against 0.5 there), so it
-#: stands until a rule written before a run on simulated small-domain tables picks the share.
+#: the counts, ``sigma / sqrt(1 - f)`` for T). 0.3 was first measured on the NAPSU-MQ problem (a
+#: real table; 0.3 against 0.5 there), then kept by a rule written before its run on the two
+#: small-domain simulations: neither 0.15 nor 0.5 narrowed them (benchmarks/notebook/
+#: feature_cells.md, "The counts' share ... applied"; results/cells_share_sweep.csv).
 COUNT_SHARE = 0.3
 
 

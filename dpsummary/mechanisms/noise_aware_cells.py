@@ -14,7 +14,7 @@ privacy boundary; :mod:`dpsummary.private.cells`): the records' counts over the 
 ``||[1, x_c]||``, ``B`` the target's public bound, 1 for a binary target, the schema's upper bound
 for a count, each record's target clipped to ``[0, B]``), as ONE Gaussian mechanism of multiplier ``sigma`` calibrated to the stage's
 budget (the counts at multiplier ``sigma / sqrt(f)``, T at ``sigma / sqrt(1 - f)``, ``f`` =
-:data:`dpsummary.cells.posterior.COUNT_SHARE`, provisional). Then, post-processing: the
+:data:`dpsummary.cells.posterior.COUNT_SHARE`). Then, post-processing: the
 noise-aware posterior with the latent counts integrated by imputation
 (:mod:`dpsummary.cells.posterior`) and the pseudocoreset moment-matched to it
 (:mod:`dpsummary.mechanisms.gaussian_summary`), as ``noise-aware-newton`` builds its own. A
