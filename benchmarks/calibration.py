@@ -143,7 +143,10 @@ Tables (the registry :data:`TABLES`; ``python benchmarks/calibration.py tables``
     (the smoke test's table; not part of the suite);
   - ``sim_cells_logistic`` and ``sim_cells_poisson`` (issue 50, ``noise-aware-cells``' synthetic
     check; settings in ``notebook/feature_cells.md``, written before their first run; run by name,
-    not part of the suite): three discrete features (a 75-cell public domain).
+    not part of the suite): three discrete features (a 75-cell public domain);
+  - ``sim_cells_wide`` (issue 50's thirty-first rule, settings in ``notebook/feature_cells.md``
+    written before its first run; by name): logistic, N 40,000, region (six listed categories
+    and a reference), age_band 0-6, two 0/1 flags at 10% and 50%: a 441-cell public domain.
 
 * ``napsu_adult_cells`` (issue 50; run by name, not part of the suite): the NAPSU-MQ problem's
   rows with a discrete public schema (age bin index 0-4 integer, race and sex categorical with
@@ -200,7 +203,7 @@ from data_paths import SHARED_DATA, SWEEP_POLICY_OVERRIDES  # noqa: E402
 RESULTS = ROOT / "benchmarks" / "results"
 CACHE = ROOT / ".cache" / "calibration"
 EPSILONS = (0.1, 0.3, 1.0, 3.0)
-MECHANISMS = ("noise-aware-newton", "dp-psvi", "noise-aware-cells")
+MECHANISMS = ("noise-aware-newton", "dp-psvi", "noise-aware-cells", "default")
 MODES = ("zero-config", "public")
 #: Coverage a cell must reach (or the floor's own coverage minus FLOOR_MARGIN where the floor is
 #: dishonest and that is lower).
@@ -321,37 +324,55 @@ CELL_FLAG_RATE = 0.30
 
 
 def _discrete_sim(seed: int, n: int, model: str, intercept: float, region: tuple[float, ...], age: float, flag: float,
-                  count_bound: float = 100.0) -> Callable[[], Any]:
-    """A simulation over three discrete features (region, age_band, flag; the notebook's
-    settings); effects in data units, the target drawn from the GLM (Poisson counts clipped at
-    ``count_bound``)."""
+                  count_bound: float = 100.0, *, regions: tuple[tuple[str, float], ...] = CELL_REGIONS,
+                  bands: int = 5, flags: tuple[tuple[str, float, float], ...] | None = None) -> Callable[[], Any]:
+    """A simulation over discrete features (the notebook's settings): ``region`` (the listed
+    ``regions`` at their rates, the next letter the unlisted reference with the rest), an integer
+    ``age_band`` uniform on ``0 .. bands - 1`` and 0/1 ``flags`` (name, rate, effect; default one
+    ``flag`` at :data:`CELL_FLAG_RATE` with effect ``flag``); effects in data units, the target
+    drawn from the GLM (Poisson counts clipped at ``count_bound``)."""
+    flag_specs = flags if flags is not None else (("flag", CELL_FLAG_RATE, flag),)
 
     def build() -> Any:
         import pandas as pd
 
         rng = np.random.default_rng(seed)
-        names = [r for r, _ in CELL_REGIONS] + ["e"]
-        rates = [p for _, p in CELL_REGIONS]
+        names = [r for r, _ in regions] + [_reference_region(regions)]
+        rates = [p for _, p in regions]
         reg = rng.choice(len(names), size=n, p=[*rates, 1.0 - sum(rates)])
-        band = rng.integers(0, 5, n)
-        flg = (rng.uniform(size=n) < CELL_FLAG_RATE).astype(int)
-        eta = intercept + np.asarray([*region, 0.0])[reg] + age * band + flag * flg
+        band = rng.integers(0, bands, n)
+        columns = {"region": np.asarray(names)[reg], "age_band": band}
+        eta = intercept + np.asarray([*region, 0.0])[reg] + age * band
+        for name, rate, effect in flag_specs:
+            drawn = (rng.uniform(size=n) < rate).astype(int)
+            columns[name] = drawn
+            eta = eta + effect * drawn
         if model == "logistic":
             y = (rng.uniform(size=n) < 1 / (1 + np.exp(-eta))).astype(int)
         else:
             y = np.minimum(rng.poisson(np.exp(eta)), count_bound).astype(int)
-        return pd.DataFrame({"region": np.asarray(names)[reg], "age_band": band, "flag": flg, "y": y})
+        return pd.DataFrame({**columns, "y": y})
 
     return build
 
 
-def _discrete_schema(model: str, count_bound: float = 100.0) -> dict[str, Any]:
+def _reference_region(regions: tuple[tuple[str, float], ...]) -> str:
+    """The unlisted reference region: the letter after the last listed one."""
+    return chr(ord(regions[-1][0]) + 1)
+
+
+def _discrete_schema(model: str, count_bound: float = 100.0, *, regions: tuple[tuple[str, float], ...] = CELL_REGIONS,
+                     bands: int = 5, flag_names: tuple[str, ...] = ("flag",)) -> dict[str, Any]:
     return {"target": "y", "columns": [
-        {"name": "region", "kind": "categorical", "categories": [r for r, _ in CELL_REGIONS]},
-        {"name": "age_band", "kind": "numeric", "lower": 0.0, "upper": 4.0, "integer": True},
-        {"name": "flag", "kind": "numeric", "lower": 0.0, "upper": 1.0, "integer": True},
+        {"name": "region", "kind": "categorical", "categories": [r for r, _ in regions]},
+        {"name": "age_band", "kind": "numeric", "lower": 0.0, "upper": float(bands - 1), "integer": True},
+        *({"name": f, "kind": "numeric", "lower": 0.0, "upper": 1.0, "integer": True} for f in flag_names),
         {"name": "y", "kind": "numeric", "lower": 0.0, "upper": 1.0 if model == "logistic" else count_bound,
          "integer": True}]}
+
+
+#: ``sim_cells_wide``'s regions (issue 50's thirty-first rule; the unlisted reference g takes 17%).
+WIDE_REGIONS = (("a", 0.20), ("b", 0.18), ("c", 0.15), ("d", 0.12), ("e", 0.10), ("f", 0.08))
 
 
 def _rdataset(package: str, item: str, target: str, features: list[str]) -> Callable[[], Any]:
@@ -649,6 +670,11 @@ def _registry() -> dict[str, TableSpec]:
         TableSpec("sim_cells_poisson", "sim", "poisson", "y", "simulated (benchmarks/calibration.py)",
                   _discrete_sim(37_022, 20_000, "poisson", 0.8, (0.3, -0.2, 0.4, 0.0), 0.15, 0.3),
                   _discrete_schema("poisson"), note="three discrete features, a 75-cell public domain, counts <= 100"),
+        TableSpec("sim_cells_wide", "sim", "logistic", "y", "simulated (benchmarks/calibration.py)",
+                  _discrete_sim(37_023, 40_000, "logistic", -2.0, (0.4, -0.6, 0.2, 0.0, 0.8, -0.3), 0.15, 0.0,
+                                regions=WIDE_REGIONS, bands=7, flags=(("flag1", 0.10, 0.9), ("flag2", 0.50, -0.5))),
+                  _discrete_schema("logistic", regions=WIDE_REGIONS, bands=7, flag_names=("flag1", "flag2")),
+                  note="four discrete features, a 441-cell public domain, about 15% positives"),
     ]
     return {t.name: t for t in tables}
 
@@ -658,7 +684,7 @@ TABLES = _registry()
 #: rows again (the same problem with a discrete schema, for ``noise-aware-cells``; issue 50), so
 #: counting it in the suite would count one problem twice; the ``sim_cells_*`` tables are that
 #: mechanism's synthetic check (benchmarks/notebook/feature_cells.md), not yet suite tables.
-BY_NAME_ONLY = ("sim_tiny", "napsu_adult_cells", "sim_cells_logistic", "sim_cells_poisson")
+BY_NAME_ONLY = ("sim_tiny", "napsu_adult_cells", "sim_cells_logistic", "sim_cells_poisson", "sim_cells_wide")
 SIMULATIONS = tuple(n for n, t in TABLES.items() if t.kind == "sim" and n not in BY_NAME_ONLY and t.model != "linear")
 SUITES = {
     "real": tuple(n for n, t in TABLES.items() if t.kind != "sim" and n not in BY_NAME_ONLY and t.model != "linear"),
@@ -908,6 +934,7 @@ def judge_artifact(artifact: Path, data: Path, epsilon: float, *, sampled: bool 
     if sigma_block:
         out.update(out_sigma)
     out.update(delta=float(rel.claim["delta_accounting"]), n_rows=int(ref.points.shape[0]),
+               mechanism_ran=(rel.claim.get("mechanism") or {}).get("name"),
                posterior=rel.summary.info.get("posterior", ""),
                match_kl=rel.summary.info.get("match_symmetric_kl"))
     # Diagnostic: the Gaussian the pseudocoreset was matched to, when the artifact carries it
@@ -993,12 +1020,17 @@ def release(spec: TableSpec, data: Path, mode: str, epsilon: float, mechanism: s
     try:
         cls = spec.positive_class if positive_class and mode == "zero-config" else None
         run_release(ReleaseRequest(data=data, epsilon=float(epsilon), model=spec.model, target=target_of(spec, data),
-                                   policy=policy, out=art, ledger=ledger, seed=run, mechanism=mechanism, force=True,
+                                   policy=policy, out=art, ledger=ledger, seed=run,
+                                   mechanism=None if mechanism == DEFAULT_ARM else mechanism, force=True,
                                    positive_class=cls))
     finally:
         ledger.unlink(missing_ok=True)
     return art
 
+
+#: The ``--mechanisms`` arm that names no mechanism: the release's own default choice
+#: (:func:`dpsummary.release.choose_mechanism`); ``mechanism_ran`` records what ran.
+DEFAULT_ARM = "default"
 
 FIELDS = ["table", "kind", "model", "mode", "epsilon", "mechanism", "run", "outcome", "message", "param_dim",
           "n_rows", "delta", "coverage", "effects_wrong_sign", "width_ratio", "effects_full", "effects_found",
@@ -1008,7 +1040,7 @@ FIELDS = ["table", "kind", "model", "mode", "epsilon", "mechanism", "run", "outc
           "sampled_coverage", "sampled_width_ratio", "sampled_width_vs_floor", "sampled_effects_found",
           "sampled_wrong_sign", "sampled_mean_error_sd_max", "sampled_rhat", "sampled_ess",
           "exact_mean_error_sd", "exact_sd_ratio_min", "exact_sd_ratio_max", "release_seconds", "judge_seconds",
-          "code", "started", "sigma_covered", "gaussian_sigma_covered", "sampled_sigma_covered"]
+          "code", "started", "sigma_covered", "gaussian_sigma_covered", "sampled_sigma_covered", "mechanism_ran"]
 
 
 def code_version() -> str:

@@ -107,6 +107,10 @@ class PublicPlan:
     key_created: Path | None
     out: Path
     header: list[str]
+    #: The request named no mechanism and its model claims none, so stage 0 resolved the general
+    #: default (``noise-aware-newton``), which :func:`dpsummary.release.choose_mechanism` may
+    #: replace by ``noise-aware-cells`` after stage 1 (issue 50's thirty-first rule).
+    mechanism_by_default: bool = False
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,9 @@ records a mechanism receives (:class:`~dpsummary.plan.ReleaseRequest`,
  1    reserve stage 1              count/schema events + a hold on the rest of epsilon  yes
  1a   :func:`read_source`          *reads records* through the total per-record rules   -
  1b   :func:`run_stage1`           *reads records*: DP record count, DP schema          stage 1
+ 1c   :func:`choose_mechanism`     the default GLM mechanism from public or released    -
+                                   values (``noise-aware-cells`` on a small public
+                                   discrete domain with records enough per cell)
  2    :func:`plan_stage2`          the mechanism's plan from public or released         -
                                    values, with its declared events; refusals here
                                    are DP-decided
@@ -258,6 +261,8 @@ def run_release(
             mark("stage1")
         else:
             released = public_stage1(public)
+        public = choose_mechanism(public, released, say)
+        mechanism = mechanism_of(public)
         plan = plan_stage2(public, released)
         mark("planned-stage2")
         stage2 = session.reserve(events=plan.events, delta=public.delta, stage=plan.mechanism)
@@ -314,6 +319,7 @@ def plan_public(req: ReleaseRequest, say: NoticeFn) -> PublicPlan:
 
     # Captured before anything else: the only time the release publishes.
     started = _dt.datetime.now(_dt.UTC).replace(microsecond=0).isoformat()
+    by_default = req.mechanism is None and not any(req.model in m.models for m in REGISTRY.values())
     req = resolve_mechanism(req)
     _check_request(req)
     if req.engine != "spark":
@@ -413,7 +419,7 @@ def plan_public(req: ReleaseRequest, say: NoticeFn) -> PublicPlan:
         stage1=Stage1Plan(events, count_sigma, schema_sigma), source_id=source_id, release_id=release_id,
         started=started, ledger=ledger, ledger_path=ledger_path, key_info=key_info,
         key_created=key_info.private_path if key_created else None,
-        out=default_out(req), header=header,
+        out=default_out(req), header=header, mechanism_by_default=by_default,
     )
 
 
@@ -529,6 +535,30 @@ def stage1_noise(split: dict[str, float], *, epsilon: float, delta: float, count
                                           delta=delta, prior_events=events)
         events.append(dpe.GaussianDpEvent(schema_sigma))
     return count_sigma, schema_sigma, events
+
+
+# ---- stage 1c: the default GLM mechanism ----------------------------------------------------
+def choose_mechanism(public: PublicPlan, released: Released, say: NoticeFn) -> PublicPlan:
+    """Stage 1c. ``public`` with ``noise-aware-cells`` as its mechanism when the request left the
+    mechanism to the default and the cells' public rule says they pay
+    (:func:`dpsummary.mechanisms.noise_aware_cells.cells_pay`: the policy's public schema is a
+    small discrete domain and the record count, public or stage 1's DP count, gives at least
+    :data:`~dpsummary.mechanisms.noise_aware_cells.RECORDS_PER_CELL_SDS` records per cell in
+    units of a cell count's noise sd; issue 50's thirty-first rule); otherwise ``public``
+    unchanged. Both GLM mechanisms keep the same stage-0 budget parts, so nothing charged so far
+    depends on the choice; the choice reads only public and DP-released values (post-processing)."""
+    if not public.mechanism_by_default:
+        return public
+    from .mechanisms.noise_aware_cells import NAME as CELLS
+    from .mechanisms.noise_aware_cells import cells_pay
+
+    candidate = dataclasses.replace(public, req=dataclasses.replace(public.req, mechanism=CELLS))
+    if not cells_pay(candidate, released):
+        return public
+    say(f"mechanism: {CELLS} (the default for this policy's small public discrete domain: its record count "
+        "gives enough records per cell above the counts' noise; --mechanism noise-aware-newton runs the Newton "
+        "rounds instead)")
+    return candidate
 
 
 # ---- stage 2 plan: the mechanism's, from public or released values --------------------------

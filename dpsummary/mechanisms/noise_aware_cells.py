@@ -67,6 +67,42 @@ USE_NEWTON = "use --mechanism noise-aware-newton"
 SERVED = {"binary": "logistic", "count": "poisson"}
 #: Smallest mean count the Poisson prior's centre uses (the Newton rounds' public floor).
 MIN_MEAN_COUNT = 0.05
+#: The default runs this mechanism instead of the Newton rounds when the policy's public schema
+#: is a small discrete domain (:func:`dpsummary.cells.domain.check_schema`) and a cell's mean
+#: record count is at least this many sds of a cell count's noise (:func:`records_per_cell_sds`).
+#: Issue 50's thirty-first rule (benchmarks/notebook/feature_cells.md), chosen on simulated
+#: small-domain tables only: below it the counts' noise costs more than the rounds do.
+RECORDS_PER_CELL_SDS = 3.38
+
+
+def records_per_cell_sds(plan: MechanismPlan, record_count: float) -> float:
+    """The mean records per cell in units of a cell count's noise sd: ``(N / D) / (sigma_c /
+    sqrt(f))``, with ``N`` the record count (public, or stage 1's DP count), ``D`` the public
+    domain's size, ``sigma_c`` the cells' Gaussian multiplier in ``plan`` (the stage's, less the
+    Poisson count histogram's share) and ``f`` the counts' share. Public and DP-released values
+    only (post-processing)."""
+    range_share = float(plan.settings.get("range_share", 0.0))
+    cells_multiplier = plan.noise_multiplier / math.sqrt(1.0 - range_share)
+    count_sd = cells_multiplier / math.sqrt(float(plan.settings["count_share"]))
+    return (record_count / plan.settings["domain"].num_cells) / count_sd
+
+
+def cells_pay(public: PublicPlan, released: Released) -> bool:
+    """Whether the default should run this mechanism (``public.req.mechanism`` already names it):
+    the public checks pass on the policy's schema (logistic or Poisson, the local engine, a small
+    discrete domain) and :func:`records_per_cell_sds` at this plan is at least
+    :data:`RECORDS_PER_CELL_SDS`. Without a public schema, or where a public check refuses, False
+    (the Newton rounds serve every GLM). Reads no record."""
+    schema = public.policy.data_schema
+    if schema is None:
+        return False
+    mechanism = NoiseAwareCells()
+    try:
+        mechanism.check_public(public.req, schema)
+    except ReleaseError:
+        return False
+    plan = mechanism.plan(public, released)
+    return records_per_cell_sds(plan, released.record_count) >= RECORDS_PER_CELL_SDS
 
 
 def poisson_prior_centre(model: Any, cells: Any, *, target_bound: float) -> Any:
