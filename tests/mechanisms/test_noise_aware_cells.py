@@ -4,6 +4,7 @@ stage's multiplier is all it charges, and its post-processing is reproducible fr
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 from typing import Any
@@ -165,3 +166,77 @@ def test_a_poisson_release_centres_its_prior_at_the_noisy_mean_count(tmp_path: P
     assert centre[1:] == [0.0] * (len(centre) - 1)
     assert abs(centre[0] - 1.05) < 0.3
     assert np.all(np.isfinite(np.asarray(body["posterior"]["gaussians"]["noise_aware"]["cov"])))
+
+
+# ---- the default's choice (issue 50's thirty-first rule; dpsummary.release.choose_mechanism) ----
+def _default_request(tmp: Path, *, epsilon: float, x1_integer: bool = True, schema: bool = True,
+                     mechanism: str | None = None, count_public: bool = True) -> ReleaseRequest:
+    tmp.mkdir(parents=True, exist_ok=True)
+    data = write_csv(tmp / "d.csv", N, seed=5)
+    policy = write_policy(tmp / "p.toml", n=N if count_public else None, x1_integer=x1_integer, schema=schema,
+                          total_epsilon=20.0, cap=10.0)
+    return ReleaseRequest(data=data, epsilon=epsilon, policy=policy, out=tmp / "o.dpsummary.json",
+                          ledger=tmp / "ledger.jsonl", mechanism=mechanism, seed=0, size=4)
+
+
+def test_records_per_cell_sds_is_the_mean_cell_count_over_its_noise_sd(tmp_path: Path) -> None:
+    from dpsummary.mechanisms.noise_aware_cells import records_per_cell_sds
+
+    public = plan_public(_request(tmp_path), lambda _m: None)
+    released = public_stage1(public)  # the policy's public count: N
+    plan = REGISTRY["noise-aware-cells"].plan(public, released)
+    count_sd = plan.noise_multiplier / math.sqrt(0.3)
+    assert records_per_cell_sds(plan, released.record_count) == pytest.approx((N / 44) / count_sd, rel=1e-12)
+    # A Poisson plan's cells get the stage's Gaussian less the count histogram's share.
+    poisson = plan_public(_request(tmp_path / "p", target="count"), lambda _m: None)
+    pplan = REGISTRY["noise-aware-cells"].plan(poisson, public_stage1(poisson))
+    share = pplan.settings["range_share"]
+    assert share > 0
+    expected = (N / 44) / (pplan.noise_multiplier / math.sqrt(1.0 - share) / math.sqrt(0.3))
+    assert records_per_cell_sds(pplan, N) == pytest.approx(expected, rel=1e-12)
+
+
+@pytest.mark.parametrize(("epsilon", "expected"), [(0.5, "noise-aware-newton"), (5.0, "noise-aware-cells")])
+def test_the_default_runs_cells_only_with_enough_records_per_cell(tmp_path: Path, epsilon: float,
+                                                                  expected: str) -> None:
+    # N 1,500 over 44 cells: about 0.9 count-noise sds of records per cell at epsilon 0.5 and
+    # about 12 at epsilon 5, either side of RECORDS_PER_CELL_SDS (3.38).
+    from dpsummary.artifact import read_artifact
+    from dpsummary.mechanisms.noise_aware_cells import RECORDS_PER_CELL_SDS, records_per_cell_sds
+
+    req = _default_request(tmp_path, epsilon=epsilon)
+    public = plan_public(req, lambda _m: None)
+    assert public.mechanism_by_default and public.req.mechanism == "noise-aware-newton"
+    cells_public = dataclasses.replace(public, req=dataclasses.replace(public.req, mechanism="noise-aware-cells"))
+    rho = records_per_cell_sds(REGISTRY["noise-aware-cells"].plan(cells_public, public_stage1(public)), N)
+    assert (rho >= RECORDS_PER_CELL_SDS) == (expected == "noise-aware-cells")
+    said: list[str] = []
+    result = run_release(req, notice=said.append)
+    assert result.mechanism == expected
+    _body, claim, _info = read_artifact(req.out)  # type: ignore[arg-type]
+    assert claim["mechanism"]["name"] == expected
+    assert any("mechanism: noise-aware-cells" in s for s in said) == (expected == "noise-aware-cells")
+
+
+@pytest.mark.parametrize("case", ["named", "continuous", "no schema"])
+def test_the_newton_rounds_run_when_asked_for_or_the_domain_rule_does_not_hold(tmp_path: Path, case: str) -> None:
+    req = _default_request(tmp_path, epsilon=5.0, mechanism="noise-aware-newton" if case == "named" else None,
+                           x1_integer=case != "continuous", schema=case != "no schema")
+    public = plan_public(req, lambda _m: None)
+    assert public.mechanism_by_default == (case != "named")
+    assert run_release(req).mechanism == "noise-aware-newton"
+
+
+def test_the_choice_reads_only_the_released_count(tmp_path: Path) -> None:
+    # Post-processing: given the same released count, the choice is the same whatever the data.
+    from dpsummary.release import choose_mechanism
+
+    public = plan_public(_default_request(tmp_path, epsilon=5.0, count_public=False), lambda _m: None)
+    released = public_stage1(_plan_with_count(tmp_path / "c", N))
+    chosen = [choose_mechanism(public, dataclasses.replace(released, record_count=float(n)), lambda _m: None)
+              .req.mechanism for n in (50, N, 10 * N)]
+    assert chosen == ["noise-aware-newton", "noise-aware-cells", "noise-aware-cells"]
+
+
+def _plan_with_count(tmp: Path, n: int) -> Any:
+    return plan_public(_default_request(tmp, epsilon=5.0), lambda _m: None)
