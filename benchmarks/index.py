@@ -49,8 +49,10 @@ BENCHMARKS: tuple[Benchmark, ...] = (
               "real release judged against the full-data posterior and the idealised floor "
               "([docs/CALIBRATION.md](docs/CALIBRATION.md)).",
               "python benchmarks/calibration.py run --out benchmarks/results/calibration.csv; "
-              "python benchmarks/calibration.py report ...; python benchmarks/headline.py",
-              ("calibration.md", "calibration_dppsvi.md", "calibration_cells.md"), plot="calibration.png",
+              "python benchmarks/calibration.py report ...; python benchmarks/headline.py; "
+              "python benchmarks/refusal_reasons.py (the refused cells' measured reasons)",
+              ("calibration.md", "calibration_dppsvi.md", "calibration_cells.md", "refusal_reasons.md"),
+              plot="calibration.png",
               special="calibration"),
     Benchmark("Sampling: the draws analysts get", "Do `Release.sample()` (BlackJAX NUTS) and the exporters' samplers "
               "(NumPyro, PyMC, Stan) draw the released posterior, and how fast? Each against an independent reference "

@@ -427,3 +427,34 @@ def test_variants_compare_rule_4_honesty_first(tmp_path: Path) -> None:
     assert nv.cell_verdicts(list(csv.DictReader(bare.open(newline=""))), "trace", {("t", 1.0): 0.1})[
         ("t", 1.0)].floor_wrong == pytest.approx(1.0)
     assert nv.compare([bare], "imputed", "trace", floor_wrong={}).floor_unknown == [("t", 0.3), ("t", 1.0), ("t", 3.0)]
+
+
+def test_refusal_reasons_measure_what_stage_1_can_see(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """benchmarks/refusal_reasons.py: on the tiny simulated table (2,000 rows, 3 numerics), stage 1
+    sees nothing at epsilon 0.1 and a feature for sure at 10; the refused cells are read from a
+    results CSV with what refused."""
+    monkeypatch.setenv("DPSUMMARY_HOME", str(tmp_path / "home"))  # visibility() sets it; restored after
+    cal = _calibration()
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import refusal_reasons as rr  # type: ignore[import-not-found]
+    finally:
+        sys.path.pop(0)
+    spec = cal.TABLES["sim_tiny"]  # type: ignore[attr-defined]
+    low = rr.visibility(spec, 0.1, tmp_path / "w", cache=tmp_path / "cache")
+    high = rr.visibility(spec, 10.0, tmp_path / "w", cache=tmp_path / "cache")
+    assert low.feature_noise_sd > 10 * high.feature_noise_sd
+    assert low.best_ratio < 1.0 < high.best_ratio
+    assert 0.0 <= low.p_any_feature < 0.5 and high.p_any_feature > 0.999
+    results = tmp_path / "cal.csv"
+    with results.open("w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=["table", "mode", "epsilon", "mechanism", "outcome", "message"])
+        w.writeheader()
+        for outcome, message in (("refused", "ChargedRefusal: no feature column could be estimated privately; x"),
+                                 ("refused", "ChargedRefusal: target 'y': too few non-missing values; x"),
+                                 ("released", "")):
+            w.writerow({"table": "sim_tiny", "mode": "zero-config", "epsilon": 0.1, "mechanism": "noise-aware-newton",
+                        "outcome": outcome, "message": message})
+        w.writerow({"table": "sim_tiny", "mode": "zero-config", "epsilon": 1, "mechanism": "noise-aware-newton",
+                    "outcome": "released", "message": ""})
+    assert rr.refused_cells(results) == [("sim_tiny", 0.1, 2, 3, "features and target")]
