@@ -32,7 +32,7 @@ def release(
     ledger: Annotated[Path | None, typer.Option(help="Ledger file (default: in the dpsummary home).")] = None,
     key: Annotated[Path | None, typer.Option(help="PRIVATE signing key (default: keys/dpsummary.key in the dpsummary home, $DPSUMMARY_HOME or ~/.config/dpsummary; created on first use).")] = None,
     calibrate_to: Annotated[Literal["rdp", "prv", "pld"] | None, typer.Option(help="Accountant to calibrate sigma to; must equal the policy's accountant of record (set `accountant` in the policy to change it).")] = None,
-    mechanism: Annotated[Literal["noise-aware-newton", "dp-psvi", "dp-bb-psvi", "dp-kd-tree", "noise-aware-cells"] | None, typer.Option(help="Stage-2 mechanism, chosen from --model when omitted: noise-aware-newton (GLMs' default: noisy score statistics, credible intervals that account for the privacy noise), dp-psvi (GLMs: the paper's mechanism, for reproduction; its intervals ignore the noise), dp-bb-psvi (--model bnn only: DP black-box PSVI), dp-kd-tree (--model gmm|dpgmm only: a noisy kd-tree of the numeric columns as weighted pseudo-points) or noise-aware-cells (logistic or Poisson over a small public discrete feature domain declared in the policy's schema: noisy cell counts and T = sum x y in one Gaussian mechanism; opt-in).")] = None,
+    mechanism: Annotated[Literal["noise-aware-newton", "dp-psvi", "dp-bb-psvi", "dp-kd-tree", "noise-aware-cells"] | None, typer.Option(help="Stage-2 mechanism, chosen from --model when omitted: noise-aware-newton (GLMs' default: noisy score statistics, credible intervals that account for the privacy noise), dp-psvi (GLMs: the paper's mechanism, for reproduction; its intervals ignore the noise), dp-bb-psvi (--model bnn only: DP black-box PSVI), dp-kd-tree (--model gmm|dpgmm only: a noisy kd-tree of the numeric columns as weighted pseudo-points) or noise-aware-cells (logistic or Poisson over a small public discrete feature domain declared in the policy's schema: noisy cell counts and T = sum x y in one Gaussian mechanism; the default runs it instead of noise-aware-newton when the table has enough records per cell for the budget).")] = None,
     bnn_widths: Annotated[str | None, typer.Option(help="--model bnn only: hidden layer widths, comma-separated (public; default 20: one hidden ReLU layer of 20 units).")] = None,
     components: Annotated[int | None, typer.Option(help="--model gmm|dpgmm only: number of mixture components K (gmm) or the truncation T (dpgmm); public, default 10.")] = None,
     engine: Annotated[Literal["local", "spark"], typer.Option(help="Where the records are read and the mechanisms run: local (one machine, CSV or Parquet) or spark (a Parquet file or directory, through Apache Spark; needs the `spark` extra and Java 17; zero configuration works as locally).")] = "local",
@@ -43,7 +43,8 @@ def release(
 ) -> None:
     """Release a differentially private summary of DATA, signed and entered in the ledger.
 
-    Default mechanism: noise-aware noisy score statistics; --mechanism dp-psvi for the paper's
+    Default mechanism: noise-aware noisy score statistics (noisy cell counts instead on a small
+    public discrete domain with enough records per cell); --mechanism dp-psvi for the paper's
     DP-PSVI; --model bnn: a Bayesian neural network by DP black-box PSVI; --model gmm|dpgmm: a
     Gaussian mixture summary by a noisy kd-tree. A table the zero-configuration release cannot
     describe takes a schema in the policy: `dpsummary policy init DATA` writes a skeleton.
