@@ -157,23 +157,30 @@ def report(results: Path) -> list[str]:
         "|---|---|---|---|---|---|---|---|---|",
     ]
     needs: dict[str, float | None] = {}
+    below: list[str] = []
+    above: list[str] = []
     for table, eps, refused, runs, what in refused_cells(results):
         spec = cal.TABLES[table]
         v = visibility(spec, eps, workdir)
         if table not in needs:
             needs[table] = needed_epsilon(spec, workdir)
         need = needs[table]
+        (below if v.best_ratio < 1.0 else above).append(
+            f"{table} at {eps:g} ({v.best_column} {v.best_ratio:.2f}, P {v.p_any_feature:.2f}, refused {refused} of {runs})")
         lines.append(f"| {table} | {eps:g} | {refused} / {runs} | {what} | {v.schema_sigma:.1f} | {v.feature_noise_sd:,.0f} | "
                      f"{v.best_column} ({v.best_ratio:.2f}) | {v.p_any_feature:.3f} | "
                      f"{'over ' + format(EPSILON_GRID[-1], 'g') if need is None else format(need, 'g')} |")
     lines += [
         "",
-        "What this says: in every refused cell no feature column's largest noise-free count reaches the threshold "
-        "(ratios below 1), so stage 1 keeps a feature only when noise lifts one (where the target refused, the "
-        "features would have refused too); the release then has no feature to "
-        "regress on. What stage 1 did learn (the target's spec, a noisy record count) would support only an "
-        "intercept, which answers a different question than the regression asked, so the refusal is kept: it "
-        "costs stage 1's share and names the fix, a public schema (`dpsummary policy init DATA`).",
+        f"What this says: in {len(below)} of the {len(below) + len(above)} refused cells no feature column's largest "
+        "noise-free count reaches the threshold (ratio below 1), so stage 1 keeps a feature only when noise lifts "
+        "one (where the target refused, the features would have refused too)"
+        + ("." if not above else f"; in the others ({'; '.join(above)}) a feature is above it, and the cell refused "
+           "in the releases where noise pushed it below.")
+        + " A refused release has no feature to regress on. What stage 1 did learn (the target's spec, a noisy "
+        "record count) would support only an intercept, which answers a different question than the regression "
+        "asked, so the refusal is kept: it costs stage 1's share and names the fix, a public schema (`dpsummary "
+        "policy init DATA`).",
     ]
     return lines
 
