@@ -554,3 +554,17 @@ def test_a_target_range_set_by_a_false_bin_profile_is_read_off_the_next_bin() ->
     grid[int(np.searchsorted(GRID_EDGES, 10.0))] = floor + 0.5 * sd  # next to the data: kept
     spec, note = _numeric_spec("y", grid, floor, False, full_range=True, noise_sd=sd)
     assert spec is not None and spec.upper == 10.0 and "left out" not in note
+
+
+def test_no_feature_refusal_names_the_public_noise_sd(monkeypatch: pytest.MonkeyPatch) -> None:
+    """When no feature survives, the refusal gives one count's noise sd (public: epsilon, delta and
+    the number of columns fix it) and both fixes; nothing read off the data."""
+    identity_noise(monkeypatch)  # noiseless counts of 400 rows, all far below the thresholds below
+    t = synthetic(400, seed=2)
+    spec = _public_target()
+    mech = preprocess.SchemaMechanism.plan(t.header, noise_multiplier=1e5, target="y", delta=1e-6, public_target=spec)
+    sd = max(mech.raw_std(c) for c in mech.estimated)
+    with pytest.raises(DataError) as caught:
+        estimate_schema(t, noise_multiplier=1e5, target="y", delta=1e-6, public_target=spec)
+    assert f"noise sd about {sd:,.0f} records" in caught.value.problem
+    assert "public schema" in (caught.value.fix or "") and "raise --epsilon" in (caught.value.fix or "")

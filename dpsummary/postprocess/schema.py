@@ -187,9 +187,14 @@ def schema_from_release(
         specs.append(spec)
         notes.append(why)
     if not [c for c in specs if c.name != tgt]:
-        raise DataError("no feature column could be estimated privately",
+        # The noise sd is public (epsilon, delta and the number of columns fix it); it tells the
+        # curator how far the budget is from what a zero-configuration release of this width needs
+        # (benchmarks/results/refusal_reasons.md).
+        feature_sd = max((columns[n].raw_noise_std for n in header if n != tgt), default=0.0)
+        raise DataError(f"no feature column could be estimated privately (at this epsilon each of the schema "
+                        f"estimate's counts has noise sd about {feature_sd:,.0f} records)",
                         fix="give the policy a public schema instead (`dpsummary policy init DATA` writes a skeleton "
-                        "to fill in, then pass it with --policy)")
+                        "to fill in, then pass it with --policy), or raise --epsilon")
     schema = Schema(columns=specs, target=tgt)
     spec_t = schema.target_column
     if spec_t is not None and spec_t.kind == "categorical" and len(spec_t.categories or []) == 1 \
