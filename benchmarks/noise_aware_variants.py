@@ -107,6 +107,10 @@ SCHEDULES: dict[str, Any] = {
                     else na.Schedule.default(m)),
     "RS": lambda m: (dataclasses.replace(na.Schedule.default(m), merge_rounds=True, last_split="preposterior")
                      if m.name == "logistic" else na.Schedule.default(m)),
+    # Thirty-second rule (issue 50): the Poisson default with counts at the clip bound censored
+    # (logistic: its own default).
+    "X": lambda m: (dataclasses.replace(na.Schedule.default(m), censor_counts=True) if m.name == "poisson"
+                    else na.Schedule.default(m)),
 }
 
 
@@ -129,13 +133,15 @@ def _fit(model: Any, pts: torch.Tensor, fn: float, tb: float, epsilon: float, de
     sigma, _ = na.calibrate(sched, target_epsilon=epsilon, delta=delta, prior_events=[count])
     rnd = SystemRandomness() if randomness is None else randomness
 
+    fn, tb = cal.release_bounds(sched, sigma, pts, fn, tb, rnd if range_randomness is None else range_randomness)
+    bounds = na.public_bounds(model, feature_norm=fn, target_bound=tb)
+    statistic_model = na.statistic_model(model, sched, tb)
+
     def release(theta: torch.Tensor, sb: float, cb: float, sm: float, cm: float) -> tuple[torch.Tensor, torch.Tensor]:
-        st = noisy_score_statistics(pts, rnd, model, theta, score_bound=sb, curvature_bound=cb,
+        st = noisy_score_statistics(pts, rnd, statistic_model, theta, score_bound=sb, curvature_bound=cb,
                                     score_noise_multiplier=sm, curvature_noise_multiplier=cm)
         return st.score, st.curvature
 
-    fn, tb = cal.release_bounds(sched, sigma, pts, fn, tb, rnd if range_randomness is None else range_randomness)
-    bounds = na.public_bounds(model, feature_norm=fn, target_bound=tb)
     return na.fit(model, release, bounds, schedule=sched, sigma=sigma, feature_norm=fn, target_bound=tb,
                   generator=torch.Generator().manual_seed(0))
 

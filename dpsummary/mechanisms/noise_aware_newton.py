@@ -75,10 +75,12 @@ def noise_aware_summaries(plan: MechanismPlan, records: Any, size: int, generato
     if norm_clip is not None:
         feature_norm = norm_clip.bound
     bounds = noise_aware.public_bounds(model, feature_norm=feature_norm, target_bound=target_bound)
+    # Module docstring of noise_aware, 15.: counts at the clip bound censored in the statistics.
+    statistic_model = noise_aware.statistic_model(model, schedule, target_bound)
 
     def release(theta: torch.Tensor, score_bound: float, curvature_bound: float, s_mult: float, c_mult: float
                 ) -> tuple[torch.Tensor, torch.Tensor]:
-        st = records.noisy_score_statistics(model, theta, score_bound=score_bound, curvature_bound=curvature_bound,
+        st = records.noisy_score_statistics(statistic_model, theta, score_bound=score_bound, curvature_bound=curvature_bound,
                                             score_noise_multiplier=s_mult, curvature_noise_multiplier=c_mult)
         return st.score, st.curvature
 

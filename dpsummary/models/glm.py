@@ -210,3 +210,96 @@ class PoissonRegression(GLM):
     def project_points(self, points):
         points[:, -1].clamp_(min=0.0)
         return points
+
+    def censored(self, bound: float) -> CensoredPoissonRegression:
+        """The same model with counts of ``max(floor(bound), 1)`` or more censored
+        (:class:`CensoredPoissonRegression`): the statistic model of rounds that clip the count at
+        the public ``bound`` (issue 50's thirty-second rule)."""
+        return CensoredPoissonRegression(self.num_features, censor_at=bound, prior_scale=self.prior_scale,
+                                         intercept=self.intercept, prior_mean=self._prior_centre)
+
+
+#: Terms of the series for ``P(Y >= K) / P(Y = K)`` (see :func:`_tail_ratio`); its tail beyond
+#: them is bounded geometrically.
+_SERIES_TERMS = 400
+#: The series is used where ``mu / (K + 1)`` is below this (60 terms already reach 1e-18 there)
+#: or where the incomplete gamma underflows.
+_SERIES_RATIO = 0.5
+_TINY_TAIL = 1e-280
+
+
+def _tail_ratio(eta: torch.Tensor, k: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(log R, R - 1)`` with ``R = P(Y >= k) / P(Y = k)`` for ``Y ~ Poisson(exp(eta))``,
+    elementwise and finite for every finite ``eta``. Where ``mu / (k + 1)`` is small or the
+    incomplete gamma underflows, ``R - 1`` is the series ``sum_{m >= 1} prod_{j <= m} mu / (k + j)``
+    (so ``R - 1`` keeps its relative precision as ``mu -> 0``, which the curvature needs); else
+    ``P(Y >= k) = gammainc(k, mu)``, the regularised lower incomplete gamma."""
+    mu = torch.exp(eta)
+    log_pk = k * eta - mu - math.lgamma(k + 1.0)
+    tail = torch.special.gammainc(torch.full_like(mu, k), mu)
+    log_r = torch.log(tail.clamp(min=_TINY_TAIL)) - log_pk
+    excess = torch.expm1(log_r)
+    use = (tail < _TINY_TAIL) | (mu < _SERIES_RATIO * (k + 1.0))
+    if bool(use.any()):
+        m = mu[use]
+        steps = torch.arange(1, _SERIES_TERMS + 1, dtype=m.dtype)
+        ratios = m[:, None] / (k + steps[None, :])
+        terms = torch.cumprod(ratios, dim=1)
+        last, q = terms[:, -1], ratios[:, -1]
+        series = terms.sum(1) + torch.where(q < 1.0, last * q / (1.0 - q).clamp(min=1e-12), torch.zeros_like(q))
+        log_r, excess = log_r.clone(), excess.clone()
+        log_r[use], excess[use] = torch.log1p(series), series
+    return log_r, excess
+
+
+class CensoredPoissonRegression(PoissonRegression):
+    """Poisson regression whose counts at or above ``K = max(floor(censor_at), 1)`` are censored:
+    such a record's log-likelihood is ``log P(Y >= K)``, the exact likelihood of ``min(Y, K)``.
+
+    Used only as the statistic model of the noise-aware rounds when the count is clipped at a
+    public bound (issue 50's thirty-second rule, benchmarks/notebook/noise_aware_variants.md): the
+    rounds then release the score and curvature of the data they actually use, instead of
+    clipping a large count's score under a mean model (``exp(eta)``) that ignores the clip. Never
+    released: its :meth:`spec` names no registered model, so :func:`~dpsummary.models.from_spec`
+    refuses it. With ``h = K P(Y = K) / P(Y >= K)``, a censored record's score weight is ``h``
+    (in ``(0, K]``) and its curvature weight ``h (h + mu - K)`` (in ``[0, mu]``), so the
+    statistic bounds of :class:`PoissonRegression` hold unchanged."""
+
+    name: ClassVar[str] = "poisson-censored"
+
+    def __init__(self, num_features: int, *, censor_at: float, prior_scale: float = 1.0, intercept: bool = True,
+                 prior_mean: Sequence[float] | None = None):
+        super().__init__(num_features, prior_scale=prior_scale, intercept=intercept, prior_mean=prior_mean)
+        if not (math.isfinite(censor_at) and censor_at > 0):
+            raise ValueError("censor_at must be positive and finite")
+        self.censor_at = float(censor_at)
+        self.censor_count = float(max(math.floor(censor_at), 1))
+
+    def log_lik_eta(self, y, eta):
+        k = self.censor_count
+        censored = y >= k
+        out = super().log_lik_eta(torch.clamp(y, max=k), eta)
+        if bool(censored.any()):
+            e = eta.expand_as(out)[censored.expand_as(out)]
+            log_r, _ = _tail_ratio(e, k)
+            out = out.masked_scatter(censored.expand_as(out), k * e - torch.exp(e) - math.lgamma(k + 1.0) + log_r)
+        return out
+
+    def eta_derivatives_graph(self, y, eta):
+        k = self.censor_count
+        rate = torch.exp(eta)
+        d1, d2 = y - rate, -rate
+        censored = (y >= k).expand_as(d1)
+        if not bool(censored.any()):
+            return d1, d2
+        e, mu = eta.expand_as(d1)[censored], rate.expand_as(d1)[censored]
+        log_r, excess = _tail_ratio(e, k)
+        h = (k * torch.exp(-log_r)).clamp(min=0.0, max=k)
+        # h + mu - k = mu - k (R - 1) / R: no cancellation as mu -> 0 (R - 1 ~ mu / (k + 1)).
+        curvature = h * (mu - k * excess * torch.exp(-log_r))
+        curvature = torch.where(torch.isfinite(curvature), torch.minimum(curvature.clamp(min=0.0), mu),
+                                torch.zeros_like(curvature))
+        return d1.masked_scatter(censored, h), d2.masked_scatter(censored, -curvature)
+
+    def spec(self) -> dict[str, Any]:
+        return {**super().spec(), "censor_at": self.censor_at}

@@ -152,6 +152,17 @@ aware) posterior ``N((H + P)^-1 (s + H a + P mu0), (H + P)^-1)`` is returned for
     composition for Gaussian DP, Smith and Thakurta 2022; Renyi filters, Feldman and Zrnic 2021),
     and the decision is post-processing of DP outputs.
 
+15. **Counts at the clip bound censored** (issue 50's thirty-second rule,
+    ``Schedule.censor_counts``). With the count clipped at the public bound ``B`` (11.), a record
+    whose count is ``K = max(floor(B), 1)`` or more enters the rounds' statistics with the score
+    and curvature of ``log P(Y >= K)`` (:class:`~dpsummary.models.glm.CensoredPoissonRegression`),
+    the exact likelihood of ``min(Y, K)``, instead of a clipped score under the mean model
+    ``exp(eta)``, which ignores the clip and biases the intercept low where the clip cuts a visible
+    share of the count mass. The score weight lies in ``(0, K]`` and the curvature weight in
+    ``[0, mu]``, so the statistic bounds and the events are unchanged. Under the Poisson model the
+    censoring is unbiased; on an overdispersed table the tail above ``K`` is extrapolated from the
+    model, so a misfit in the tail still biases the intercept (less than the clip did).
+
 Totality: whatever the noise draws, :func:`fit` returns finite Gaussians or raises
 :class:`NonFiniteFit` (a DP-decided outcome; the release turns it into a charged refusal).
 
@@ -226,6 +237,7 @@ from .schedule import (
     Schedule,
     calibrate,
     range_clips,
+    statistic_model,
 )
 from .variants import (
     EXPANSION_RMS_FACTOR,
@@ -300,6 +312,7 @@ __all__ = [
     "range_clips",
     "rms_eta",
     "schema_bounds",
+    "statistic_model",
     "step",
     "symmetric_noise",
     "trace_kept_spectrum",

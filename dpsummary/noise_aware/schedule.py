@@ -90,6 +90,10 @@ class Schedule:
     #: settled (:data:`MERGE_RMS_ETA`; module docstring, 14.). Rounds 2.. are then declared as the
     #: one Gaussian they compose to, whatever the path. Public.
     merge_rounds: bool = False
+    #: Whether the rounds treat a count at or above the count's clip bound as censored
+    #: (:func:`statistic_model`; module docstring, 15.; issue 50's thirty-second rule). Needs
+    #: ``count_range``. Public.
+    censor_counts: bool = False
 
     def __post_init__(self) -> None:
         flat = [w for pair in self.rounds for w in pair] + [w for w in (self.count_range, self.feature_range) if w]
@@ -115,6 +119,8 @@ class Schedule:
             raise ValueError("last_split must be None or 'preposterior' (with at least two rounds)")
         if self.merge_rounds and len(self.rounds) < 2:
             raise ValueError("merge_rounds needs at least two rounds")
+        if self.censor_counts and not self.count_range:
+            raise ValueError("censor_counts needs the count's clip bound (count_range)")
 
     @classmethod
     def default(cls, model: Model) -> Schedule:
@@ -212,6 +218,8 @@ class Schedule:
         if self.merge_rounds:
             out["merge_rounds"] = True
             out["merge_rms_eta"] = MERGE_RMS_ETA
+        if self.censor_counts:
+            out["censored_counts"] = True
         return out
 
 
@@ -273,3 +281,18 @@ def range_clips(schedule: Schedule, *, sigma: float, num_features: int, feature_
     noisy = histogram(layout, multiplier)
     return RangeClips(norm_clip(noisy, feature_norm) if schedule.feature_range else None,
                       clip_bound(noisy, target_bound) if schedule.count_range else None)
+
+
+def statistic_model(model: Model, schedule: Schedule, target_bound: float) -> Model:
+    """The model whose per-record score and curvature the rounds release (module docstring, 15.):
+    ``model`` itself, or with ``schedule.censor_counts`` (a Poisson schedule with the count's clip)
+    the same Poisson regression with counts at or above ``target_bound`` (the clip bound, public)
+    censored (:meth:`~dpsummary.models.PoissonRegression.censored`). The posterior, the prior and
+    the statistic bounds stay ``model``'s. The one place every caller of :func:`fit` (the release,
+    the benchmarks) gets the rounds' statistic model from."""
+    if not schedule.censor_counts:
+        return model
+    censored = getattr(model, "censored", None)
+    if censored is None:
+        raise ValueError(f"censor_counts needs a count model, not {model.name!r}")
+    return censored(target_bound)
