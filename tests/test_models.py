@@ -332,3 +332,60 @@ def test_prior_mean_centres_the_prior_and_is_declared_in_the_spec() -> None:
         base.with_prior_mean([1.0, 2.0])
     with pytest.raises(ValueError):
         PoissonRegression(2, prior_mean=[float("nan"), 0.0, 0.0])
+
+
+# ---- the censored Poisson statistic model (issue 50's thirty-second rule) ---------------------
+@pytest.mark.parametrize("bound", [1.0, 2.0, 5.0, 37.6])
+def test_censored_poisson_is_the_likelihood_of_the_count_censored_at_k(bound: float) -> None:
+    """A count at or above K = floor(bound) has log-likelihood log P(Y >= K) (scipy's logsf at
+    K - 1); below K the Poisson log-pmf. Closed-form derivatives match autograd of that
+    likelihood, and both match central finite differences of it."""
+    model = PoissonRegression(2).censored(bound)
+    k = float(int(bound))
+    assert model.censor_count == k
+    eta = torch.linspace(-6.0, 4.0, 41, dtype=DTYPE)
+    mu = eta.exp().numpy()
+    for y_value in (0.0, k - 1.0, k, k + 3.0):
+        if y_value < 0:
+            continue
+        y = torch.full_like(eta, y_value)
+        got = model.log_lik_eta(y, eta).numpy()
+        want = stats.poisson.logsf(k - 1, mu) if y_value >= k else stats.poisson.logpmf(y_value, mu)
+        np.testing.assert_allclose(got, want, rtol=1e-8, atol=1e-10)
+        d1, d2 = model.eta_derivatives_graph(y, eta)
+        a1, a2 = model.autograd_eta_derivatives(y, eta)
+        torch.testing.assert_close(d1, a1.detach(), rtol=1e-8, atol=1e-10)
+        torch.testing.assert_close(d2, a2.detach(), rtol=1e-7, atol=1e-10)
+        step = 1e-5
+        up, down = model.log_lik_eta(y, eta + step), model.log_lik_eta(y, eta - step)
+        torch.testing.assert_close(d1, (up - down) / (2 * step), rtol=1e-5, atol=1e-7)
+
+
+def test_censored_poisson_weights_stay_within_the_poisson_statistic_bounds() -> None:
+    """A censored record's score weight h lies in (0, K] and its curvature weight in [0, mu], so
+    PoissonRegression.statistic_bounds hold unchanged; finite from eta -60 to 12 and K up to 1e6
+    (the incomplete gamma underflows there, the series takes over)."""
+    eta = torch.linspace(-60.0, 12.0, 721, dtype=DTYPE)
+    for bound in (1.0, 2.0, 10.0, 1000.0, 1e6):
+        model = PoissonRegression(1).censored(bound)
+        k = model.censor_count
+        d1, d2 = model.eta_derivatives(torch.full_like(eta, k), eta)
+        assert bool(torch.isfinite(d1).all()) and bool(torch.isfinite(d2).all())
+        assert bool((d1 >= 0).all()) and bool((d1 <= k).all())
+        assert bool((-d2 >= 0).all()) and bool((-d2 <= eta.exp() * (1 + 1e-12)).all())
+        # mu -> 0: h -> K and the curvature weight -> K mu / (K + 1) (the series' first term).
+        low = eta < -30
+        torch.testing.assert_close(d1[low], torch.full_like(d1[low], k), rtol=1e-9, atol=0.0)
+        torch.testing.assert_close(-d2[low], k * eta[low].exp() / (k + 1), rtol=1e-6, atol=0.0)
+
+
+def test_censored_poisson_is_never_rebuilt_from_a_spec() -> None:
+    """The censored model is the rounds' statistic model only: its spec names no registered model."""
+    model = PoissonRegression(3, prior_scale=2.0).censored(5.0)
+    assert model.spec()["censor_at"] == 5.0 and model.prior_scale == 2.0
+    with pytest.raises(ValueError, match="unknown model"):
+        from_spec(model.spec())
+    assert PoissonRegression(3).censored(0.0).censor_count == 1.0  # a clip at the bin of 0
+    for bad in (-1.0, float("inf"), float("nan")):
+        with pytest.raises(ValueError, match="censor_at"):
+            PoissonRegression(3).censored(bad)

@@ -853,3 +853,55 @@ def test_keeping_each_draws_trace_widens_only_where_the_noise_dominates():
     assert float(sd_kept[0]) == pytest.approx(float(sd_plain[0]), rel=0.05)
     assert bool((sd_kept[1:] > sd_plain[1:]).all())
     assert bool((sd_kept <= model.prior_scale * 1.05).all())
+
+
+def test_censor_counts_needs_the_count_range_and_swaps_only_the_statistic_model():
+    """Issue 50's thirty-second rule: Schedule.censor_counts needs the count's clip; the rounds'
+    statistic model is then the Poisson model censored at the clip bound (K = floor), declared in
+    the schedule's dict; without it (or for logistic regression's default) the model itself."""
+    from dpsummary.models import PoissonRegression
+    from dpsummary.models.glm import CensoredPoissonRegression
+
+    model = PoissonRegression(3)
+    sched = na.Schedule.default(model)
+    with pytest.raises(ValueError, match="count_range"):
+        na.Schedule(na.POISSON_ROUNDS, censor_counts=True)
+    assert na.statistic_model(model, dataclasses.replace(sched, censor_counts=False), 2.0) is model
+    on = dataclasses.replace(sched, censor_counts=True)
+    assert on.as_dict()["censored_counts"] is True
+    stat = na.statistic_model(model, on, 5.0)
+    assert isinstance(stat, CensoredPoissonRegression) and stat.censor_count == 5.0
+    assert stat.param_dim == model.param_dim and stat.prior_scale == model.prior_scale
+    logistic = LogisticRegression(3)
+    with pytest.raises(ValueError, match="count model"):
+        na.statistic_model(logistic, on, 5.0)
+
+
+def test_censored_rounds_remove_the_clip_bias_on_poisson_counts():
+    """Counts Poisson(exp(-1.2 + x b)) (mean about 0.3) clipped at the public bound 1, N 20,000,
+    near-zero noise: the plain rounds' intercept sits low by the clip's bias (their mean model
+    ``exp(eta)`` ignores it), the censored rounds' posterior mean is the full data's within a
+    fraction of a full-data sd. Deterministic (seeded data and noise). Measured over data seeds
+    0-2: plain intercept error -0.047 / -0.048 / -0.047 (full-data sd 0.013), censored largest
+    error over the coordinates 0.016 / 0.014 / 0.009."""
+    from dpsummary.models import PoissonRegression
+
+    model = PoissonRegression(3)
+    g = torch.Generator().manual_seed(0)
+    x = torch.rand(20_000, 3, generator=g, dtype=torch.float64) * 2 - 1
+    theta = torch.tensor([-1.2, 0.4, -0.3, 0.2], dtype=torch.float64)
+    pts = model.simulate(theta, 20_000, g, features=x)
+    full = full_posterior(model, pts)
+    fnorm, bound = math.sqrt(3.0), 1.0
+    errors = {}
+    for censor in (False, True):
+        sched = dataclasses.replace(na.Schedule.default(model), censor_counts=censor)
+        stat = na.statistic_model(model, sched, bound)
+        bounds = na.public_bounds(model, feature_norm=fnorm, target_bound=bound)
+        res = na.fit(model, _release_fn(pts, stat, np.random.default_rng(1)), bounds, schedule=sched,
+                     sigma=1e-4, feature_norm=fnorm, target_bound=bound, generator=torch.Generator().manual_seed(0))
+        errors[censor] = res.posterior.mean - full.mean
+    full_sd = float(full.cov[0, 0]) ** 0.5
+    assert float(errors[False][0]) < -2.5 * full_sd
+    assert float(errors[True].abs().max()) < 0.025
+    assert abs(float(errors[True][0])) < full_sd

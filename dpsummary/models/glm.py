@@ -270,8 +270,10 @@ class CensoredPoissonRegression(PoissonRegression):
     def __init__(self, num_features: int, *, censor_at: float, prior_scale: float = 1.0, intercept: bool = True,
                  prior_mean: Sequence[float] | None = None):
         super().__init__(num_features, prior_scale=prior_scale, intercept=intercept, prior_mean=prior_mean)
-        if not (math.isfinite(censor_at) and censor_at > 0):
-            raise ValueError("censor_at must be positive and finite")
+        # A clip bound below 1 (the count histogram's bin of 0) still censors at K = 1: the
+        # score bound max(B, 1, ...) of PoissonRegression.statistic_bounds covers h <= 1.
+        if not (math.isfinite(censor_at) and censor_at >= 0):
+            raise ValueError("censor_at must be finite and not negative")
         self.censor_at = float(censor_at)
         self.censor_count = float(max(math.floor(censor_at), 1))
 
