@@ -161,7 +161,10 @@ aware) posterior ``N((H + P)^-1 (s + H a + P mu0), (H + P)^-1)`` is returned for
     share of the count mass. The score weight lies in ``(0, K]`` and the curvature weight in
     ``[0, mu]``, so the statistic bounds and the events are unchanged. Under the Poisson model the
     censoring is unbiased; on an overdispersed table the tail above ``K`` is extrapolated from the
-    model, so a misfit in the tail still biases the intercept (less than the clip did).
+    model, so a misfit in the tail still biases the intercept. An option, not a default: the
+    rule moved no verdict in paired public runs and widened ``sim_poisson_rare`` at epsilon 0.1
+    1.19x, where the noisy clip lands inside the counts' bulk and censoring drops what today's
+    norm clip keeps (benchmarks/notebook/noise_aware_variants.md).
 
 Totality: whatever the noise draws, :func:`fit` returns finite Gaussians or raises
 :class:`NonFiniteFit` (a DP-decided outcome; the release turns it into a charged refusal).
