@@ -33,6 +33,7 @@ def selftest(
     quality: Annotated[bool, typer.Option(help="Also audit the invalid-record handling (total rules and noisy quality counts).")] = True,
     newton: Annotated[bool, typer.Option(help="Also audit the noise-aware mechanism's score release (the default release mechanism).")] = True,
     cells: Annotated[bool, typer.Option(help="Also audit noise-aware-cells' release (cell counts and T in one Gaussian mechanism).")] = True,
+    ranges: Annotated[bool, typer.Option(help="Also audit the data-range histogram (the count's and the feature norm's clip bounds of the default mechanisms).")] = True,
     csv_lines: Annotated[bool, typer.Option(help="Also audit the record count under the CSV line neighbours (unclosed quotes, bare CR).")] = True,
     bnn: Annotated[bool, typer.Option(help="Also check the BNN mechanism (dp-bb-psvi): noise scale, accountant reproduction, gray-box replay.")] = True,
     mixture: Annotated[bool, typer.Option(help="Also check the mixture mechanism (dp-kd-tree): noise scale, accountant reproduction, coupled neighbour replay.")] = True,
@@ -55,12 +56,13 @@ def selftest(
             noise=noise, sample_rate=sample_rate, steps=steps, accountant=accountant,
             one_run_canaries=one_run_canaries, replay=replay, bnn=bnn, mixture=mixture, bootstrap=bootstrap,
             scenarios=("dirac", "swap") + (("histogram",) if histogram else ()) + (("quality",) if quality else ())
-            + (("newton",) if newton else ()) + (("csv-lines",) if csv_lines else ()) + (("cells",) if cells else ()),
+            + (("newton",) if newton else ()) + (("csv-lines",) if csv_lines else ()) + (("cells",) if cells else ())
+            + (("ranges",) if ranges else ()),
         ).validated()
     except ValueError as exc:
         raise UserError(str(exc)) from None
     err = Console(stderr=True)
-    labels = {"pilot": "pilot runs", "main": "main runs", "histogram": "histogram audit", "quality": "quality audit", "newton": "newton audit", "csv-lines": "CSV line audit", "cells": "cells audit",
+    labels = {"pilot": "pilot runs", "main": "main runs", "histogram": "histogram audit", "quality": "quality audit", "newton": "newton audit", "csv-lines": "CSV line audit", "cells": "cells audit", "ranges": "ranges audit",
               "one-run": "one-run audit",
               "replay": "gray-box replay", "bnn": "BNN mechanism checks"}
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),

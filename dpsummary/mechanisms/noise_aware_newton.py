@@ -208,9 +208,14 @@ class NoiseAwareNewton(GlmMechanism):
 
     def selftest_scenarios(self) -> tuple[SelftestScenario, ...]:
         """``newton``: the white-box audit of the score release
-        (:func:`dpsummary.selftest.newton.newton_audit`)."""
+        (:func:`dpsummary.selftest.newton.newton_audit`); ``ranges``: the data-range histogram
+        that sets the count's and the feature norm's clip bounds
+        (:func:`dpsummary.selftest.ranges.ranges_audit`)."""
         from ..selftest.config import SelftestScenario
         from ..selftest.newton import newton_audit
+        from ..selftest.ranges import ranges_audit
 
         return (SelftestScenario("newton", self.name, "audits", lambda cfg: "newton" in cfg.scenarios,
-                                 lambda cfg, ctx, progress: [newton_audit(cfg, ctx.alpha, progress)]),)
+                                 lambda cfg, ctx, progress: [newton_audit(cfg, ctx.alpha, progress)]),
+                SelftestScenario("ranges", self.name, "audits", lambda cfg: "ranges" in cfg.scenarios,
+                                 lambda cfg, ctx, progress: [ranges_audit(cfg, ctx.alpha, progress)]))

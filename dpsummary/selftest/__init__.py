@@ -55,6 +55,12 @@ Audits
    moved it most. The injected bug ``multiline-csv`` (a quoted field may run across lines, the
    old reading) swallows every record after an unclosed quote: detected with certainty.
 
+   A sixth scenario, ``ranges``, audits the data-range histogram of the default mechanisms
+   (the count's and the feature norm's clip bounds, the same :meth:`PrivateRecords.noisy_marginals`
+   on their own layout): the canary's features are infinite and its count is not a number, the
+   values the per-record binning must still put in exactly one bin of each column
+   (:func:`ranges_audit`).
+
 3. Gray-box replay (Cebere et al. 2026): the full DP-PSVI constructor on D and D + canary with
    identical (recorded, non-private) randomness: same control flow, same shapes, and the
    pre-noise sum moves by at most C (:func:`gray_box_replay`).
@@ -183,6 +189,7 @@ from .randomness import (
     base_randomness,
     make_mechanism,
 )
+from .ranges import range_design, ranges_audit
 from .records import (
     CSV_LINE_NEIGHBOURS,
     QUALITY_CANARY,
@@ -275,6 +282,8 @@ __all__ = [
     "quality_audit",
     "quality_design",
     "quality_outcome",
+    "range_design",
+    "ranges_audit",
     "registered_scenarios",
     "run_selftest",
     "spark_gray_box_replay",
