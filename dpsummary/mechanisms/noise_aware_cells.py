@@ -23,9 +23,9 @@ Poisson release first sets ``B`` from the data, as the Newton rounds do (issue 3
 schema's bound, share :data:`~dpsummary.noise_aware.schedule.COUNT_RANGE_SHARE` of the stage's
 Gaussian (the cells get the rest; the two compose to the plan's one multiplier), and ``B`` the
 upper edge of the bin holding its noisy 99.9% quantile. Its prior's intercept is centred at the
-log of the noisy mean count (:func:`poisson_prior_centre`, as the Newton rounds do); its mean
-model ``exp(eta)`` ignores the clip at ``B``, so the few counts above it (about 0.1%) bias the
-posterior slightly down (benchmarks/notebook/feature_cells.md).
+log of the noisy mean count (:func:`poisson_prior_centre`, as the Newton rounds do), and its
+posterior models the clipped count ``min(y, B)`` (:func:`dpsummary.cells.posterior.clipped_poisson_moments`;
+issue 50's thirty-third rule, benchmarks/notebook/feature_cells.md).
 
 Stage 1 is the framework's: with a private record count the pipeline still releases its noisy
 count (min_records and n_max are judged on it before the plan); the posterior does not read it
@@ -61,6 +61,9 @@ if TYPE_CHECKING:
     from ..selftest.config import SelftestScenario
 
 NAME = "noise-aware-cells"
+#: The smallest count clip a Poisson release uses: the count grid's first positive edge (a DP clip in
+#: the bin of 0 is raised to it).
+MIN_COUNT_CLIP = 1.0
 #: The fix of every refusal on the model or engine.
 USE_NEWTON = "use --mechanism noise-aware-newton"
 #: The model each target kind gets (public): logistic for a binary target, Poisson for a count.
@@ -234,7 +237,10 @@ class NoiseAwareCells(GlmMechanism):
         design = model.design(torch.from_numpy(domain.features()))
         range_share = plan.settings.get("range_share", 0.0)
         count_clip = count_range(records, plan, range_share)
-        target_bound = plan.settings["target_bound"] if count_clip is None else count_clip.bound
+        # A clip in the count grid's bin of 0 (every bin above it under the noise) would clip every
+        # count to 0: T then carries nothing and its sensitivity is 0. The first positive grid
+        # edge, 1, keeps "any count" (a public rule on a DP output; as the Newton rounds' max(B, 1)).
+        target_bound = plan.settings["target_bound"] if count_clip is None else max(count_clip.bound, MIN_COUNT_CLIP)
         cells_multiplier = plan.noise_multiplier / math.sqrt(1.0 - range_share)
         cells = records.noisy_cell_statistics(domain, design.numpy(), target_bound=target_bound, count_share=share,
                                               noise_multiplier=cells_multiplier)
@@ -242,7 +248,8 @@ class NoiseAwareCells(GlmMechanism):
         try:
             posterior = cells_posterior(model, design, torch.from_numpy(cells.counts),
                                         torch.from_numpy(cells.statistic), counts_noise_std=cells.counts_noise_std,
-                                        statistic_noise_std=cells.statistic_noise_std, generator=nonpriv)
+                                        statistic_noise_std=cells.statistic_noise_std, generator=nonpriv,
+                                        target_bound=float(target_bound))
         except NonFiniteFit:
             raise ChargedRefusal(NON_FINITE_FIT_MESSAGE, fix=NON_FINITE_FIT_FIX) from None
         requested = public.req.size
@@ -273,13 +280,14 @@ class NoiseAwareCells(GlmMechanism):
             "description": ("for Poisson, first one Gaussian mechanism over ALL records releases a histogram of the "
                             "count target over public 1-2-5 bins below the schema's bound (sensitivity 1; share "
                             "count_range_share of the stage's Gaussian) and target_bound is the upper edge of the bin "
-                            "holding its noisy 99.9% quantile (count_range; issue 37's twelfth rule, as the Newton "
-                            "rounds); then one Gaussian mechanism over ALL records releases the record counts of the "
+                            "holding its noisy 99.9% quantile, at least 1 (count_range; issue 37's twelfth rule, as the "
+                            "Newton rounds); then one Gaussian mechanism over ALL records releases the record counts of the "
                             "public feature domain's cells (every combination of the schema's declared levels; "
                             "sensitivity 1) and T = sum_i [1, x_i] y_i with x_i the record's cell's features and y_i "
                             "clipped to [0, target_bound] (sensitivity design_radius x target_bound); for Poisson the "
                             "prior is centred at the log of the noisy mean count (prior_mean); "
-                            "the noise-aware posterior N(T | mu(theta, n), H(theta, n) + noise) with the latent counts "
+                            "the noise-aware posterior N(T | mu(theta, n), H(theta, n) + noise) (for Poisson with the "
+                            "moments of the clipped count min(y, target_bound)) with the latent counts "
                             "integrated by imputation (Kulkarni et al. 2021 style) is carried by the pseudocoreset "
                             "(moment-matched; post-processing)"),
             "single_gaussian_noise_multiplier": plan.noise_multiplier,

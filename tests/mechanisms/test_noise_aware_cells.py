@@ -168,6 +168,24 @@ def test_a_poisson_release_centres_its_prior_at_the_noisy_mean_count(tmp_path: P
     assert np.all(np.isfinite(np.asarray(body["posterior"]["gaussians"]["noise_aware"]["cov"])))
 
 
+def test_a_count_clip_in_the_bin_of_0_is_raised_to_1_and_the_release_ends_signed(tmp_path: Path) -> None:
+    """Every count 0: only the count histogram's bin of 0 rises above the noise, so the DP clip
+    is 0. The release used to stop there with a MechanismError after the budget was charged
+    (T's sensitivity would be 0); it now clips at 1, the grid's first positive edge, and ends in a
+    signed artifact that records both bounds."""
+    from dpsummary.artifact import read_artifact
+
+    req = _request(tmp_path, target="count")
+    lines = req.data.read_text().splitlines()
+    req.data.write_text("\n".join([lines[0], *(line.rsplit(",", 1)[0] + ",0" for line in lines[1:])]) + "\n")
+    run_release(req)
+    body, claim, info = read_artifact(req.out)  # type: ignore[arg-type]
+    assert info["verified"]
+    mech = claim["mechanism"]
+    assert mech["count_range"]["clip_bound"] == 0.0 and mech["target_bound"] == 1.0
+    assert np.all(np.isfinite(np.asarray(body["posterior"]["gaussians"]["noise_aware"]["cov"])))
+
+
 # ---- the default's choice (issue 50's thirty-first rule; dpsummary.release.choose_mechanism) ----
 def _default_request(tmp: Path, *, epsilon: float, x1_integer: bool = True, schema: bool = True,
                      mechanism: str | None = None, count_public: bool = True) -> ReleaseRequest:
