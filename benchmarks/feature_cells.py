@@ -90,36 +90,16 @@ def public_domain(points: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, tor
 
 
 def posterior(zc: torch.Tensor, n_hat: torch.Tensor, t_hat: torch.Tensor, *, sigma_n: float, sigma_t: float,
-              prior_scale: float, draws: int, gen: torch.Generator, iters: int = 30) -> GaussianPosterior:
-    d = zc.shape[1]
-    prior_prec = torch.eye(d, dtype=DTYPE) / prior_scale**2
-    means, covs = [], []
-    for _ in range(draws):
-        n = n_hat + sigma_n * torch.randn(n_hat.shape, generator=gen, dtype=DTYPE)
-        theta = torch.zeros(d, dtype=DTYPE)
-        total = float(n.sum())
-        share = float(t_hat[0]) / max(total, 1.0)
-        theta[0] = math.log(min(max(share, 1e-4), 1 - 1e-4) / (1 - min(max(share, 1e-4), 1 - 1e-4)))
-        for _ in range(iters):
-            p = torch.sigmoid(zc @ theta)
-            mu = zc.T @ (n * p)
-            h = (zc.T * (n * p * (1 - p))) @ zc
-            v = h + sigma_t**2 * torch.eye(d, dtype=DTYPE)
-            hv = torch.linalg.solve(v, h).T  # H V^-1 (symmetric V)
-            prec = hv @ h + prior_prec
-            prec = 0.5 * (prec + prec.T)
-            grad = hv @ (t_hat - mu) - prior_prec @ theta
-            step = torch.linalg.solve(prec, grad)
-            theta = theta + step
-            if float(step.abs().max()) < 1e-9:
-                break
-        cov = torch.linalg.inv(prec)
-        means.append(theta)
-        covs.append(0.5 * (cov + cov.T))
-    m = torch.stack(means)
-    mean = m.mean(0)
-    cov = torch.stack(covs).mean(0) + torch.cov(m.T, correction=0)
-    return GaussianPosterior(mean, torch.linalg.cholesky(0.5 * (cov + cov.T)))
+              prior_scale: float, draws: int, gen: torch.Generator) -> GaussianPosterior:
+    """The prototype's posterior, now the package's (:func:`dpsummary.cells.posterior.cells_posterior`
+    for logistic regression: the same Gauss-Newton MAP, Laplace precision and moment-matched
+    mixture over ``draws`` imputed counts; the prototype's own copy gave the same numbers to 1e-13)."""
+    from dpsummary.cells.posterior import cells_posterior
+    from dpsummary.models import LogisticRegression
+
+    model = LogisticRegression(zc.shape[1] - 1, prior_scale=prior_scale)
+    return cells_posterior(model, zc, n_hat, t_hat, counts_noise_std=sigma_n, statistic_noise_std=sigma_t,
+                           generator=gen, imputations=draws)
 
 
 def run(table: str, epsilons: list[float], runs: int, shares: list[float], out: Path, draws: int,
