@@ -168,21 +168,25 @@ def test_a_poisson_release_centres_its_prior_at_the_noisy_mean_count(tmp_path: P
     assert np.all(np.isfinite(np.asarray(body["posterior"]["gaussians"]["noise_aware"]["cov"])))
 
 
-def test_a_count_clip_in_the_bin_of_0_is_raised_to_1_and_the_release_ends_signed(tmp_path: Path) -> None:
+@pytest.mark.parametrize("mechanism", ["noise-aware-cells", "noise-aware-newton"])
+def test_a_count_clip_in_the_bin_of_0_ends_in_a_signed_release(tmp_path: Path, mechanism: str) -> None:
     """Every count 0: only the count histogram's bin of 0 rises above the noise, so the DP clip
-    is 0. The release used to stop there with a MechanismError after the budget was charged
-    (T's sensitivity would be 0); it now clips at 1, the grid's first positive edge, and ends in a
-    signed artifact that records both bounds."""
+    is 0. ``noise-aware-cells`` used to stop there with a MechanismError after the budget was
+    charged (T's sensitivity would be 0); it now clips at 1, the grid's first positive edge. The
+    Newton rounds' bounds already use ``max(B, 1)``. Both end in a signed artifact that records the
+    clip."""
     from dpsummary.artifact import read_artifact
 
-    req = _request(tmp_path, target="count")
+    req = dataclasses.replace(_request(tmp_path, target="count"), mechanism=mechanism)
     lines = req.data.read_text().splitlines()
     req.data.write_text("\n".join([lines[0], *(line.rsplit(",", 1)[0] + ",0" for line in lines[1:])]) + "\n")
     run_release(req)
     body, claim, info = read_artifact(req.out)  # type: ignore[arg-type]
     assert info["verified"]
     mech = claim["mechanism"]
-    assert mech["count_range"]["clip_bound"] == 0.0 and mech["target_bound"] == 1.0
+    assert mech["name"] == mechanism and mech["count_range"]["clip_bound"] == 0.0
+    if mechanism == "noise-aware-cells":
+        assert mech["target_bound"] == 1.0
     assert np.all(np.isfinite(np.asarray(body["posterior"]["gaussians"]["noise_aware"]["cov"])))
 
 
