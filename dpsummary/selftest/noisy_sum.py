@@ -12,6 +12,7 @@ import torch
 
 from ..accounting import calibrate_gaussian, epsilon, gaussian_event
 from ..models import DTYPE, GaussianMean
+from ..private.marginals import HistogramLayout
 from .audits import gaussian_audit
 from .canaries import block_data, canary_draws, histogram_design, projections
 from .config import AuditResult, OneRunResult, Progress, Scenario, SelfTestConfig
@@ -95,13 +96,21 @@ def sum_audits(
 
 def histogram_audit(cfg: SelfTestConfig, alpha: float, progress: Progress | None = None) -> AuditResult:
     """White-box Clopper-Pearson audit of ``PrivateRecords.noisy_marginals`` (the DP
-    initialisation histograms), calibrated on its own: one Gaussian mechanism whose accountant
-    reports ``cfg.epsilon`` at ``cfg.delta``. Each run is one call on D or D' (see
-    :func:`histogram_design`); its score, the noisy counts' excess over D's counts summed over the
-    canary's bins, is the Neyman-Pearson optimal statistic for a Gaussian mean shift."""
+    initialisation histograms) on :func:`histogram_design` (:func:`layout_audit`)."""
+    layout, without, with_canary = histogram_design(cfg.histogram_columns, cfg.design.background)
+    return layout_audit(cfg, alpha, layout, without, with_canary, scenario="histogram", progress=progress)
+
+
+def layout_audit(cfg: SelfTestConfig, alpha: float, layout: HistogramLayout, without: torch.Tensor,
+                 with_canary: torch.Tensor, *, scenario: str, progress: Progress | None = None) -> AuditResult:
+    """White-box Clopper-Pearson audit of ``PrivateRecords.noisy_marginals`` on ``layout``,
+    calibrated on its own: one Gaussian mechanism whose accountant reports ``cfg.epsilon`` at
+    ``cfg.delta``. Each run is one call on D (``without``) or D' (``with_canary``); its score,
+    the noisy counts' excess over D's counts summed over the canary's bins, is the
+    Neyman-Pearson optimal statistic for a Gaussian mean shift. ``inject="no-scale"``: the
+    layout's counts are not divided by sqrt(columns) before the noise."""
     sigma = calibrate_gaussian(target_epsilon=cfg.epsilon, delta=cfg.delta, accountant=cfg.accountant)
     claimed = epsilon([gaussian_event(sigma)], cfg.delta, cfg.accountant)
-    layout, without, with_canary = histogram_design(cfg.histogram_columns, cfg.design.background)
     if cfg.inject == "no-scale":
         layout = NoScaleLayout(layout.columns, layout.num_features)
     expected = layout.counts(without)
@@ -110,10 +119,10 @@ def histogram_audit(cfg: SelfTestConfig, alpha: float, progress: Progress | None
 
     def draw(canary: bool) -> float:
         noisy = sides[int(canary)].noisy_marginals(layout, noise_multiplier=sigma).noisy_counts
-        return float((noisy - expected) @ direction)
+        return float(np.asarray(noisy - expected) @ direction)
 
-    return gaussian_audit(cfg, alpha, draw, scenario="histogram", mechanism="noisy_marginals",
-                           sigma=sigma, claimed=claimed, progress=progress)
+    return gaussian_audit(cfg, alpha, draw, scenario=scenario, mechanism="noisy_marginals",
+                          sigma=sigma, claimed=claimed, progress=progress)
 
 
 def one_run_audit(

@@ -5,15 +5,12 @@ count histogram through the same call."""
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 
-from ..accounting import calibrate_gaussian, epsilon, gaussian_event
 from ..models import DTYPE
 from ..private.marginals import HistogramLayout
-from .audits import gaussian_audit
 from .config import AuditResult, Progress, SelfTestConfig
-from .randomness import NoScaleLayout, make_mechanism
+from .noisy_sum import layout_audit
 
 #: The design's public bounds: the feature norm's (model space) and the count's.
 RANGE_FEATURE_BOUND = 2.0
@@ -39,22 +36,7 @@ def range_design(background: int) -> tuple[HistogramLayout, torch.Tensor, torch.
 def ranges_audit(cfg: SelfTestConfig, alpha: float, progress: Progress | None = None) -> AuditResult:
     """White-box Clopper-Pearson audit of
     :meth:`~dpsummary.private.mechanism.PrivateRecords.noisy_marginals` on the data-range layout
-    (:func:`range_design`), calibrated on its own to ``cfg.epsilon`` at ``cfg.delta`` (one
-    Gaussian mechanism). Score: the noisy counts' excess over D's exact counts on the canary's
-    bins (their sum, Neyman-Pearson optimal for the mean shift). ``inject="no-scale"``: the
-    counts are not divided by sqrt(2) before the noise."""
-    sigma = calibrate_gaussian(target_epsilon=cfg.epsilon, delta=cfg.delta, accountant=cfg.accountant)
-    claimed = epsilon([gaussian_event(sigma)], cfg.delta, cfg.accountant)
+    (:func:`range_design`; the machinery of :func:`~dpsummary.selftest.noisy_sum.layout_audit`,
+    calibrated on its own to ``cfg.epsilon`` at ``cfg.delta``)."""
     layout, without, with_canary = range_design(cfg.design.background)
-    if cfg.inject == "no-scale":
-        layout = NoScaleLayout(layout.columns, layout.num_features)
-    expected = layout.counts(without)
-    direction = layout.counts(with_canary) - expected  # 1 on the canary's bin of each column
-    sides = [make_mechanism(rows, inject=cfg.inject, noise_path=cfg.noise) for rows in (without, with_canary)]
-
-    def draw(canary: bool) -> float:
-        noisy = sides[int(canary)].noisy_marginals(layout, noise_multiplier=sigma).noisy_counts
-        return float(np.asarray(noisy - expected) @ direction)
-
-    return gaussian_audit(cfg, alpha, draw, scenario="ranges", mechanism="noisy_marginals",
-                          sigma=sigma, claimed=claimed, progress=progress)
+    return layout_audit(cfg, alpha, layout, without, with_canary, scenario="ranges", progress=progress)
