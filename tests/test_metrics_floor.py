@@ -133,3 +133,24 @@ def test_floor_counts_the_wrong_sign_effects_its_prior_shrinkage_makes():
     noisy = idealised_floor(model, pts, full, epsilon=1.0, delta=1e-6)
     assert noisy.wrong_sign == pytest.approx(1.0)
     assert idealised_floor(model, pts, full, epsilon=1e4, delta=1e-6).wrong_sign == 0.0
+
+
+def test_floor_handicaps_replace_sensitivity_and_multiplier() -> None:
+    """``sensitivity`` and ``noise_multiplier`` replace R and sigma in the closed form: a larger
+    (public) bound or a smaller share of the budget only widens the floor, and passing the floor's
+    own values reproduces it exactly."""
+    model, pts = _table(3000, 4)
+    full = full_posterior(model, pts)
+    base = idealised_floor(model, pts, full, epsilon=0.5, delta=1e-6, draws=50)
+    same = idealised_floor(model, pts, full, epsilon=0.5, delta=1e-6, draws=50, sensitivity=base.sensitivity,
+                           noise_multiplier=base.noise_multiplier)
+    assert torch.equal(same.sd, base.sd) and same.coverage == base.coverage
+    wide = idealised_floor(model, pts, full, epsilon=0.5, delta=1e-6, draws=50, sensitivity=3 * base.sensitivity,
+                           noise_multiplier=2 * base.noise_multiplier)
+    assert wide.sensitivity == 3 * base.sensitivity and wide.noise_multiplier == 2 * base.noise_multiplier
+    assert bool((wide.sd > base.sd).all())
+    h = data_hessian(model, pts, full.mean)
+    eye = torch.eye(model.param_dim, dtype=DTYPE)
+    tau = (6 * base.sensitivity * base.noise_multiplier) ** 2
+    prec = h @ torch.linalg.solve(h + tau * eye, h) + eye / model.prior_scale**2
+    assert torch.allclose(wide.sd, torch.sqrt(torch.diagonal(torch.linalg.inv(0.5 * (prec + prec.T)))), rtol=1e-8)
