@@ -266,7 +266,7 @@ VARIANTS = {"plug-in": lambda m, rs, g, fn: na.noise_aware_posterior(m, rs[-1])[
 FIELDS = ["table", "epsilon", "run", "schedule", "variant", "coverage", "width_ratio", "floor_width_ratio", "floor_coverage",
           "effects_found", "floor_effects_found", "effects_wrong_sign", "mean_error_sd_max", "anchor_distance",
           "score_var", "curvature_term", "min_true_eig", "noise_edge", "converged", "imputation_ess",
-          "rounds_run", "last_score_fraction", "floor_wrong_sign"]
+          "rounds_run", "last_score_fraction", "floor_wrong_sign", "bound_floor_width_ratio"]
 
 
 def run(table: str, epsilons: list[float], runs: int, out: Path, *, schedules: list[str] | None = None,
@@ -277,12 +277,22 @@ def run(table: str, epsilons: list[float], runs: int, out: Path, *, schedules: l
     differ in their anchors are compared on the same noise; twenty-third rule; the data-range
     histogram from its own stream, thirtieth rule), else OS entropy,
     independent per fit."""
-    from dpsummary.metrics import data_hessian
+    from dpsummary.metrics import data_hessian, idealised_floor
 
     model, pts, fn, tb = _table(table, prior_scale)
     spec = cal.TABLES[table]
     delta = 0.1 / spec.n_max if spec.n_max else 1e-11
     rows = []
+    bound_floors: dict[tuple[float, float], float] = {}
+
+    def bound_floor(ref: Any, eps: float, score_bound: float) -> float:
+        """Rule 2' (notebook, 2026-11-29): the floor's width at the score bound the release paid."""
+        if (eps, score_bound) not in bound_floors:
+            bound_floors[eps, score_bound] = idealised_floor(
+                model, pts, ref.full, epsilon=eps, delta=delta, sensitivity=score_bound,
+                generator=torch.Generator().manual_seed(0)).width_ratio
+        return bound_floors[eps, score_bound]
+
     for eps in epsilons:
         ref = cal.reference(model, pts, epsilon=eps, delta=delta, key=f"variants:{table}:prior{prior_scale:g}")
         true_eigs = torch.linalg.eigvalsh(data_hessian(model, pts, ref.full.mean))
@@ -307,6 +317,7 @@ def run(table: str, epsilons: list[float], runs: int, out: Path, *, schedules: l
                     "noise_edge": 2 * math.sqrt(pts.shape[1] - 1) * last.curvature_noise_std,
                     "converged": fit.converged, "imputation_ess": _DIAG.get("ess", ""),
                     "rounds_run": len(fit.rounds), "floor_wrong_sign": j["floor_wrong_sign"],
+                    "bound_floor_width_ratio": bound_floor(ref, eps, float(last.score_bound)),
                     "last_score_fraction": round(fit.noise_multipliers[-1][1] ** 2 / (
                         fit.noise_multipliers[-1][0] ** 2 + fit.noise_multipliers[-1][1] ** 2), 4),
                 })
@@ -450,6 +461,15 @@ class CellVerdict:
     runs: int
     #: The idealised floor's expected wrong-sign effects summed over the runs (None: unknown).
     floor_wrong: float | None = None
+    #: Rule 2': the median width of the floor at the score bound the runs paid (None: runs made
+    #: before it was recorded).
+    bound_floor_width: float | None = None
+
+    @property
+    def reference_width(self) -> float:
+        """Rule 2' (notebook/noise_aware_variants.md, 2026-11-29): the width a change is measured
+        from besides the baseline's own: max(the floor's, the bound floor's)."""
+        return max(self.floor_width, self.bound_floor_width or self.floor_width)
 
     @property
     def honest(self) -> bool:
@@ -509,10 +529,11 @@ def cell_verdicts(rows: list[dict[str, str]], arm: str,
             fw = floor_wrong[key] * len(rs)
         else:
             fw = None
+        bound = [float(x["bound_floor_width_ratio"]) for x in rs if x.get("bound_floor_width_ratio") not in (None, "")]
         out[key] = CellVerdict(med(rs, "coverage"), med(rs, "floor_coverage"),
                                sum(int(float(x["effects_wrong_sign"])) for x in rs), med(rs, "width_ratio"),
                                med(rs, "floor_width_ratio"), med(rs, "effects_found"), med(rs, "floor_effects_found"),
-                               len(rs), fw)
+                               len(rs), fw, statistics.median(bound) if len(bound) == len(rs) else None)
     return out
 
 
@@ -576,7 +597,8 @@ def compare(paths: list[Path], baseline: str, candidate: str,
     (``baseline`` and ``candidate`` as :func:`cell_verdicts` names them), printed per cell and in
     total, under issue 50's decision: verdicts by :func:`calibration.verdict` (rules 1 and 3); cells
     turned dishonest or honest (rule 4 asks for more of the latter); rule 2 by
-    :func:`calibration.width_check` (the width change from max(the baseline's width, the floor's);
+    :func:`calibration.width_check` (the width change from max(the baseline's width, the floor's,
+    and since rule 2' the floor's at the score bound the baseline paid where its rows record it);
     cells dishonest under the baseline widen for free; none of the baseline's honest cells more
     than 25% wider, the geometric mean over the cells honest under both at most 1.05); the
     candidate's wrong-sign total against 1.25x the floor's expected total + 3 (rule 1, over these
@@ -615,7 +637,7 @@ def compare(paths: list[Path], baseline: str, candidate: str,
         if not b.honest and c.honest:
             gained.append(key)
             flags.append("gained")
-        change = cal.width_change(b.width, c.width, b.floor_width)
+        change = cal.width_change(b.width, c.width, b.reference_width)
         if b.honest and change > cal.WIDER_LIMIT:
             flags.append("WIDER>25%")
         if b.honest and c.effects < b.effects - 0.5:
@@ -623,13 +645,13 @@ def compare(paths: list[Path], baseline: str, candidate: str,
             flags.append("LOST EFFECTS")
         print(f"{key[0]:18s} {key[1]:4g} | {baseline}: cov {b.coverage:.2f}/{b.threshold:.2f} wrong {b.wrong_signs}"
               f"/{'-' if b.floor_wrong is None else f'{b.floor_wrong:.1f}'} "
-              f"{b.width:.2f}x (floor {b.floor_width:.2f}) effects {b.effects:.1f}/{b.floor_effects:.1f} "
+              f"{b.width:.2f}x (floor {b.floor_width:.2f}, reference {b.reference_width:.2f}) effects {b.effects:.1f}/{b.floor_effects:.1f} "
               f"{'H' if b.honest else 'D'} | {candidate}: cov {c.coverage:.2f} wrong {c.wrong_signs} {c.width:.2f}x "
               f"effects {c.effects:.1f} {'H' if c.honest else 'D'} | ratio {c.width / b.width:.3f} "
               f"(from max(width, floor) {change:.3f}) {' '.join(flags)}")
     keys = sorted(base)
-    widths = cal.width_check((k, base[k].honest, cand[k].honest, base[k].width, cand[k].width, base[k].floor_width)
-                             for k in keys)
+    widths = cal.width_check((k, base[k].honest, cand[k].honest, base[k].width, cand[k].width,
+                              base[k].reference_width) for k in keys)
     wrong = cal.suite_wrong_signs((cand[k].wrong_signs, cand[k].floor_wrong) for k in keys)
     unknown = [k for k in keys if base[k].floor_wrong is None]
     plain = tuple(cand[k].width / base[k].width for k in keys if base[k].honest and cand[k].honest)

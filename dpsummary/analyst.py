@@ -23,6 +23,7 @@ privacy and never touch the private data. The guarantee is the ``claim`` the cur
 
 from __future__ import annotations
 
+import secrets
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -525,8 +526,9 @@ class Release:
         *,
         kind: PredictiveKind = "mean",
         seed: int | None = None,
-    ) -> torch.Tensor:
-        """Posterior predictive quantities for new records, one row per draw.
+    ) -> np.ndarray:
+        """Posterior predictive quantities for new records, one row per draw: a numpy float64
+        array, like :meth:`sample`'s draws.
 
         ``new``: raw rows (a list of dicts of strings, mapped with :meth:`map_rows`), or a
         ``(n, F)`` array of model-space features, or for ``kind="log_likelihood"`` a
@@ -541,10 +543,17 @@ class Release:
         * ``"sample"``: one simulated target per draw and record, same shape and units.
         * ``"log_likelihood"``: log p(y_i | x_i, theta_s), shape ``(S, n)``; rows must carry
           the target. Useful for held-out scores.
+        ``seed``: the ``"sample"`` kind's simulation noise (non-private; None: fresh OS entropy).
         """
+        out = self._predictive(new, draws, kind=kind, seed=seed)
+        return np.asarray(out.detach().cpu().numpy(), dtype=np.float64)
+
+    def _predictive(self, new: Any, draws: torch.Tensor | np.ndarray, *, kind: PredictiveKind,
+                    seed: int | None) -> torch.Tensor:
+        """:meth:`posterior_predictive` in torch."""
         th = torch.as_tensor(np.asarray(draws, dtype=np.float64)) if not isinstance(draws, torch.Tensor) else draws
         th = th.to(DTYPE).reshape(-1, self.dim)
-        gen = torch.Generator().manual_seed(seed if seed is not None else int(torch.seed() % (2**63)))
+        gen = torch.Generator().manual_seed(seed if seed is not None else secrets.randbits(63))
         model = self.model
         if isinstance(model, GaussianMean):
             if kind == "log_likelihood":
