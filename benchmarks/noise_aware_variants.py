@@ -648,7 +648,7 @@ def compare(paths: list[Path], baseline: str, candidate: str,
               f"{b.width:.2f}x (floor {b.floor_width:.2f}, reference {b.reference_width:.2f}) effects {b.effects:.1f}/{b.floor_effects:.1f} "
               f"{'H' if b.honest else 'D'} | {candidate}: cov {c.coverage:.2f} wrong {c.wrong_signs} {c.width:.2f}x "
               f"effects {c.effects:.1f} {'H' if c.honest else 'D'} | ratio {c.width / b.width:.3f} "
-              f"(from max(width, floor) {change:.3f}) {' '.join(flags)}")
+              f"(from max(width, floor, bound floor) {change:.3f}) {' '.join(flags)}")
     keys = sorted(base)
     widths = cal.width_check((k, base[k].honest, cand[k].honest, base[k].width, cand[k].width,
                               base[k].reference_width) for k in keys)
