@@ -1371,12 +1371,22 @@ def _order(key: CellKey) -> tuple[int, str, str, float, str]:
     return (kind, key[0], key[2], key[3], key[4])
 
 
+def load_frontier(path: Path) -> dict[tuple[str, str, float], dict[str, str]]:
+    """The rows of ``benchmarks/frontier.py``'s CSV by ``(table, mode, epsilon)`` (empty when absent)."""
+    if not path.exists():
+        return {}
+    with path.open(newline="") as fh:
+        return {(r["table"], r["mode"], float(r["epsilon"])): r for r in csv.DictReader(fh)}
+
+
 def report(results: Path, target: Path, plot: Path | None = None, note: str = "") -> None:
     """Rebuild the markdown table (and the plot) from the CSV alone. Text after a line
-    ``<!-- notes -->`` in an existing ``target`` is kept."""
+    ``<!-- notes -->`` in an existing ``target`` is kept. For the suite's own CSV, each cell that
+    is not honest cites its measured frontier (``results/frontier.csv``, ``benchmarks/frontier.py``)."""
     with results.open(newline="") as fh:
         rows = list(csv.DictReader(fh))
     cs = cells(rows)
+    frontier = load_frontier(results.parent / "frontier.csv") if results.name == "calibration.csv" else {}
     runs = sorted({c.runs for c in cs.values()})
     codes = sorted({r["code"] for r in rows})
     by_verdict: dict[str, list[Cell]] = defaultdict(list)
@@ -1467,6 +1477,13 @@ def report(results: Path, target: Path, plot: Path | None = None, note: str = ""
                 f"coverage {_f(c.coverage)} (threshold {_f(c.threshold)}), {c.wrong_sign} wrong-sign; the idealised "
                 f"floor covers {_f(c.floor_coverage)} at {_x(c.floor_width)} the full-data width (this release "
                 f"{_x(c.width)})")
+            fr = frontier.get((t, mode, float(eps)))
+            if fr is not None and c.verdict == "DISHONEST":
+                # benchmarks/frontier.py: the floor with the handicaps a real mechanism pays.
+                why += (f"; at the release's public score bound it covers {_f(float(fr['public_bound_coverage']))} "
+                        f"({_x(float(fr['public_bound_width_ratio']))}), and at the Newton rounds' best score share "
+                        f"{_f(float(fr['last_round_coverage']))} ({_x(float(fr['last_round_width_ratio']))}) "
+                        "(benchmarks/results/frontier.md)")
             lines.append(f"- {t} {mode} eps {eps:g} {mech}: {c.verdict}: {why}")
     lines += ["", "## Cells", "",
               "| table | model | mode | eps | mechanism | d | runs (refused) | coverage (min) | floor cov. | threshold | "

@@ -1,8 +1,9 @@
 """Issue 50: the measured frontier of each suite cell that is not honest.
 
 For every DISHONEST cell of ``results/calibration.csv`` (issue 50's verdict), in the model space
-of one fresh release of that cell through the real release path (``--run``, not counted in the
-suite), this decomposes the distance between the release and the idealised floor
+of each of ``--releases`` fresh releases of that cell through the real release path (runs from
+``--run``, not counted in the suite; every quantity is the median over them, since a
+zero-configuration release's model space follows its DP schema), this decomposes the distance between the release and the idealised floor
 (:func:`dpsummary.metrics.idealised_floor`, the suite's reference: known curvature, one score
 release at the full-data mode, sensitivity the largest record score there, 0.8 of epsilon) into
 the handicaps a real mechanism pays, each still with the curvature known and the anchor at the mode:
@@ -35,6 +36,9 @@ Usage::
 
     python benchmarks/frontier.py --out benchmarks/results/frontier.md [--tables T1,T2] [--run 900]
 
+It also writes the rows beside ``--out`` as CSV (``frontier.csv``), which the suite's report
+(``calibration.py report``) cites beside each cell that is not honest.
+
 Curator-side only (computes from the records); no release budget is involved beyond the fresh
 release, which is a benchmark's, not a product's.
 """
@@ -44,6 +48,7 @@ from __future__ import annotations
 import argparse
 import csv
 import math
+import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -113,8 +118,8 @@ def feature_models(points: torch.Tensor, seed: int = 0) -> dict[str, torch.Tenso
     return {"empirical": x, "gaussian": gauss, "marginals": marg}
 
 
-def cell_frontier(spec: Any, mode: str, epsilon: float, run: int, workdir: Path) -> dict[str, Any]:
-    """One fresh release of the cell and its frontier (module docstring)."""
+def cell_frontier(spec: Any, mode: str, epsilon: float, run: int, workdir: Path) -> dict[str, float]:
+    """One fresh release of the cell and its frontier (module docstring), as a flat record."""
     data = cal.table_csv(spec)
     art = cal.release(spec, data, mode, epsilon, "noise-aware-newton", run, workdir)
     rel, ref = cal.artifact_reference(art, data, epsilon)
@@ -127,17 +132,27 @@ def cell_frontier(spec: Any, mode: str, epsilon: float, run: int, workdir: Path)
     kw = {"epsilon": epsilon, "delta": delta, "generator": torch.Generator().manual_seed(0)}
     floors = {
         "floor": ref.floor,
-        "public bound": idealised_floor(model, pts, full, sensitivity=r_public, **kw),  # type: ignore[arg-type]
-        "public bound, last round": idealised_floor(model, pts, full, sensitivity=r_public,  # type: ignore[arg-type]
-                                                    noise_multiplier=rounds_best_multiplier(rel.claim), **kw),
+        "public_bound": idealised_floor(model, pts, full, sensitivity=r_public, **kw),  # type: ignore[arg-type]
+        "last_round": idealised_floor(model, pts, full, sensitivity=r_public,  # type: ignore[arg-type]
+                                      noise_multiplier=rounds_best_multiplier(rel.claim), **kw),
     }
+    out = {"fresh_coverage": float(judged["coverage"]), "fresh_width_ratio": float(judged["width_ratio"]),
+           "r_data": float(ref.floor.sensitivity), "r_public": r_public}
+    for k, f in floors.items():
+        out[f"{k}_coverage"], out[f"{k}_width_ratio"] = float(f.coverage), float(f.width_ratio)
     sd_full = torch.sqrt(torch.diagonal(full.cov))
-    bias = {}
     for name, rows in feature_models(pts).items():
         err = (feature_model_mode(model, pts, rows, full.mean) - full.mean).abs()
-        bias[name] = (float((err / sd_full).max()), float((err / ref.floor.sd).max()))
-    return {"release": judged, "floors": floors, "bias": bias, "r_public": r_public,
-            "r_data": ref.floor.sensitivity, "n": int(pts.shape[0]), "d": int(full.mean.shape[0])}
+        out[f"bias_{name}_full_sd"] = float((err / sd_full).max())
+        out[f"bias_{name}_floor_sd"] = float((err / ref.floor.sd).max())
+    return out
+
+
+def median_frontier(spec: Any, mode: str, epsilon: float, runs: list[int], workdir: Path) -> dict[str, float]:
+    """:func:`cell_frontier` over ``runs`` fresh releases, each quantity's median (a zero-configuration
+    release's model space follows its DP schema, so its floors and biases vary with the release)."""
+    records = [cell_frontier(spec, mode, epsilon, r, workdir) for r in runs]
+    return {k: statistics.median(r[k] for r in records) for k in records[0]}
 
 
 def _f(v: float | None, nd: int = 2) -> str:
@@ -148,7 +163,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--results", type=Path, default=cal.RESULTS / "calibration.csv")
     ap.add_argument("--tables", help="only these tables' cells")
-    ap.add_argument("--run", type=int, default=900, help="the fresh releases' run id (their --seed)")
+    ap.add_argument("--run", type=int, default=900, help="the first fresh release's run id (its --seed)")
+    ap.add_argument("--releases", type=int, default=4, help="fresh releases per cell (medians)")
     ap.add_argument("--out", type=Path, required=True)
     a = ap.parse_args()
     with a.results.open(newline="") as fh:
@@ -160,11 +176,13 @@ def main() -> None:
     lines = [
         "# The measured frontier of the suite's cells that are not honest (issue 50)",
         "",
-        f"Generated by `python benchmarks/frontier.py --out {a.out}` from `{cal._rel(a.results)}` and one fresh",
-        f"release per cell (run {a.run}, the real release path, not counted in the suite). The method is the",
+        f"Generated by `python benchmarks/frontier.py --out {cal._rel(a.out)} --releases {a.releases}` from "
+        f"`{cal._rel(a.results)}` and {a.releases} fresh",
+        f"releases per cell (runs {a.run}-{a.run + a.releases - 1}, the real release path, not counted in the suite; "
+        "every entry the median over them). The method is the",
         "script's docstring. Coverage and width are each posterior's against the full-data posterior",
         "(width: median sd over the full-data sd). `suite`: the cell's verdict rows; `fresh`: the fresh",
-        "release's pseudocoreset posterior; `floor`: the suite's idealised floor; `public bound`: the floor",
+        "releases' pseudocoreset posterior; `floor`: the suite's idealised floor; `public bound`: the floor",
         "at the release's public score bound; `+ last round`: and at the noise multiplier of the rounds'",
         "best single score release. `R data / R public`: the two sensitivities. Feature-model bias: the",
         "noise-free mode of the next design under each feature model, its largest error in full-data sds",
@@ -175,37 +193,44 @@ def main() -> None:
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     honest_last = 0
+    records: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
         for c in todo:
             name, _kind, mode, eps, _mech = c.key
             spec = cal.TABLES[name]
             print(f"{name} {mode} {eps:g} ...", flush=True)
             try:
-                fr = cell_frontier(spec, mode, float(eps), a.run, Path(tmp))
+                fr = median_frontier(spec, mode, float(eps), list(range(a.run, a.run + a.releases)), Path(tmp))
             except Exception as exc:  # a refused fresh release: say so and go on
                 lines.append(f"| {name} | {mode} | {eps:g} | {c.threshold:.2f} | {_f(c.coverage)} / {_f(c.width)}x "
                              f"| {type(exc).__name__}: {str(exc)[:60]} | | | | | | | |")
                 continue
-            fl = fr["floors"]
-            rel = fr["release"]
 
-            def cw(f: Any) -> str:
-                return f"{f.coverage:.2f} / {f.width_ratio:.2f}x"
+            def cw(k: str, fr: dict[str, float] = fr) -> str:
+                return f"{fr[k + '_coverage']:.2f} / {fr[k + '_width_ratio']:.2f}x"
 
-            b = fr["bias"]
             lines.append(
-                f"| {name} | {mode} | {eps:g} | {c.threshold:.2f} | {_f(c.coverage)} / {_f(c.width)}x | "
-                f"{_f(rel['coverage'])} / {_f(rel['width_ratio'])}x | {cw(fl['floor'])} | {cw(fl['public bound'])} | "
-                f"{cw(fl['public bound, last round'])} | {fr['r_data']:.2f} / {fr['r_public']:.2f} | "
-                + " | ".join(f"{b[k][0]:.2f} ({b[k][1]:.2f})" for k in ("empirical", "gaussian", "marginals"))
-                + " |")
+                f"| {name} | {mode} | {eps:g} | {c.threshold:.2f} | {_f(c.coverage)} / {_f(c.width)}x | {cw('fresh')} | "
+                f"{cw('floor')} | {cw('public_bound')} | {cw('last_round')} | {fr['r_data']:.2f} / {fr['r_public']:.2f} | "
+                + " | ".join(f"{fr[f'bias_{k}_full_sd']:.2f} ({fr[f'bias_{k}_floor_sd']:.2f})"
+                             for k in ("empirical", "gaussian", "marginals")) + " |")
             print(lines[-1], flush=True)
-            honest_last += fl["public bound, last round"].coverage >= c.threshold - 1e-12
+            records.append({"table": name, "mode": mode, "epsilon": eps, "threshold": c.threshold,
+                            "releases": a.releases, **fr})
+            honest_last += fr["last_round_coverage"] >= c.threshold - 1e-12
     lines += ["", f"Cells whose `+ last round` floor reaches the threshold: {honest_last} of {len(todo)}."]
     a.out.parent.mkdir(parents=True, exist_ok=True)
     tmp_out = a.out.with_suffix(".tmp")
     tmp_out.write_text("\n".join(lines) + "\n")
     tmp_out.replace(a.out)
+    if records:
+        csv_out = a.out.with_suffix(".csv")
+        tmp_csv = csv_out.with_suffix(".csv.tmp")
+        with tmp_csv.open("w", newline="") as fh:
+            w = csv.DictWriter(fh, fieldnames=list(records[0]))
+            w.writeheader()
+            w.writerows(records)
+        tmp_csv.replace(csv_out)
     print("\n".join(lines))
 
 

@@ -304,6 +304,18 @@ def test_calibration_report_judges_wrong_signs_against_the_floor(tmp_path: Path)
     assert ("noise-aware-newton, across the suite (issue 50, rule 1): 6 wrong-sign effects against the floor's "
             "expected 4.0 (limit 1.25 x 4.0 + 3 = 8.0): met.") in text
     assert "| 0.90 floor | 2 | 4.0 | 1.2x |" in text and "| 0.90 | 2 | - | 1.2x |" in text
+    # The suite's own CSV cites benchmarks/frontier.py's measured frontier beside a dishonest cell.
+    suite = tmp_path / "calibration.csv"
+    suite.write_text(out.read_text())
+    (tmp_path / "frontier.csv").write_text(
+        "table,mode,epsilon,public_bound_coverage,public_bound_width_ratio,last_round_coverage,last_round_width_ratio\n"
+        "sim_rare,public,1.0,0.93,1.3,0.91,1.4\n")
+    cal.report(suite, md)  # type: ignore[attr-defined]
+    listed = next(line for line in md.read_text().splitlines() if line.startswith("- sim_rare public eps 1"))
+    assert "at the release's public score bound it covers 0.93 (1.3x), and at the Newton rounds' best score share " \
+           "0.91 (1.4x)" in listed
+    assert "public score bound" not in next(line for line in md.read_text().splitlines()
+                                            if line.startswith("- sim_exact public eps 1"))
 
 
 def test_calibration_results_file_from_an_earlier_harness_is_upgraded(tmp_path: Path) -> None:
@@ -427,6 +439,37 @@ def test_variants_compare_rule_4_honesty_first(tmp_path: Path) -> None:
     assert nv.cell_verdicts(list(csv.DictReader(bare.open(newline=""))), "trace", {("t", 1.0): 0.1})[
         ("t", 1.0)].floor_wrong == pytest.approx(1.0)
     assert nv.compare([bare], "imputed", "trace", floor_wrong={}).floor_unknown == [("t", 0.3), ("t", 1.0), ("t", 3.0)]
+
+
+def test_variants_compare_rule_2_prime_measures_from_the_bound_floor(tmp_path: Path) -> None:
+    """Rule 2' (notebook, 2026-11-29): where the baseline's rows record the floor at the score
+    bound they paid, a widening is measured from max(width, floor, bound floor); rows without it
+    keep rule 2's reference. An honest cell at 1.4x whose floor is 1.3x and bound floor 1.6x may
+    widen to 2.0x (2.0 / 1.6 = 1.25, not past the 25% cell limit) but not to 2.1x."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import noise_aware_variants as nv  # type: ignore[import-not-found]
+    finally:
+        sys.path.pop(0)
+
+    def write(name: str, cand_width: float, bound: str) -> Path:
+        rows = (_variant_rows("t", 0.3, "imputed", 10, coverage=1.0, wrong=0, width=1.4, floor_width=1.3)
+                + _variant_rows("t", 0.3, "N/imputed", 10, coverage=1.0, wrong=0, width=cand_width, floor_width=1.3))
+        for r in rows:
+            r["bound_floor_width_ratio"] = bound
+        path = tmp_path / name
+        with path.open("w", newline="") as fh:
+            w = csv.DictWriter(fh, fieldnames=list(rows[0]))
+            w.writeheader()
+            w.writerows(rows)
+        return path
+
+    ok = nv.compare([write("ok.csv", 2.0, "1.6")], "imputed", "N/imputed", floor_wrong={})
+    assert ok.widths.wider == [] and math.isclose(ok.widths.geomean, 2.0 / 1.6)  # (one cell: above the mean's 1.05)
+    wide = nv.compare([write("wide.csv", 2.1, "1.6")], "imputed", "N/imputed", floor_wrong={})
+    assert wide.widths.wider == [("t", 0.3)] and not wide.widths.ok
+    old = nv.compare([write("old.csv", 2.0, "")], "imputed", "N/imputed", floor_wrong={})
+    assert old.widths.wider == [("t", 0.3)] and math.isclose(old.widths.geomean, 2.0 / 1.4)
 
 
 def test_refusal_reasons_measure_what_stage_1_can_see(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
