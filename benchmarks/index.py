@@ -50,8 +50,9 @@ BENCHMARKS: tuple[Benchmark, ...] = (
               "([docs/CALIBRATION.md](docs/CALIBRATION.md)).",
               "python benchmarks/calibration.py run --out benchmarks/results/calibration.csv; "
               "python benchmarks/calibration.py report ...; python benchmarks/headline.py; "
-              "python benchmarks/refusal_reasons.py (the refused cells' measured reasons)",
-              ("calibration.md", "calibration_dppsvi.md", "calibration_cells.md", "refusal_reasons.md"),
+              "python benchmarks/refusal_reasons.py (the refused cells' measured reasons); "
+              "python benchmarks/frontier.py --out benchmarks/results/frontier.md (the dishonest cells' frontier)",
+              ("calibration.md", "calibration_dppsvi.md", "calibration_cells.md", "refusal_reasons.md", "frontier.md"),
               plot="calibration.png",
               special="calibration"),
     Benchmark("Sampling: the draws analysts get", "Do `Release.sample()` (BlackJAX NUTS) and the exporters' samplers "
