@@ -501,3 +501,41 @@ def test_refusal_reasons_measure_what_stage_1_can_see(tmp_path: Path, monkeypatc
         w.writerow({"table": "sim_tiny", "mode": "zero-config", "epsilon": 1, "mechanism": "noise-aware-newton",
                     "outcome": "released", "message": ""})
     assert rr.refused_cells(results) == [("sim_tiny", 0.1, 2, 3, "features and target")]
+
+
+def test_frontier_feature_model_mode_and_rounds_multiplier() -> None:
+    """benchmarks/frontier.py: with the records themselves as the feature model the noise-free mode
+    is the full-data posterior mode (the check its `empirical` column reports); a Gaussian feature
+    model of uniform features is biased but finite; the rounds' best multiplier is the smallest
+    of the claim's composed event."""
+    import torch
+
+    from dpsummary.metrics import full_posterior
+    from dpsummary.models import DTYPE, LogisticRegression, PoissonRegression
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import frontier  # type: ignore[import-not-found]
+    finally:
+        sys.path.pop(0)
+    g = torch.Generator().manual_seed(0)
+    x = torch.rand(3000, 3, generator=g, dtype=DTYPE) * 2 - 1
+    for model, mean in ((LogisticRegression(3), lambda eta: torch.sigmoid(eta)),
+                        (PoissonRegression(3), lambda eta: torch.exp(eta))):
+        eta = 0.3 + x @ torch.tensor([1.0, -1.5, 0.5], dtype=DTYPE)
+        y = (torch.rand(3000, generator=g, dtype=DTYPE) < mean(eta)).to(DTYPE) if model.name == "logistic" \
+            else torch.poisson(mean(eta), generator=g)
+        pts = torch.cat([x, y[:, None]], 1)
+        full = full_posterior(model, pts)
+        rows = frontier.feature_models(pts)
+        exact = frontier.feature_model_mode(model, pts, rows["empirical"], full.mean)
+        assert torch.allclose(exact, full.mean, atol=1e-6)
+        gauss = frontier.feature_model_mode(model, pts, rows["gaussian"], full.mean)
+        assert bool(torch.isfinite(gauss).all()) and float((gauss - full.mean).abs().max()) > 1e-4
+    claim = {"events": [{"class_name": "GaussianDpEvent", "noise_multiplier": 9.0},
+                        {"class_name": "ComposedDpEvent", "events": [
+                            {"class_name": "GaussianDpEvent", "noise_multiplier": 30.0},
+                            {"class_name": "GaussianDpEvent", "noise_multiplier": 10.5}]}]}
+    assert frontier.rounds_best_multiplier(claim) == 10.5
+    with pytest.raises(ValueError):
+        frontier.rounds_best_multiplier({"events": claim["events"][:1]})
