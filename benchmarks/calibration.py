@@ -570,6 +570,22 @@ def _short(v: Any) -> str:
     return f"{v:.3g}" if isinstance(v, float) else str(v)
 
 
+def censor_poisson_counts() -> None:
+    """The thirty-fifth rule's arm X, for this process: :meth:`dpsummary.noise_aware.Schedule.default`
+    gives Poisson schedules that clip the count (``count_range``) ``censor_counts=True`` (the
+    thirty-second rule's candidate); every other schedule is today's. A benchmark arm through the
+    real release path, not a product option."""
+    from dpsummary import noise_aware as na
+
+    today = na.Schedule.default
+
+    def default(cls: type[na.Schedule], model: Any) -> na.Schedule:
+        sched = today(model)
+        return dataclasses.replace(sched, censor_counts=True) if sched.count_range else sched
+
+    na.Schedule.default = classmethod(default)  # type: ignore[method-assign, assignment]
+
+
 # ---- CLI --------------------------------------------------------------------------------------
 def _names(value: str, known: Iterable[str], what: str) -> list[str]:
     names = [v.strip() for v in value.split(",") if v.strip()]
@@ -608,6 +624,9 @@ def main(argv: list[str] | None = None) -> None:
                         "(the mode before the sixth rule)")
     r.add_argument("--workdir", type=Path, help="keep policies and keys here (default: a temporary directory)")
     r.add_argument("--cache", type=Path, default=CACHE, help="where the tables' CSVs are built (default: %(default)s)")
+    r.add_argument("--censor-counts", action="store_true",
+                   help="the thirty-fifth rule's arm X (notebook/noise_aware_variants.md): Poisson schedules with the "
+                        "count's clip get Schedule.censor_counts, patched in-process (logistic ones unchanged)")
     rep = sub.add_parser("report", help="rebuild the markdown table (and plot) from the CSV")
     rep.add_argument("results", type=Path)
     rep.add_argument("target", type=Path)
@@ -627,6 +646,8 @@ def main(argv: list[str] | None = None) -> None:
         tables = list(SUITES[a.suite]) if a.suite else _names(a.tables, TABLES, "table")
         if a.runs < 1:
             raise SystemExit("error: --runs must be at least 1")
+        if a.censor_counts:
+            censor_poisson_counts()
         run_cells(a.out, tables, _names(a.modes, MODES, "mode"), _epsilons(a.epsilons),
                   _names(a.mechanisms, MECHANISMS, "mechanism"), a.runs, a.workdir, a.first_run,
                   say=lambda s: print(s, flush=True), cache=a.cache, positive_class=a.positive_class)

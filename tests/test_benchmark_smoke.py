@@ -539,3 +539,19 @@ def test_frontier_feature_model_mode_and_rounds_multiplier() -> None:
     assert frontier.rounds_best_multiplier(claim) == 10.5
     with pytest.raises(ValueError):
         frontier.rounds_best_multiplier({"events": claim["events"][:1]})
+
+
+def test_calibration_censor_counts_arm_patches_poisson_schedules_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`calibration.py run --censor-counts` (the thirty-fifth rule's arm X): Poisson schedules with
+    the count's clip censor it; logistic ones are today's default (restored after the test)."""
+    from dpsummary import noise_aware as na
+    from dpsummary.models import LogisticRegression, PoissonRegression
+
+    monkeypatch.setattr(na.Schedule, "default", na.Schedule.__dict__["default"])
+    today_logistic = na.Schedule.default(LogisticRegression(3))
+    assert not na.Schedule.default(PoissonRegression(3)).censor_counts
+    cal = _calibration()
+    cal.censor_poisson_counts()  # type: ignore[attr-defined]
+    poisson = na.Schedule.default(PoissonRegression(3))
+    assert poisson.censor_counts and poisson.count_range
+    assert na.Schedule.default(LogisticRegression(3)) == today_logistic
