@@ -373,6 +373,14 @@ def _variant_rows(table: str, eps: float, arm: str, runs: int, *, coverage: floa
              "effects_wrong_sign": str(wrong if r == 0 else 0), "floor_wrong_sign": floor_wrong} for r in range(runs)]
 
 
+def _write_rows(path: Path, rows: list[dict[str, str]]) -> Path:
+    with path.open("w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    return path
+
+
 def test_variants_compare_rule_4_honesty_first(tmp_path: Path) -> None:
     """Issue 50, rule 4 on hand-made paired cells: a candidate that turns one cell honest, loses
     none and widens an honest cell only up to the floor meets rules 2 and 4; one that gains
@@ -385,12 +393,7 @@ def test_variants_compare_rule_4_honesty_first(tmp_path: Path) -> None:
         sys.path.pop(0)
 
     def write(name: str, rows: list[dict[str, str]]) -> Path:
-        path = tmp_path / name
-        with path.open("w", newline="") as fh:
-            w = csv.DictWriter(fh, fieldnames=list(rows[0]))
-            w.writeheader()
-            w.writerows(rows)
-        return path
+        return _write_rows(tmp_path / name, rows)
 
     rows = (_variant_rows("t", 0.3, "imputed", 10, coverage=0.8, wrong=0, width=2.0)  # dishonest today
             + _variant_rows("t", 0.3, "trace", 10, coverage=0.95, wrong=0, width=3.0)  # gained; widening free
@@ -457,12 +460,7 @@ def test_variants_compare_rule_2_prime_measures_from_the_bound_floor(tmp_path: P
                 + _variant_rows("t", 0.3, "N/imputed", 10, coverage=1.0, wrong=0, width=cand_width, floor_width=1.3))
         for r in rows:
             r["bound_floor_width_ratio"] = bound
-        path = tmp_path / name
-        with path.open("w", newline="") as fh:
-            w = csv.DictWriter(fh, fieldnames=list(rows[0]))
-            w.writeheader()
-            w.writerows(rows)
-        return path
+        return _write_rows(tmp_path / name, rows)
 
     ok = nv.compare([write("ok.csv", 2.0, "1.6")], "imputed", "N/imputed", floor_wrong={})
     assert ok.widths.wider == [] and math.isclose(ok.widths.geomean, 2.0 / 1.6)  # (one cell: above the mean's 1.05)
