@@ -99,6 +99,14 @@ Tables (the registry :data:`TABLES`; ``python benchmarks/calibration.py tables``
     3 numerics U[-1, 1] with effects N(0, 0.3^2), 0/1 columns at 20% and 5% declared numeric
     [0, 1] with effects +0.8 and +1.2; counts gamma-Poisson with shape 0.3, intercept -1.6;
     public count bound 100;
+  - ``sim_categorical`` (issue 50's thirty-sixth rule, settings in
+    ``notebook/noise_aware_variants.md`` written before its first run; shaped like ``hmda``):
+    logistic, N 2,400: seven yes/no columns declared **categorical** (one-hot, both levels) at
+    ``yes`` rates 2, 2, 7, 12, 15, 30, 40% with contrasts +4.0, -1.5, +1.5, +0.3, +0.8, +0.2,
+    +0.4; ratios ``r0``, ``r1`` = 0.33 exp(0.3 z) (z correlated 0.8) in public [0, 3] with effects
+    +1.67 and +0.3 (+2.5 and +0.45 model units); integers ``k0`` 1-6 and ``k1`` 1-4 with effects
+    +0.6 and +0.3 per unit; ``u0`` U[2, 6] in public [1.5, 10.5], effect +0.05; intercept set to
+    12% positives on the drawn features;
   - ``sim_tiny``: logistic, N 2,000, 3 numerics U[-1, 1], intercept 0, effects 1, -1, 0.5
     (the smoke test's table; not part of the suite);
   - ``sim_cells_logistic`` and ``sim_cells_poisson`` (issue 50, ``noise-aware-cells``' synthetic
@@ -368,12 +376,14 @@ POSITIVE_CLASSES: dict[str, str] = {
 @dataclasses.dataclass(frozen=True)
 class SimColumn:
     name: str
-    kind: str  # "uniform" (U[lo, hi]) | "binary" (0/1 at rate) | "gauss" (drawn by the table)
+    kind: str  # "uniform" (U[lo, hi]) | "binary" (0/1 at rate) | "gauss" (drawn by the table) | "yesno"
     lower: float
     upper: float
     rate: float = 0.0
     lo: float = -1.0
     hi: float = 1.0
+    #: Declared ``integer = true`` in the public schema.
+    integer: bool = False
 
 
 def _simulate(seed: int, n: int, model: str, cols: list[SimColumn], intercept: float, effects: list[float],
@@ -399,14 +409,27 @@ def _simulate(seed: int, n: int, model: str, cols: list[SimColumn], intercept: f
         if shape is not None:
             mu = mu * rng.gamma(shape, 1 / shape, n)
         y = np.minimum(rng.poisson(mu), count_bound).astype(int)
-    df = pd.DataFrame({c.name: (x[:, j].astype(int) if c.kind == "binary" else np.round(x[:, j], 6))
-                       for j, c in enumerate(cols)})
+    df = pd.DataFrame({c.name: _column_values(c, x[:, j]) for j, c in enumerate(cols)})
     df["y"] = y
     return df
 
 
+def _column_values(col: SimColumn, values: np.ndarray) -> Any:
+    """A simulated column as written to the CSV: 0/1 integers, ``"no"``/``"yes"`` text for a
+    categorical yes/no column (the generator's 0/1 indicator of ``yes``), else rounded floats."""
+    if col.kind == "binary" or col.integer:
+        return np.round(values).astype(int)
+    if col.kind == "yesno":
+        return np.where(values > 0.5, "yes", "no")
+    return np.round(values, 6)
+
+
 def _sim_schema(cols: list[SimColumn], model: str, count_bound: float = 1000.0) -> dict[str, Any]:
-    spec: list[dict[str, Any]] = [{"name": c.name, "kind": "numeric", "lower": c.lower, "upper": c.upper} for c in cols]
+    spec: list[dict[str, Any]] = [
+        {"name": c.name, "kind": "categorical", "categories": ["no", "yes"]} if c.kind == "yesno"
+        else {"name": c.name, "kind": "numeric", "lower": c.lower, "upper": c.upper,
+              **({"integer": True} if c.integer else {})}
+        for c in cols]
     if model == "linear":  # count_bound is the real target's symmetric public bound
         spec.append({"name": "y", "kind": "numeric", "lower": -count_bound, "upper": count_bound})
     else:
@@ -428,8 +451,7 @@ def _simulate_linear(seed: int, n: int, cols: list[SimColumn], intercept: float,
         x[:, j] = rng.uniform(c.lo, c.hi, n) if c.kind == "uniform" else (rng.uniform(size=n) < c.rate).astype(float)
     e = rng.normal(0.0, 1.0, n) * (0.2 + 0.8 * np.abs(x[:, 0])) if noise == "hetero" else 0.5 * rng.standard_t(2, n)
     y = np.clip(intercept + x @ np.asarray(effects) + e, -bound, bound)
-    df = pd.DataFrame({c.name: (x[:, j].astype(int) if c.kind == "binary" else np.round(x[:, j], 6))
-                       for j, c in enumerate(cols)})
+    df = pd.DataFrame({c.name: _column_values(c, x[:, j]) for j, c in enumerate(cols)})
     df["y"] = np.round(y, 6)
     return df
 
@@ -444,6 +466,39 @@ def _binary(names: Iterable[str], rates: Iterable[float]) -> list[SimColumn]:
 
 def _effects(seed: int, k: int, sd: float) -> list[float]:
     return list(np.random.default_rng(seed).normal(0.0, sd, k))
+
+
+#: ``sim_categorical``'s yes/no columns: rates of ``yes`` and contrasts (log-odds of ``yes``
+#: against ``no``), then the numerics' effects in data units (r0, r1, k0, k1, u0; thirty-sixth rule).
+CATEGORICAL_RATES = (0.02, 0.02, 0.07, 0.12, 0.15, 0.30, 0.40)
+CATEGORICAL_CONTRASTS = (4.0, -1.5, 1.5, 0.3, 0.8, 0.2, 0.4)
+CATEGORICAL_NUMERIC_EFFECTS = (1.67, 0.3, 0.6, 0.3, 0.05)
+#: The share of positives its intercept is set to (on the drawn features, before any release).
+CATEGORICAL_POSITIVE_SHARE = 0.12
+
+
+def _categorical(cols: list[SimColumn]) -> Any:
+    """``sim_categorical`` (settings in the module docstring): features from seed 37_025, the
+    intercept bisected to the written share of positives on them, the target from seed 37_026."""
+    rng = np.random.default_rng(37_025)
+    n = 2_400
+    x = np.zeros((n, len(cols)))
+    for j, rate in enumerate(CATEGORICAL_RATES):
+        x[:, j] = rng.uniform(size=n) < rate
+    k = len(CATEGORICAL_RATES)
+    z1, z2 = rng.normal(size=n), rng.normal(size=n)
+    x[:, k] = np.clip(0.33 * np.exp(0.3 * z1), 0.0, 3.0)
+    x[:, k + 1] = np.clip(0.33 * np.exp(0.3 * (0.8 * z1 + math.sqrt(1 - 0.8**2) * z2)), 0.0, 3.0)
+    x[:, k + 2] = rng.choice(np.arange(1, 7), size=n, p=[0.6, 0.15, 0.1, 0.05, 0.05, 0.05])
+    x[:, k + 3] = rng.choice(np.arange(1, 5), size=n, p=[0.45, 0.4, 0.1, 0.05])
+    x[:, k + 4] = rng.uniform(2.0, 6.0, n)
+    effects = [*CATEGORICAL_CONTRASTS, *CATEGORICAL_NUMERIC_EFFECTS]
+    eta = x @ np.asarray(effects)
+    lo, hi = -20.0, 20.0
+    for _ in range(100):  # the expected share is increasing in the intercept
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if float(np.mean(1 / (1 + np.exp(-(mid + eta))))) < CATEGORICAL_POSITIVE_SHARE else (lo, mid)
+    return _simulate(37_026, n, "logistic", cols, 0.5 * (lo + hi), effects, x=x)
 
 
 def _sim_specs() -> list[TableSpec]:
@@ -566,6 +621,17 @@ def _sim_specs() -> list[TableSpec]:
                           shape=0.3, count_bound=100.0),
         "gamma-Poisson counts with shape 0.3 (mean near 0.3, about 80% zeros), N 5,000, count bound 100",
         count_bound=100.0)
+
+    # Issue 50's thirty-sixth rule (notebook/noise_aware_variants.md, settings written before its
+    # first run): categorical yes/no columns (both levels one-hot: an exact relation with the
+    # intercept, contrasts at full size in model units), a ratio in wide public bounds, like hmda.
+    c15 = ([SimColumn(f"c{j}", "yesno", 0.0, 1.0, rate=r) for j, r in enumerate(CATEGORICAL_RATES)]
+           + _uniform(("r0", "r1"), lower=0.0, upper=3.0)
+           + [SimColumn("k0", "gauss", 1.0, 6.0, integer=True), SimColumn("k1", "gauss", 1.0, 4.0, integer=True),
+              SimColumn("u0", "uniform", 1.5, 10.5, lo=2.0, hi=6.0)])
+    add("sim_categorical", "logistic", c15, functools.partial(_categorical, c15),
+        "like hmda: 7 yes/no columns declared categorical (2-40%, contrasts up to 4), ratios in public [0, 3], "
+        "12% positives")
 
     c9 = _uniform(f"x{j}" for j in range(3))
     add("sim_tiny", "logistic", c9, functools.partial(_simulate, 37_009, 2_000, "logistic", c9, 0.0, [1.0, -1.0, 0.5]),

@@ -553,3 +553,26 @@ def test_calibration_censor_counts_arm_patches_poisson_schedules_only(monkeypatc
     poisson = na.Schedule.default(PoissonRegression(3))
     assert poisson.censor_counts and poisson.count_range
     assert na.Schedule.default(LogisticRegression(3)) == today_logistic
+
+
+def test_sim_categorical_matches_its_written_settings(tmp_path: Path) -> None:
+    """The thirty-sixth rule's ``sim_categorical``: yes/no columns declared categorical (so the
+    model encodes both levels), integers declared integer, and the table's draw at its written
+    rates (binomial sds at N 2,400: every check below is over 3 sds, failure rate < 1e-2 on a
+    redraw, and the draw is fixed by its seeds)."""
+    cal = _calibration()
+    spec = cal.TABLES["sim_categorical"]  # type: ignore[attr-defined]
+    assert "sim_categorical" in cal.SIMULATIONS  # type: ignore[attr-defined]
+    kinds = {c["name"]: c for c in spec.schema["columns"]}
+    assert all(kinds[f"c{j}"] == {"name": f"c{j}", "kind": "categorical", "categories": ["no", "yes"]}
+               for j in range(7))
+    assert kinds["k0"]["integer"] and kinds["k1"]["integer"] and "integer" not in kinds["r0"]
+    rows = list(csv.DictReader(cal.table_csv(spec, cache=tmp_path).open()))  # type: ignore[attr-defined]
+    assert len(rows) == 2400
+    share = sum(r["y"] == "1" for r in rows) / 2400
+    assert abs(share - 0.12) < 3 * math.sqrt(0.12 * 0.88 / 2400) + 0.005
+    for j, rate in enumerate((0.02, 0.02, 0.07, 0.12, 0.15, 0.30, 0.40)):
+        seen = sum(r[f"c{j}"] == "yes" for r in rows) / 2400
+        assert abs(seen - rate) < 3.5 * math.sqrt(rate * (1 - rate) / 2400), (j, seen)
+    assert {r["k0"] for r in rows} <= {str(v) for v in range(1, 7)}
+    assert all(0.0 <= float(r["r0"]) <= 3.0 for r in rows)
