@@ -541,6 +541,9 @@ def cell_verdicts(rows: list[dict[str, str]], arm: str,
 #: plain width ratios) and widen none of them by more than 10%.
 NARROWING_GEOMEAN = 0.97
 NARROWING_CELL_LIMIT = 1.10
+#: Rule 4'' (c''): a cell the candidate turns dishonest is forgiven as run noise only when it is at
+#: most this much wider than max(width, floor, bound floor) under the candidate.
+FLIP_WIDTH_LIMIT = 1.10
 
 
 @dataclasses.dataclass(frozen=True)
@@ -570,6 +573,8 @@ class Comparison:
 
     #: Plain width ratios (candidate / baseline median width) over the cells honest under both.
     plain_ratios: tuple[float, ...] = ()
+    #: Each lost cell's width change from max(width, floor, bound floor) (rule 4'' (c'')).
+    lost_width_changes: tuple[float, ...] = ()
 
     @property
     def narrows(self) -> bool:
@@ -589,6 +594,28 @@ class Comparison:
         if self.lost:
             return False
         return len(self.gained) > 0 or self.narrows
+
+    @property
+    def flips_at_width(self) -> bool:
+        """Rule 4'' (c''): every cell turned dishonest is at most :data:`FLIP_WIDTH_LIMIT` wider than
+        max(width, floor, bound floor): a flip at equal width is run noise, a flip bought with
+        width is not."""
+        return all(c <= FLIP_WIDTH_LIMIT for c in self.lost_width_changes)
+
+    @property
+    def rule_4_double_prime(self) -> bool:
+        """Rule 4'' (a'') and the width part of (c''), for the simulations (notebook/
+        noise_aware_variants.md, "Rule 4' (a) rewritten"): more cells turned honest than
+        dishonest (issue 50's rule 4), or none either way and :attr:`narrows`; and
+        :attr:`flips_at_width`."""
+        moved = bool(self.gained or self.lost)
+        return self.flips_at_width and (self.more_honest if moved else self.narrows)
+
+    @property
+    def confirms_4_double_prime(self) -> bool:
+        """Rule 4'' (c''), for the real tables: no more cells turned dishonest than honest, and
+        :attr:`flips_at_width`."""
+        return self.not_reversed and self.flips_at_width
 
 
 def compare(paths: list[Path], baseline: str, candidate: str,
@@ -627,17 +654,18 @@ def compare(paths: list[Path], baseline: str, candidate: str,
     if not base:
         raise SystemExit(f"error: no cells with rows for both {baseline!r} and {candidate!r}; arms are the variant "
                          "names of the default schedule or schedule/variant")
-    lost, gained, fewer = [], [], []
+    lost, gained, fewer, lost_changes = [], [], [], []
     for key in sorted(base):
         b, c = base[key], cand[key]
         flags = []
+        change = cal.width_change(b.width, c.width, b.reference_width)
         if b.honest and not c.honest:
             lost.append(key)
+            lost_changes.append(change)
             flags.append("HONEST->DISHONEST")
         if not b.honest and c.honest:
             gained.append(key)
             flags.append("gained")
-        change = cal.width_change(b.width, c.width, b.reference_width)
         if b.honest and change > cal.WIDER_LIMIT:
             flags.append("WIDER>25%")
         if b.honest and c.effects < b.effects - 0.5:
@@ -656,7 +684,7 @@ def compare(paths: list[Path], baseline: str, candidate: str,
     unknown = [k for k in keys if base[k].floor_wrong is None]
     plain = tuple(cand[k].width / base[k].width for k in keys if base[k].honest and cand[k].honest)
     result = Comparison(len(keys), sum(base[k].honest for k in keys), sum(cand[k].honest for k in keys), lost, gained,
-                        widths, fewer, wrong, unknown, plain)
+                        widths, fewer, wrong, unknown, plain, tuple(lost_changes))
     print(f"honest: {baseline} {result.honest_baseline}, {candidate} {result.honest_candidate} of {len(keys)}; "
           f"turned dishonest {lost}; turned honest {gained}; wider than 25% {widths.wider}; lost effects {fewer}")
     if widths.ratios:
@@ -670,6 +698,10 @@ def compare(paths: list[Path], baseline: str, candidate: str,
           + (f"; floor's wrong-sign count unknown (judged as 0) in {unknown}" if unknown else ""))
     print(f"rule 4' (no honest cell lost; more gained, or a narrowing: geometric mean <= {NARROWING_GEOMEAN}, "
           f"no cell > {NARROWING_CELL_LIMIT}x): {'met' if result.rule_4_prime else 'NOT met'}")
+    print(f"rule 4'' (simulations: more gained than lost, or none and a narrowing; real tables: no more lost than "
+          f"gained; either: every cell lost at most {FLIP_WIDTH_LIMIT}x wider than max(width, floor, bound floor)): "
+          f"as the simulations' check {'met' if result.rule_4_double_prime else 'NOT met'}, as the real tables' "
+          f"{'met' if result.confirms_4_double_prime else 'NOT met'}")
     return result
 
 

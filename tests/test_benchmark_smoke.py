@@ -428,6 +428,29 @@ def test_variants_compare_rule_4_honesty_first(tmp_path: Path) -> None:
                   + _variant_rows("t", 1.0, "imputed", 10, coverage=1.0, wrong=0, width=1.0)
                   + _variant_rows("t", 1.0, "RS/imputed", 10, coverage=0.5, wrong=0, width=1.0))
     assert not nv.compare([lossy], "imputed", "RS/imputed", floor_wrong={}).rule_4_prime
+    # Rule 4'' (the thirty-seventh rule's): one cell gained and one lost at equal width is no
+    # more honest on the simulations, but confirms on the real tables; two gained against one
+    # lost at equal width pass both; a lost cell bought with 20% more width fails both.
+    lossy_res = nv.compare([lossy], "imputed", "RS/imputed", floor_wrong={})
+    assert lossy_res.flips_at_width and not lossy_res.rule_4_double_prime and lossy_res.confirms_4_double_prime
+    net = write("net.csv", _variant_rows("t", 0.3, "imputed", 10, coverage=0.8, wrong=0, width=1.0)
+                + _variant_rows("t", 0.3, "RS/imputed", 10, coverage=0.95, wrong=0, width=1.2)
+                + _variant_rows("t", 0.1, "imputed", 10, coverage=0.8, wrong=0, width=1.0)
+                + _variant_rows("t", 0.1, "RS/imputed", 10, coverage=0.95, wrong=0, width=1.2)
+                + _variant_rows("t", 1.0, "imputed", 10, coverage=1.0, wrong=0, width=1.5)
+                + _variant_rows("t", 1.0, "RS/imputed", 10, coverage=0.8, wrong=0, width=1.5))
+    net_res = nv.compare([net], "imputed", "RS/imputed", floor_wrong={})
+    assert not net_res.rule_4_prime and net_res.rule_4_double_prime and net_res.confirms_4_double_prime
+    bought = write("bought.csv", _variant_rows("t", 0.3, "imputed", 10, coverage=0.8, wrong=0, width=1.0)
+                   + _variant_rows("t", 0.3, "RS/imputed", 10, coverage=0.95, wrong=0, width=1.2)
+                   + _variant_rows("t", 0.1, "imputed", 10, coverage=0.8, wrong=0, width=1.0)
+                   + _variant_rows("t", 0.1, "RS/imputed", 10, coverage=0.95, wrong=0, width=1.2)
+                   + _variant_rows("t", 1.0, "imputed", 10, coverage=1.0, wrong=0, width=1.5)
+                   + _variant_rows("t", 1.0, "RS/imputed", 10, coverage=0.8, wrong=0, width=1.8))
+    bought_res = nv.compare([bought], "imputed", "RS/imputed", floor_wrong={})
+    assert math.isclose(bought_res.lost_width_changes[0], 1.2)
+    assert not bought_res.flips_at_width and not bought_res.rule_4_double_prime
+    assert not bought_res.confirms_4_double_prime
     # A second file with the 0.3 cell's candidate turned dishonest: the first file holding both arms decides.
     other = write("other.csv", _variant_rows("t", 0.3, "imputed", 10, coverage=0.8, wrong=0, width=2.0)
                   + _variant_rows("t", 0.3, "trace", 10, coverage=0.5, wrong=0, width=3.0)
