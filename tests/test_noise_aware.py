@@ -855,6 +855,36 @@ def test_keeping_each_draws_trace_widens_only_where_the_noise_dominates():
     assert bool((sd_kept <= model.prior_scale * 1.05).all())
 
 
+def test_default_glm_schedules_keep_each_draws_trace_and_fit_uses_it():
+    """Issue 50's thirty-seventh rule: the logistic and Poisson defaults impute the curvature at
+    each draw's own trace and declare it; the option needs the imputed posterior; ``fit`` with
+    it gives exactly imputed_posterior(spectrum=trace_kept_spectrum) of the last round, from the
+    same post-processing generator state."""
+    from dpsummary.models import PoissonRegression
+
+    for model in (LogisticRegression(2), PoissonRegression(2)):
+        sched = na.Schedule.default(model)
+        assert sched.spectrum == "trace" and sched.as_dict()["imputed_spectrum"] == "trace"
+    assert "imputed_spectrum" not in na.Schedule(((0.5, 0.5),), posterior="imputed").as_dict()
+    with pytest.raises(ValueError, match="spectrum"):
+        na.Schedule(((0.5, 0.5),), spectrum="trace")
+    with pytest.raises(ValueError, match="spectrum"):
+        na.Schedule(((0.5, 0.5),), posterior="imputed", spectrum="soft")
+    model = LogisticRegression(2)
+    pts, _ = _table(model, 500, 5)
+    bounds = na.public_bounds(model, feature_norm=math.sqrt(2), target_bound=1.0)
+    runs = {}
+    for spectrum in ("psd", "trace"):
+        sched = na.Schedule(((0.5, 0.5),), posterior="imputed", spectrum=spectrum)
+        runs[spectrum] = na.fit(model, _release_fn(pts, model, np.random.default_rng(5)), bounds, schedule=sched,
+                                sigma=40.0, generator=torch.Generator().manual_seed(5))
+    last = runs["trace"].rounds[-1]
+    again = na.imputed_posterior(model, last, generator=torch.Generator().manual_seed(5),
+                                 spectrum=na.trace_kept_spectrum)
+    assert torch.allclose(runs["trace"].posterior.cov, again.cov) and torch.allclose(runs["trace"].posterior.mean, again.mean)
+    assert not torch.allclose(runs["trace"].posterior.cov, runs["psd"].posterior.cov)
+
+
 def test_censor_counts_needs_the_count_range_and_swaps_only_the_statistic_model():
     """Issue 50's thirty-second rule: Schedule.censor_counts needs the count's clip; the rounds'
     statistic model is then the Poisson model censored at the clip bound (K = floor), declared in

@@ -119,8 +119,8 @@ def imputed_posterior(
     noise-aware posterior given each draw (the curvature then known, so only the score noise
     enters), and the moment-matched mixture. ``spectrum`` maps each draw's eigenvalues to the
     curvature used (default: the PSD part; e.g. :func:`trace_kept_spectrum`, the nearest PSD
-    matrix with the draw's own trace, issue 37's twenty-seventh rule, an option, not the default;
-    the benchmarks' other spectral candidates). Raises :class:`NonFiniteFit` when fewer than half the draws give a
+    matrix with the draw's own trace, module docstring 16., the logistic and Poisson default since
+    issue 50's thirty-seventh rule; the benchmarks' other spectral candidates). Raises :class:`NonFiniteFit` when fewer than half the draws give a
     finite Gaussian. Post-processing of DP outputs with non-private randomness."""
     dim = release.curvature.shape[0]
     # Given the curvature H = Q diag(lam) Q^T (one draw) and no curvature noise, the posterior of

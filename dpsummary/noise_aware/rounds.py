@@ -17,7 +17,7 @@ import torch
 from ..gaussian import GaussianPosterior
 from ..models import Model
 from .bounds import eta_change
-from .posterior import imputed_posterior, noise_aware_posterior
+from .posterior import imputed_posterior, noise_aware_posterior, trace_kept_spectrum
 from .released import MECHANISM, BoundsFn, NonFiniteFit, ReleaseFn, RoundRelease
 from .schedule import LAST_SPLITS, MERGE_RMS_ETA, Schedule
 from .variants import (
@@ -241,7 +241,8 @@ def fit(model: Model, release: ReleaseFn, bounds: BoundsFn, *, schedule: Schedul
     if schedule.posterior == "imputed":
         if generator is None:
             raise ValueError("the imputed posterior needs a (non-private) generator")
-        posterior = imputed_posterior(model, final, generator=generator)
+        posterior = imputed_posterior(model, final, generator=generator,
+                                      spectrum=trace_kept_spectrum if schedule.spectrum == "trace" else None)
     if schedule.expansion is not None:
         if feature_norm is None:
             raise ValueError("the expansion-aware posterior needs the public feature norm")

@@ -61,6 +61,10 @@ class Schedule:
     #: docstring, 2.) or ``"imputed"`` (the true curvature integrated out by multiple
     #: imputation; module docstring, 7.). Intermediate anchors always use the plug-in. Public.
     posterior: str = "plug-in"
+    #: How each imputed curvature draw is made PSD (``posterior = "imputed"`` only; module
+    #: docstring, 16.): ``"psd"`` (its PSD part) or ``"trace"`` (the nearest PSD matrix with
+    #: the draw's own trace, :func:`trace_kept_spectrum`; issue 50's thirty-seventh rule). Public.
+    spectrum: str = "psd"
     #: Whether the released posterior also carries the last expansion's error
     #: (:func:`expansion_aware`; module docstring, 8.): None (no), ``"box"`` or ``"data"`` (its
     #: ``eta_rule``). Needs ``feature_norm`` in :func:`fit`. Public.
@@ -113,6 +117,8 @@ class Schedule:
                              "(with the log-odds anchor)")
         if self.posterior not in ("plug-in", "imputed"):
             raise ValueError("posterior must be 'plug-in' or 'imputed'")
+        if self.spectrum not in ("psd", "trace") or (self.spectrum != "psd" and self.posterior != "imputed"):
+            raise ValueError("spectrum must be 'psd' or 'trace' (with the imputed posterior)")
         if self.expansion not in (None, "box", "data"):
             raise ValueError("expansion must be None, 'box' or 'data'")
         if self.last_split not in (None, "preposterior") or (self.last_split is not None and len(self.rounds) < 2):
@@ -133,10 +139,11 @@ class Schedule:
             # from the rounds in proportion.
             rounds = tuple((s * (1.0 - COUNT_RANGE_SHARE), c * (1.0 - COUNT_RANGE_SHARE)) for s, c in POISSON_ROUNDS)
             return cls(rounds, anchor="log-mean", trust_eta=POISSON_TRUST_ETA, passes=3, start="anchor",
-                       prior_centre="log-mean", posterior="imputed", count_range=COUNT_RANGE_SHARE)
+                       prior_centre="log-mean", posterior="imputed", spectrum="trace", count_range=COUNT_RANGE_SHARE)
         # Not the expansion-aware posterior (module docstring, 8.): the seventh rule's suite
-        # confirmation failed (benchmarks/results/noise_aware_variants.md).
-        return cls(DEFAULT_ROUNDS, posterior="imputed")
+        # confirmation failed (benchmarks/results/noise_aware_variants.md). Each imputed curvature
+        # at its own trace (module docstring, 16.): issue 50's thirty-seventh rule.
+        return cls(DEFAULT_ROUNDS, posterior="imputed", spectrum="trace")
 
     def noise_multipliers(self, sigma: float) -> list[tuple[float, float]]:
         """Per-round (score, curvature) noise multipliers for single-Gaussian calibration sigma."""
@@ -194,6 +201,8 @@ class Schedule:
         if self.posterior != "plug-in":
             out["posterior"] = self.posterior
             out["imputations"] = IMPUTATIONS
+        if self.spectrum != "psd":
+            out["imputed_spectrum"] = self.spectrum
         if self.pool:
             out["pool_eta"] = POOL_ETA
         if self.pool_curvature:
