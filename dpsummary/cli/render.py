@@ -105,7 +105,9 @@ def _noise_aware_rows(mech: dict[str, Any]) -> list[Row]:
         rows.append((
             "posterior",
             f"noise-aware Gaussian of the last round with the curvature's noise integrated out "
-            f"({sched.get('imputations')} imputed curvatures; post-processing, no privacy cost)"
+            f"({sched.get('imputations')} imputed curvatures"
+            + (", each kept at its own trace" if sched.get("imputed_spectrum") == "trace" else "")
+            + "; post-processing, no privacy cost)"
             + ("" if sched.get("expansion") is None else
                ", and the last Newton step's expansion error (widened along the step)"),
         ))
