@@ -433,21 +433,20 @@ def test_variants_compare_rule_4_honesty_first(tmp_path: Path) -> None:
     # lost at equal width pass both; a lost cell bought with 20% more width fails both.
     lossy_res = nv.compare([lossy], "imputed", "RS/imputed", floor_wrong={})
     assert lossy_res.flips_at_width and not lossy_res.rule_4_double_prime and lossy_res.confirms_4_double_prime
-    net = write("net.csv", _variant_rows("t", 0.3, "imputed", 10, coverage=0.8, wrong=0, width=1.0)
-                + _variant_rows("t", 0.3, "RS/imputed", 10, coverage=0.95, wrong=0, width=1.2)
-                + _variant_rows("t", 0.1, "imputed", 10, coverage=0.8, wrong=0, width=1.0)
-                + _variant_rows("t", 0.1, "RS/imputed", 10, coverage=0.95, wrong=0, width=1.2)
-                + _variant_rows("t", 1.0, "imputed", 10, coverage=1.0, wrong=0, width=1.5)
-                + _variant_rows("t", 1.0, "RS/imputed", 10, coverage=0.8, wrong=0, width=1.5))
-    net_res = nv.compare([net], "imputed", "RS/imputed", floor_wrong={})
+    def two_gained_one_lost(name: str, lost_width: float) -> Path:
+        """Cells 0.1 and 0.3 turned honest (widening free there); cell 1 lost at ``lost_width``
+        against the baseline's 1.5 (the floor's 1.0)."""
+        rows = []
+        for eps in (0.3, 0.1):
+            rows += (_variant_rows("t", eps, "imputed", 10, coverage=0.8, wrong=0, width=1.0)
+                     + _variant_rows("t", eps, "RS/imputed", 10, coverage=0.95, wrong=0, width=1.2))
+        rows += (_variant_rows("t", 1.0, "imputed", 10, coverage=1.0, wrong=0, width=1.5)
+                 + _variant_rows("t", 1.0, "RS/imputed", 10, coverage=0.8, wrong=0, width=lost_width))
+        return write(name, rows)
+
+    net_res = nv.compare([two_gained_one_lost("net.csv", 1.5)], "imputed", "RS/imputed", floor_wrong={})
     assert not net_res.rule_4_prime and net_res.rule_4_double_prime and net_res.confirms_4_double_prime
-    bought = write("bought.csv", _variant_rows("t", 0.3, "imputed", 10, coverage=0.8, wrong=0, width=1.0)
-                   + _variant_rows("t", 0.3, "RS/imputed", 10, coverage=0.95, wrong=0, width=1.2)
-                   + _variant_rows("t", 0.1, "imputed", 10, coverage=0.8, wrong=0, width=1.0)
-                   + _variant_rows("t", 0.1, "RS/imputed", 10, coverage=0.95, wrong=0, width=1.2)
-                   + _variant_rows("t", 1.0, "imputed", 10, coverage=1.0, wrong=0, width=1.5)
-                   + _variant_rows("t", 1.0, "RS/imputed", 10, coverage=0.8, wrong=0, width=1.8))
-    bought_res = nv.compare([bought], "imputed", "RS/imputed", floor_wrong={})
+    bought_res = nv.compare([two_gained_one_lost("bought.csv", 1.8)], "imputed", "RS/imputed", floor_wrong={})
     assert math.isclose(bought_res.lost_width_changes[0], 1.2)
     assert not bought_res.flips_at_width and not bought_res.rule_4_double_prime
     assert not bought_res.confirms_4_double_prime
