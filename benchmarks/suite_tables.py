@@ -415,8 +415,9 @@ def _simulate(seed: int, n: int, model: str, cols: list[SimColumn], intercept: f
 
 
 def _column_values(col: SimColumn, values: np.ndarray) -> Any:
-    """A simulated column as written to the CSV: 0/1 integers, ``"no"``/``"yes"`` text for a
-    categorical yes/no column (the generator's 0/1 indicator of ``yes``), else rounded floats."""
+    """A simulated column as written to the CSV: integers for a 0/1 column or one declared
+    ``integer``, ``"no"``/``"yes"`` text for a categorical yes/no column (the generator's 0/1
+    indicator of ``yes``), else floats rounded to 6 decimals."""
     if col.kind == "binary" or col.integer:
         return np.round(values).astype(int)
     if col.kind == "yesno":
