@@ -15,11 +15,14 @@ the handicaps a real mechanism pays, each still with the curvature known and the
   release (the smallest multiplier among the Newton rounds' events in the claim; the default's
   last round holds 0.45 of the rounds' budget), instead of 0.8 of epsilon.
 
-If the last one is dishonest (coverage below the cell's threshold), no mechanism that releases
-one score at the Newton rounds' best share and public bound can be honest there even with the
-curvature and the mode given: the cell's frontier is the design's budget shape, not its
-approximations. If it is honest, the release loses its honesty to what the floor assumes away
-(the curvature's noise, the anchor's distance from the mode, the count clip).
+Each is judged by the cell's own rule (issue 50's rules 1 and 3, :func:`frontier_honest`):
+coverage at least the cell's threshold, and its expected wrong-sign effects over the cell's
+released runs (each floor's mean per noise draw times the runs) within the suite floor's expected
+count for those runs plus one. If the last one is dishonest, no mechanism that releases one score
+at the Newton rounds' best share and public bound can be honest there even with the curvature and
+the mode given: the cell's frontier is the design's budget shape, not its approximations. If it is
+honest, the release loses its honesty to what the floor assumes away (the curvature's noise, the
+anchor's distance from the mode, the count clip).
 
 Then the next design's own floor (Kulkarni et al. 2021, ``../shared/notes/noise-aware-glm.md``):
 a posterior that models the features' distribution reads ``T = sum_i z_i y_i`` through
@@ -58,6 +61,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import calibration as cal  # noqa: E402
+from suite_verdict import WRONG_SIGN_SLACK  # noqa: E402
 
 from dpsummary.gaussian import DTYPE  # noqa: E402
 from dpsummary.metrics import idealised_floor  # noqa: E402
@@ -76,6 +80,17 @@ def rounds_best_multiplier(claim: dict[str, Any]) -> float:
     if len(composed) != 1:
         raise ValueError("the claim has no single composed event of the rounds")
     return min(float(e["noise_multiplier"]) for e in composed[0]["events"] if "noise_multiplier" in e)
+
+
+def frontier_honest(coverage: float, wrong_per_release: float, *, threshold: float, runs: int,
+                    floor_wrong: float | None) -> bool:
+    """Whether a frontier floor would pass the cell's own verdict (issue 50's rules 1 and 3): its
+    coverage reaches the cell's ``threshold`` and its expected wrong-sign effects over the cell's
+    ``runs`` released runs exceed the suite floor's expected count over those runs
+    (``floor_wrong``, None: not recorded, taken as 0 like the suite) by at most
+    :data:`~suite_verdict.WRONG_SIGN_SLACK`."""
+    return (coverage >= threshold - 1e-12
+            and wrong_per_release * runs <= (floor_wrong or 0.0) + WRONG_SIGN_SLACK + 1e-9)
 
 
 def feature_model_mode(model: Any, points: torch.Tensor, features: torch.Tensor, start: torch.Tensor
@@ -140,6 +155,8 @@ def cell_frontier(spec: Any, mode: str, epsilon: float, run: int, workdir: Path)
            "r_data": float(ref.floor.sensitivity), "r_public": r_public}
     for k, f in floors.items():
         out[f"{k}_coverage"], out[f"{k}_width_ratio"] = float(f.coverage), float(f.width_ratio)
+        out[f"{k}_wrong_sign"] = float(f.wrong_sign)
+    out["fresh_wrong_sign"] = float(judged["effects_wrong_sign"])
     sd_full = torch.sqrt(torch.diagonal(full.cov))
     for name, rows in feature_models(pts).items():
         err = (feature_model_mode(model, pts, rows, full.mean) - full.mean).abs()
@@ -150,9 +167,11 @@ def cell_frontier(spec: Any, mode: str, epsilon: float, run: int, workdir: Path)
 
 def median_frontier(spec: Any, mode: str, epsilon: float, runs: list[int], workdir: Path) -> dict[str, float]:
     """:func:`cell_frontier` over ``runs`` fresh releases, each quantity's median (a zero-configuration
-    release's model space follows its DP schema, so its floors and biases vary with the release)."""
+    release's model space follows its DP schema, so its floors and biases vary with the release),
+    but wrong-sign effects per release by their mean (a count whose median is 0 in most cells)."""
     records = [cell_frontier(spec, mode, epsilon, r, workdir) for r in runs]
-    return {k: statistics.median(r[k] for r in records) for k in records[0]}
+    return {k: (statistics.mean if k.endswith("_wrong_sign") else statistics.median)(r[k] for r in records)
+            for k in records[0]}
 
 
 def _f(v: float | None, nd: int = 2) -> str:
@@ -184,13 +203,16 @@ def main() -> None:
         "(width: median sd over the full-data sd). `suite`: the cell's verdict rows; `fresh`: the fresh",
         "releases' pseudocoreset posterior; `floor`: the suite's idealised floor; `public bound`: the floor",
         "at the release's public score bound; `+ last round`: and at the noise multiplier of the rounds'",
-        "best single score release. `R data / R public`: the two sensitivities. Feature-model bias: the",
+        "best single score release. `wrong / release`: wrong-sign effects per release (the fresh releases'",
+        "count; each floor's mean over its noise draws), judged like the suite over the cell's runs: at most",
+        "the suite floor's expected count + 1. `R data / R public`: the two sensitivities. Feature-model bias: the",
         "noise-free mode of the next design under each feature model, its largest error in full-data sds",
         "(and in the floor's sds).",
         "",
         "| table | mode | epsilon | threshold | suite coverage / width | fresh | floor | public bound | + last round "
+        "| wrong / release: suite, fresh, floor, public bound, + last round | + last round honest "
         "| R data / R public | bias: empirical | gaussian | marginals |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     honest_last = 0
     records: list[dict[str, Any]] = []
@@ -203,22 +225,30 @@ def main() -> None:
                 fr = median_frontier(spec, mode, float(eps), list(range(a.run, a.run + a.releases)), Path(tmp))
             except Exception as exc:  # a refused fresh release: say so and go on
                 lines.append(f"| {name} | {mode} | {eps:g} | {c.threshold:.2f} | {_f(c.coverage)} / {_f(c.width)}x "
-                             f"| {type(exc).__name__}: {str(exc)[:60]} | | | | | | | |")
+                             f"| {type(exc).__name__}: {str(exc)[:60]} | | | | | | | | | |")
                 continue
 
             def cw(k: str, fr: dict[str, float] = fr) -> str:
                 return f"{fr[k + '_coverage']:.2f} / {fr[k + '_width_ratio']:.2f}x"
 
+            reached = frontier_honest(fr["last_round_coverage"], fr["last_round_wrong_sign"], threshold=c.threshold,
+                                      runs=c.released, floor_wrong=c.floor_wrong)
+            suite_wrong = c.wrong_sign / c.released if c.released else float("nan")
+            wrongs = ", ".join(_f(v) for v in (suite_wrong, fr["fresh_wrong_sign"], fr["floor_wrong_sign"],
+                                                fr["public_bound_wrong_sign"], fr["last_round_wrong_sign"]))
             lines.append(
                 f"| {name} | {mode} | {eps:g} | {c.threshold:.2f} | {_f(c.coverage)} / {_f(c.width)}x | {cw('fresh')} | "
-                f"{cw('floor')} | {cw('public_bound')} | {cw('last_round')} | {fr['r_data']:.2f} / {fr['r_public']:.2f} | "
+                f"{cw('floor')} | {cw('public_bound')} | {cw('last_round')} | {wrongs} | {'yes' if reached else 'no'} | "
+                f"{fr['r_data']:.2f} / {fr['r_public']:.2f} | "
                 + " | ".join(f"{fr[f'bias_{k}_full_sd']:.2f} ({fr[f'bias_{k}_floor_sd']:.2f})"
                              for k in ("empirical", "gaussian", "marginals")) + " |")
             print(lines[-1], flush=True)
             records.append({"table": name, "mode": mode, "epsilon": eps, "threshold": c.threshold,
-                            "releases": a.releases, **fr})
-            honest_last += fr["last_round_coverage"] >= c.threshold - 1e-12
-    lines += ["", f"Cells whose `+ last round` floor reaches the threshold: {honest_last} of {len(todo)}."]
+                            "releases": a.releases, "suite_runs": c.released, "suite_floor_wrong": c.floor_wrong,
+                            **fr, "last_round_honest": int(reached)})
+            honest_last += reached
+    lines += ["", f"Cells whose `+ last round` floor passes the cell's verdict (coverage and wrong signs): "
+              f"{honest_last} of {len(todo)}."]
     a.out.parent.mkdir(parents=True, exist_ok=True)
     tmp_out = a.out.with_suffix(".tmp")
     tmp_out.write_text("\n".join(lines) + "\n")

@@ -246,6 +246,34 @@ def test_sample_method_errors():
         rel.sample(10, method="laplace", return_draws=True)
 
 
+def test_laplace_warns_when_narrower_than_the_signed_gaussian():
+    """sample(method="laplace") says when the pseudocoreset posterior's mode Gaussian is narrower
+    than the Gaussian the release signs (issue 50: the Laplace intervals missed where the draws
+    did not); a signed Gaussian equal to the Laplace gives no warning."""
+    from dpsummary.analyst import LAPLACE_NARROW_RATIO
+    from dpsummary.metrics import summary_posterior
+    from dpsummary.sampling import SamplingWarning
+
+    summary = make_summary("logistic")
+    laplace = summary_posterior(summary.model, summary.points, summary.weights)
+
+    def with_signed(sd_factor: float) -> Release:
+        cov = laplace.cov * sd_factor**2
+        body = {"posterior": {"default": "noise_aware",
+                              "gaussians": {"noise_aware": {"mean": laplace.mean.tolist(), "cov": cov.tolist()}}}}
+        return Release.from_summary(summary, body=body)
+
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", SamplingWarning)
+        with_signed(1.0).sample(5, seed=0, method="laplace")
+        with_signed(1.0 / (LAPLACE_NARROW_RATIO + 0.01)).sample(5, seed=0, method="laplace")
+    with pytest.warns(SamplingWarning, match=r"narrower than the release's posterior \(\w+: sd 0\.80x"):
+        draws = with_signed(1.25).sample(5, seed=0, method="laplace")
+    assert draws.shape == (5, laplace.mean.shape[0])
+
+
 def test_posterior_predictive_and_raw_rows():
     tr = Transform.from_schema(SCHEMA)
     summary = make_summary("logistic", k=tr.num_features, transform=tr.to_dict())

@@ -308,14 +308,52 @@ def test_calibration_report_judges_wrong_signs_against_the_floor(tmp_path: Path)
     suite = tmp_path / "calibration.csv"
     suite.write_text(out.read_text())
     (tmp_path / "frontier.csv").write_text(
-        "table,mode,epsilon,public_bound_coverage,public_bound_width_ratio,last_round_coverage,last_round_width_ratio\n"
-        "sim_rare,public,1.0,0.93,1.3,0.91,1.4\n")
+        "table,mode,epsilon,public_bound_coverage,public_bound_width_ratio,last_round_coverage,last_round_width_ratio,"
+        "last_round_wrong_sign,last_round_honest\n"
+        "sim_rare,public,1.0,0.93,1.3,0.91,1.4,0.25,1\n")
     cal.report(suite, md)  # type: ignore[attr-defined]
     listed = next(line for line in md.read_text().splitlines() if line.startswith("- sim_rare public eps 1"))
     assert "at the release's public score bound it covers 0.93 (1.3x), and at the Newton rounds' best score share " \
-           "0.91 (1.4x)" in listed
+           "0.91 (1.4x) with 1.0 expected wrong-sign effects over its 4 runs, which passes the cell's verdict" in listed
     assert "public score bound" not in next(line for line in md.read_text().splitlines()
                                             if line.startswith("- sim_exact public eps 1"))
+
+
+def test_calibration_cell_is_honest_only_through_all_three_posteriors(tmp_path: Path) -> None:
+    """Issue 48's gate: a cell is honest only when the pseudocoreset's Laplace posterior, the
+    signed Gaussian and the sample() draws each pass the verdict; `Cell.failing` names those that
+    do not, and the report lists the cells that fail through the Laplace approximation alone."""
+    cal = _calibration()
+    fields = list(cal.FIELDS)  # type: ignore[attr-defined]
+    cases = {"sim_rare": ("0.85", "0.95", "0.95"), "sim_exact": ("0.95", "0.85", "0.95"),
+             "sim_large": ("0.95", "0.95", "0.85"), "sim_tiny": ("0.85", "0.85", "0.85"),
+             "sim_dummies": ("0.95", "0.95", "0.95")}
+    rows = []
+    for table, (laplace, gaussian, sampled) in cases.items():
+        for run in range(2):
+            row = dict.fromkeys(fields, "")
+            row.update(table=table, kind="sim", model="logistic", mode="public", epsilon="0.1",
+                       mechanism="noise-aware-newton", run=str(run), outcome="released", param_dim="5",
+                       coverage=laplace, gaussian_coverage=gaussian, sampled_coverage=sampled, floor_coverage="0.97",
+                       effects_wrong_sign="0", gaussian_wrong_sign="0", sampled_wrong_sign="0", floor_wrong_sign="0",
+                       width_ratio="1.2", floor_width_ratio="1.1", width_vs_floor="1.09", code="x")
+            rows.append(row)
+    cs = {k[0]: c for k, c in cal.cells(rows).items()}  # type: ignore[attr-defined]
+    assert {t: c.verdict for t, c in cs.items()} == {"sim_rare": "DISHONEST", "sim_exact": "DISHONEST",
+                                                     "sim_large": "DISHONEST", "sim_tiny": "DISHONEST",
+                                                     "sim_dummies": "HONEST"}
+    assert {t: c.failing for t, c in cs.items()} == {
+        "sim_rare": ("Laplace",), "sim_exact": ("Gaussian",), "sim_large": ("sample()",),
+        "sim_tiny": ("Laplace", "Gaussian", "sample()"), "sim_dummies": ()}
+    out, md = tmp_path / "c.csv", tmp_path / "c.md"
+    with out.open("w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=fields)
+        w.writeheader()
+        w.writerows(rows)
+    cal.report(out, md)  # type: ignore[attr-defined]
+    line = next(x for x in md.read_text().splitlines() if x.startswith("Cells not honest through the pseudocoreset"))
+    assert "sim_rare public eps 0.1 noise-aware-newton (Laplace 0.85, Gaussian 0.95, sample() 0.95)" in line
+    assert "sim_exact" not in line and "sim_tiny" not in line
 
 
 def test_calibration_results_file_from_an_earlier_harness_is_upgraded(tmp_path: Path) -> None:
@@ -559,6 +597,24 @@ def test_frontier_feature_model_mode_and_rounds_multiplier() -> None:
     assert frontier.rounds_best_multiplier(claim) == 10.5
     with pytest.raises(ValueError):
         frontier.rounds_best_multiplier({"events": claim["events"][:1]})
+
+
+def test_frontier_judges_each_floor_by_the_cells_own_verdict() -> None:
+    """benchmarks/frontier.py's `frontier_honest`: issue 50's rules 1 and 3 on a floor, coverage at
+    the cell's threshold and expected wrong signs over the cell's runs within the suite floor's + 1."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import frontier
+    finally:
+        sys.path.pop(0)
+    judge = frontier.frontier_honest
+    assert judge(0.90, 0.0, threshold=0.90, runs=6, floor_wrong=0.0)
+    assert not judge(0.89, 0.0, threshold=0.90, runs=6, floor_wrong=0.0)
+    # sim_correlated-like: coverage met, 0.9 wrong signs a release over 6 runs against the floor's 3.4 + 1.
+    assert not judge(0.45, 0.9, threshold=0.40, runs=6, floor_wrong=3.4)
+    assert judge(0.45, 0.7, threshold=0.40, runs=6, floor_wrong=3.4)
+    assert judge(0.95, 1.0 / 6, threshold=0.90, runs=6, floor_wrong=None)  # 1 expected: within the slack
+    assert not judge(0.95, 0.2, threshold=0.90, runs=6, floor_wrong=None)
 
 
 def test_calibration_censor_counts_arm_patches_poisson_schedules_only(monkeypatch: pytest.MonkeyPatch) -> None:
