@@ -13,7 +13,13 @@ the handicaps a real mechanism pays, each still with the curvature known and the
   target bound through ``Model.statistic_bounds``) instead of the data's largest score;
 - ``public bound, last round``: and at the noise multiplier of the release's best single score
   release (the smallest multiplier among the Newton rounds' events in the claim; the default's
-  last round holds 0.45 of the rounds' budget), instead of 0.8 of epsilon.
+  last round holds 0.45 of the rounds' budget), instead of 0.8 of epsilon;
+- ``+ curvature released`` (:func:`curvature_released_floor`): and the curvature no longer known:
+  released beside the score at the mode with the last round's curvature noise (its multiplier in
+  the claim times the public curvature bound at the mode), read through the release's own
+  posterior (each imputed curvature kept at its trace, :func:`dpsummary.noise_aware.imputed_posterior`).
+  What is left between it and the release is the rounds' anchor (the expansion read away from the
+  mode); between it and ``+ last round``, the price of releasing a d x d curvature.
 
 Each is judged by the cell's own rule (issue 50's rules 1 and 3, :func:`frontier_honest`):
 coverage at least the cell's threshold, and its expected wrong-sign effects over the cell's
@@ -38,6 +44,10 @@ the design misses that coordinate at the floor's width.
 Usage::
 
     python benchmarks/frontier.py --out benchmarks/results/frontier.md [--tables T1,T2] [--run 900]
+    python benchmarks/frontier.py --out benchmarks/results/frontier_wide.md --wide 2 --releases 1 --no-bias
+
+``--wide X`` measures the honest cells whose median width exceeds X times the floor's instead
+(honest and wide: where the width goes), ``--no-bias`` skips the feature-model biases.
 
 It also writes the rows beside ``--out`` as CSV (``frontier.csv``), which the suite's report
 (``calibration.py report``) cites beside each cell that is not honest.
@@ -64,7 +74,13 @@ import calibration as cal  # noqa: E402
 from suite_verdict import WRONG_SIGN_SLACK  # noqa: E402
 
 from dpsummary.gaussian import DTYPE  # noqa: E402
-from dpsummary.metrics import idealised_floor  # noqa: E402
+from dpsummary.metrics import Z95, data_hessian, idealised_floor  # noqa: E402
+from dpsummary.noise_aware import (  # noqa: E402
+    RoundRelease,
+    imputed_posterior,
+    symmetric_noise,
+    trace_kept_spectrum,
+)
 from dpsummary.noise_aware.posterior import prior_precision  # noqa: E402
 
 #: Draws of the Gaussian feature model (fixed seed).
@@ -80,6 +96,54 @@ def rounds_best_multiplier(claim: dict[str, Any]) -> float:
     if len(composed) != 1:
         raise ValueError("the claim has no single composed event of the rounds")
     return min(float(e["noise_multiplier"]) for e in composed[0]["events"] if "noise_multiplier" in e)
+
+
+#: Noise draws of :func:`curvature_released_floor` (each with the posterior's own imputations).
+CURVATURE_DRAWS = 20
+#: The summary counts a cell's width as the curvature's price when the ``+ curvature`` floor is at
+#: least the fresh releases' width divided by this.
+WIDTH_PRICED = 1.25
+
+
+def rounds_last_pair(claim: dict[str, Any]) -> tuple[float, float]:
+    """The last Newton round's (score, curvature) noise multipliers: the last two events of the
+    claim's composed event (:meth:`dpsummary.noise_aware.Schedule.events` lists each round's pair
+    in order)."""
+    composed = [e for e in claim["events"] if e.get("class_name") == "ComposedDpEvent"]
+    if len(composed) != 1:
+        raise ValueError("the claim has no single composed event of the rounds")
+    mults = [float(e["noise_multiplier"]) for e in composed[0]["events"] if "noise_multiplier" in e]
+    if len(mults) < 2:
+        raise ValueError("the claim's composed event has no (score, curvature) pair")
+    return mults[-2], mults[-1]
+
+
+def curvature_released_floor(model: Any, points: torch.Tensor, full: Any, *, score_sd: float, curvature_sd: float,
+                             score_bound: float, curvature_bound: float, draws: int = CURVATURE_DRAWS,
+                             generator: torch.Generator) -> dict[str, float]:
+    """The ``+ curvature released`` floor (module docstring): ``draws`` releases at the full-data
+    mode of the score sum plus ``N(0, score_sd^2)`` noise and the data curvature plus the
+    mechanism's symmetric noise of sd ``curvature_sd``, each read by the release's imputed
+    posterior (trace-kept spectrum); coverage of the full-data mean, median sd over the full-data
+    sd and wrong-sign effects per release, each the mean over draws."""
+    m = full.mean.detach().to(DTYPE)
+    d = m.shape[0]
+    h = data_hessian(model, points, m)
+    h = 0.5 * (h + h.T)
+    g = model.record_scores(points, m).sum(0)
+    sd_full = torch.sqrt(torch.diagonal(full.cov))
+    cov_sum = wid_sum = wrong_sum = 0.0
+    for _ in range(draws):
+        rel = RoundRelease(anchor=m, score=g + score_sd * torch.randn(d, generator=generator, dtype=DTYPE),
+                           curvature=h + symmetric_noise(d, curvature_sd, generator), score_bound=score_bound,
+                           curvature_bound=curvature_bound, score_noise_std=score_sd, curvature_noise_std=curvature_sd)
+        post = imputed_posterior(model, rel, generator=generator, spectrum=trace_kept_spectrum)
+        sd = torch.sqrt(torch.diagonal(post.cov))
+        cov_sum += float(((post.mean - m).abs() <= Z95 * sd).to(DTYPE).mean())
+        wid_sum += float((sd / sd_full).median())
+        lo, hi = post.mean - Z95 * sd, post.mean + Z95 * sd
+        wrong_sum += float((((lo > 0) & (m < 0)) | ((hi < 0) & (m > 0))).sum())
+    return {"coverage": cov_sum / draws, "width_ratio": wid_sum / draws, "wrong_sign": wrong_sum / draws}
 
 
 def frontier_honest(coverage: float, wrong_per_release: float, *, threshold: float, runs: int,
@@ -133,7 +197,8 @@ def feature_models(points: torch.Tensor, seed: int = 0) -> dict[str, torch.Tenso
     return {"empirical": x, "gaussian": gauss, "marginals": marg}
 
 
-def cell_frontier(spec: Any, mode: str, epsilon: float, run: int, workdir: Path) -> dict[str, float]:
+def cell_frontier(spec: Any, mode: str, epsilon: float, run: int, workdir: Path, bias: bool = True
+                  ) -> dict[str, float]:
     """One fresh release of the cell and its frontier (module docstring), as a flat record."""
     data = cal.table_csv(spec)
     art = cal.release(spec, data, mode, epsilon, "noise-aware-newton", run, workdir)
@@ -157,6 +222,15 @@ def cell_frontier(spec: Any, mode: str, epsilon: float, run: int, workdir: Path)
         out[f"{k}_coverage"], out[f"{k}_width_ratio"] = float(f.coverage), float(f.width_ratio)
         out[f"{k}_wrong_sign"] = float(f.wrong_sign)
     out["fresh_wrong_sign"] = float(judged["effects_wrong_sign"])
+    score_mult, curvature_mult = rounds_last_pair(rel.claim)
+    c_public = float(model.statistic_bounds(full.mean, feature_norm=float(bounds["feature_norm"]),
+                                            target_bound=float(bounds["target_bound"]))[1])
+    curv = curvature_released_floor(model, pts, full, score_sd=score_mult * r_public,
+                                    curvature_sd=curvature_mult * c_public, score_bound=r_public,
+                                    curvature_bound=c_public, generator=torch.Generator().manual_seed(0))
+    out.update({f"curvature_{k}": v for k, v in curv.items()})
+    if not bias:
+        return out
     sd_full = torch.sqrt(torch.diagonal(full.cov))
     for name, rows in feature_models(pts).items():
         err = (feature_model_mode(model, pts, rows, full.mean) - full.mean).abs()
@@ -165,11 +239,12 @@ def cell_frontier(spec: Any, mode: str, epsilon: float, run: int, workdir: Path)
     return out
 
 
-def median_frontier(spec: Any, mode: str, epsilon: float, runs: list[int], workdir: Path) -> dict[str, float]:
+def median_frontier(spec: Any, mode: str, epsilon: float, runs: list[int], workdir: Path, bias: bool = True
+                    ) -> dict[str, float]:
     """:func:`cell_frontier` over ``runs`` fresh releases, each quantity's median (a zero-configuration
     release's model space follows its DP schema, so its floors and biases vary with the release),
     but wrong-sign effects per release by their mean (a count whose median is 0 in most cells)."""
-    records = [cell_frontier(spec, mode, epsilon, r, workdir) for r in runs]
+    records = [cell_frontier(spec, mode, epsilon, r, workdir, bias) for r in runs]
     return {k: (statistics.mean if k.endswith("_wrong_sign") else statistics.median)(r[k] for r in records)
             for k in records[0]}
 
@@ -184,37 +259,58 @@ def main() -> None:
     ap.add_argument("--tables", help="only these tables' cells")
     ap.add_argument("--run", type=int, default=900, help="the first fresh release's run id (its --seed)")
     ap.add_argument("--releases", type=int, default=4, help="fresh releases per cell (medians)")
+    ap.add_argument("--wide", type=float, default=None,
+                    help="measure the HONEST cells wider than this many times the floor instead")
+    ap.add_argument("--no-bias", dest="bias", action="store_false", help="skip the feature-model biases")
     ap.add_argument("--out", type=Path, required=True)
     a = ap.parse_args()
     with a.results.open(newline="") as fh:
         rows = list(csv.DictReader(fh))
     cells = cal.cells(rows)
     keep = set(a.tables.split(",")) if a.tables else None
+
+    def chosen(c: Any) -> bool:
+        if a.wide is None:
+            return bool(c.verdict == "DISHONEST")
+        return bool(c.verdict == "HONEST" and c.width_vs_floor is not None and c.width_vs_floor > a.wide)
+
     todo = [c for k, c in sorted(cells.items(), key=lambda kv: cal._order(kv[0]))
-            if c.verdict == "DISHONEST" and (keep is None or k[0] in keep)]
+            if chosen(c) and (keep is None or k[0] in keep)]
+    flags = (f" --wide {a.wide:g}" if a.wide is not None else "") + ("" if a.bias else " --no-bias")
+    which = ("the suite's cells that are not honest" if a.wide is None
+             else f"the suite's honest cells wider than {a.wide:g}x the idealised floor")
     lines = [
-        "# The measured frontier of the suite's cells that are not honest (issue 50)",
+        f"# The measured frontier of {which} (issue 50)",
         "",
-        f"Generated by `python benchmarks/frontier.py --out {cal._rel(a.out)} --releases {a.releases}` from "
+        f"Generated by `python benchmarks/frontier.py --out {cal._rel(a.out)} --releases {a.releases}{flags}` from "
         f"`{cal._rel(a.results)}` and {a.releases} fresh",
-        f"releases per cell (runs {a.run}-{a.run + a.releases - 1}, the real release path, not counted in the suite; "
-        "every entry the median over them). The method is the",
+        f"release{'s' if a.releases != 1 else ''} per cell (runs {a.run}-{a.run + a.releases - 1}, the real release "
+        "path, not counted in the suite; every entry the median over them). The method is the",
         "script's docstring. Coverage and width are each posterior's against the full-data posterior",
         "(width: median sd over the full-data sd). `suite`: the cell's verdict rows; `fresh`: the fresh",
         "releases' pseudocoreset posterior; `floor`: the suite's idealised floor; `public bound`: the floor",
         "at the release's public score bound; `+ last round`: and at the noise multiplier of the rounds'",
-        "best single score release. `wrong / release`: wrong-sign effects per release (the fresh releases'",
+        "best single score release; `+ curvature`: and the curvature released beside it at the last round's",
+        "curvature noise, read by the release's imputed posterior (the anchor still at the mode).",
+        "`wrong / release`: wrong-sign effects per release (the fresh releases'",
         "count; each floor's mean over its noise draws), judged like the suite over the cell's runs: at most",
-        "the suite floor's expected count + 1. `R data / R public`: the two sensitivities. Feature-model bias: the",
-        "noise-free mode of the next design under each feature model, its largest error in full-data sds",
-        "(and in the floor's sds).",
-        "",
-        "| table | mode | epsilon | threshold | suite coverage / width | fresh | floor | public bound | + last round "
-        "| wrong / release: suite, fresh, floor, public bound, + last round | + last round honest "
-        "| R data / R public | bias: empirical | gaussian | marginals |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "the suite floor's expected count + 1. `R data / R public`: the two sensitivities."
+        + (" Feature-model bias: the" if a.bias else ""),
     ]
+    if a.bias:
+        lines += ["noise-free mode of the next design under each feature model, its largest error in full-data sds",
+                  "(and in the floor's sds)."]
+    head = ("| table | mode | epsilon | threshold | suite coverage / width | fresh | floor | public bound | + last round "
+            "| + curvature | wrong / release: suite, fresh, floor, public bound, + last round, + curvature "
+            "| verdict at + last round, + curvature | R data / R public |")
+    ncol = 13
+    if a.bias:
+        head += " bias: empirical | gaussian | marginals |"
+        ncol += 3
+    lines += ["", head, "|" + "---|" * ncol]
     honest_last = 0
+    honest_curvature = 0
+    curvature_priced = 0
     records: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
         for c in todo:
@@ -222,10 +318,11 @@ def main() -> None:
             spec = cal.TABLES[name]
             print(f"{name} {mode} {eps:g} ...", flush=True)
             try:
-                fr = median_frontier(spec, mode, float(eps), list(range(a.run, a.run + a.releases)), Path(tmp))
+                fr = median_frontier(spec, mode, float(eps), list(range(a.run, a.run + a.releases)), Path(tmp),
+                                     a.bias)
             except Exception as exc:  # a refused fresh release: say so and go on
                 lines.append(f"| {name} | {mode} | {eps:g} | {c.threshold:.2f} | {_f(c.coverage)} / {_f(c.width)}x "
-                             f"| {type(exc).__name__}: {str(exc)[:60]} | | | | | | | | | |")
+                             f"| {type(exc).__name__}: {str(exc)[:60]} |" + " |" * (ncol - 6))
                 continue
 
             def cw(k: str, fr: dict[str, float] = fr) -> str:
@@ -233,22 +330,35 @@ def main() -> None:
 
             reached = frontier_honest(fr["last_round_coverage"], fr["last_round_wrong_sign"], threshold=c.threshold,
                                       runs=c.released, floor_wrong=c.floor_wrong)
+            reached_curvature = frontier_honest(fr["curvature_coverage"], fr["curvature_wrong_sign"],
+                                                threshold=c.threshold, runs=c.released, floor_wrong=c.floor_wrong)
             suite_wrong = c.wrong_sign / c.released if c.released else float("nan")
             wrongs = ", ".join(_f(v) for v in (suite_wrong, fr["fresh_wrong_sign"], fr["floor_wrong_sign"],
-                                                fr["public_bound_wrong_sign"], fr["last_round_wrong_sign"]))
-            lines.append(
-                f"| {name} | {mode} | {eps:g} | {c.threshold:.2f} | {_f(c.coverage)} / {_f(c.width)}x | {cw('fresh')} | "
-                f"{cw('floor')} | {cw('public_bound')} | {cw('last_round')} | {wrongs} | {'yes' if reached else 'no'} | "
-                f"{fr['r_data']:.2f} / {fr['r_public']:.2f} | "
-                + " | ".join(f"{fr[f'bias_{k}_full_sd']:.2f} ({fr[f'bias_{k}_floor_sd']:.2f})"
-                             for k in ("empirical", "gaussian", "marginals")) + " |")
+                                                fr["public_bound_wrong_sign"], fr["last_round_wrong_sign"],
+                                                fr["curvature_wrong_sign"]))
+            row = (f"| {name} | {mode} | {eps:g} | {c.threshold:.2f} | {_f(c.coverage)} / {_f(c.width)}x | {cw('fresh')} | "
+                   f"{cw('floor')} | {cw('public_bound')} | {cw('last_round')} | {cw('curvature')} | {wrongs} | "
+                   f"{'honest' if reached else 'not'}, {'honest' if reached_curvature else 'not'} | "
+                   f"{fr['r_data']:.2f} / {fr['r_public']:.2f} |")
+            if a.bias:
+                row += " " + " | ".join(f"{fr[f'bias_{k}_full_sd']:.2f} ({fr[f'bias_{k}_floor_sd']:.2f})"
+                                        for k in ("empirical", "gaussian", "marginals")) + " |"
+            lines.append(row)
             print(lines[-1], flush=True)
             records.append({"table": name, "mode": mode, "epsilon": eps, "threshold": c.threshold,
                             "releases": a.releases, "suite_runs": c.released, "suite_floor_wrong": c.floor_wrong,
-                            **fr, "last_round_honest": int(reached)})
+                            "suite_width_ratio": c.width, **fr, "last_round_honest": int(reached),
+                            "curvature_honest": int(reached_curvature)})
             honest_last += reached
-    lines += ["", f"Cells whose `+ last round` floor passes the cell's verdict (coverage and wrong signs): "
-              f"{honest_last} of {len(todo)}."]
+            honest_curvature += reached_curvature
+            curvature_priced += fr["curvature_width_ratio"] >= fr["fresh_width_ratio"] / WIDTH_PRICED
+    if a.wide is None:
+        lines += ["", f"Cells whose `+ last round` floor passes the cell's verdict (coverage and wrong signs): "
+                  f"{honest_last} of {len(todo)}; whose `+ curvature` floor does (today's posterior with the anchor "
+                  f"at the mode: the rounds' anchor is what the release loses): {honest_curvature} of {len(todo)}."]
+    lines += ["", f"Cells whose `+ curvature` floor is at least 1/{WIDTH_PRICED:g} of the fresh releases' width "
+              f"(their width is the price of releasing the curvature, not of the rounds' anchor): "
+              f"{curvature_priced} of {len(records)}."]
     a.out.parent.mkdir(parents=True, exist_ok=True)
     tmp_out = a.out.with_suffix(".tmp")
     tmp_out.write_text("\n".join(lines) + "\n")

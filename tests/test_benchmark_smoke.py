@@ -599,6 +599,48 @@ def test_frontier_feature_model_mode_and_rounds_multiplier() -> None:
         frontier.rounds_best_multiplier({"events": claim["events"][:1]})
 
 
+def test_frontier_curvature_released_floor_meets_the_known_curvature_floor_without_curvature_noise() -> None:
+    """benchmarks/frontier.py's `+ curvature` floor: with the curvature's noise negligible it is
+    the known-curvature floor at the same score noise (same width, coverage within the draws'
+    Monte Carlo error); with the curvature buried in noise it widens. `rounds_last_pair` reads the
+    last round's (score, curvature) multipliers off the claim's composed event."""
+    import torch
+
+    from dpsummary.metrics import full_posterior, idealised_floor
+    from dpsummary.models import DTYPE, LogisticRegression
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import frontier
+    finally:
+        sys.path.pop(0)
+    g = torch.Generator().manual_seed(1)
+    x = torch.rand(4000, 3, generator=g, dtype=DTYPE) * 2 - 1
+    eta = -0.5 + x @ torch.tensor([1.0, -1.0, 0.5], dtype=DTYPE)
+    y = (torch.rand(4000, generator=g, dtype=DTYPE) < torch.sigmoid(eta)).to(DTYPE)
+    model, pts = LogisticRegression(3), torch.cat([x, y[:, None]], 1)
+    full = full_posterior(model, pts)
+    score_sd = 40.0
+    known = idealised_floor(model, pts, full, epsilon=1.0, delta=1e-6, sensitivity=1.0, noise_multiplier=score_sd,
+                            draws=400, generator=torch.Generator().manual_seed(0))
+    quiet = frontier.curvature_released_floor(model, pts, full, score_sd=score_sd, curvature_sd=1e-6, score_bound=1.0,
+                                              curvature_bound=1.0, draws=40, generator=torch.Generator().manual_seed(0))
+    assert abs(quiet["width_ratio"] - known.width_ratio) < 0.02 * known.width_ratio
+    assert abs(quiet["coverage"] - known.coverage) < 0.15  # 40 draws of 4 coordinates: about 4 sd of the mean
+    h_scale = float(torch.linalg.eigvalsh(frontier.data_hessian(model, pts, full.mean)).min())
+    loud = frontier.curvature_released_floor(model, pts, full, score_sd=score_sd, curvature_sd=5 * h_scale,
+                                             score_bound=1.0, curvature_bound=1.0, draws=5,
+                                             generator=torch.Generator().manual_seed(0))
+    assert loud["width_ratio"] > 1.2 * known.width_ratio
+    claim = {"events": [{"class_name": "GaussianDpEvent", "noise_multiplier": 9.0},
+                        {"class_name": "ComposedDpEvent", "events": [
+                            {"class_name": "GaussianDpEvent", "noise_multiplier": 30.0},
+                            {"class_name": "GaussianDpEvent", "noise_multiplier": 25.0},
+                            {"class_name": "GaussianDpEvent", "noise_multiplier": 10.5},
+                            {"class_name": "GaussianDpEvent", "noise_multiplier": 18.0}]}]}
+    assert frontier.rounds_last_pair(claim) == (10.5, 18.0)
+
+
 def test_frontier_judges_each_floor_by_the_cells_own_verdict() -> None:
     """benchmarks/frontier.py's `frontier_honest`: issue 50's rules 1 and 3 on a floor, coverage at
     the cell's threshold and expected wrong signs over the cell's runs within the suite floor's + 1."""
