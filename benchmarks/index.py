@@ -51,8 +51,11 @@ BENCHMARKS: tuple[Benchmark, ...] = (
               "python benchmarks/calibration.py run --out benchmarks/results/calibration.csv; "
               "python benchmarks/calibration.py report ...; python benchmarks/headline.py; "
               "python benchmarks/refusal_reasons.py (the refused cells' measured reasons); "
-              "python benchmarks/frontier.py --out benchmarks/results/frontier.md (the dishonest cells' frontier)",
-              ("calibration.md", "calibration_dppsvi.md", "calibration_cells.md", "refusal_reasons.md", "frontier.md"),
+              "python benchmarks/frontier.py --out benchmarks/results/frontier.md (the dishonest cells' frontier); "
+              "python benchmarks/frontier.py --out benchmarks/results/frontier_wide.md --wide 2 --releases 1 --no-bias "
+              "(where the width of honest cells wider than 2x the floor goes)",
+              ("calibration.md", "calibration_dppsvi.md", "calibration_cells.md", "refusal_reasons.md", "frontier.md",
+               "frontier_wide.md"),
               plot="calibration.png",
               special="calibration"),
     Benchmark("Sampling: the draws analysts get", "Do `Release.sample()` (BlackJAX NUTS) and the exporters' samplers "
