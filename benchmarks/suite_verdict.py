@@ -366,6 +366,11 @@ def report(results: Path, target: Path, plot: Path | None = None, note: str = ""
                             f"effects over its {c.released} runs")
                 if fr.get("last_round_honest") not in (None, ""):
                     why += ", which " + ("passes" if int(fr["last_round_honest"]) else "fails") + " the cell's verdict"
+                if fr.get("curvature_honest") not in (None, ""):
+                    # The release's own posterior with the anchor at the mode (frontier.py's + curvature).
+                    why += (f"; with the anchor at the mode, the release's own posterior covers "
+                            f"{_f(float(fr['curvature_coverage']))} ({_x(float(fr['curvature_width_ratio']))}) and "
+                            + ("passes" if int(fr["curvature_honest"]) else "fails"))
                 why += " (benchmarks/results/frontier.md)"
             lines.append(f"- {t} {mode} eps {eps:g} {mech}: {c.verdict}: {why}")
     lines += ["", "## Cells", "",

@@ -309,12 +309,13 @@ def test_calibration_report_judges_wrong_signs_against_the_floor(tmp_path: Path)
     suite.write_text(out.read_text())
     (tmp_path / "frontier.csv").write_text(
         "table,mode,epsilon,public_bound_coverage,public_bound_width_ratio,last_round_coverage,last_round_width_ratio,"
-        "last_round_wrong_sign,last_round_honest\n"
-        "sim_rare,public,1.0,0.93,1.3,0.91,1.4,0.25,1\n")
+        "last_round_wrong_sign,last_round_honest,curvature_coverage,curvature_width_ratio,curvature_honest\n"
+        "sim_rare,public,1.0,0.93,1.3,0.91,1.4,0.25,1,0.88,2.5,0\n")
     cal.report(suite, md)  # type: ignore[attr-defined]
     listed = next(line for line in md.read_text().splitlines() if line.startswith("- sim_rare public eps 1"))
     assert "at the release's public score bound it covers 0.93 (1.3x), and at the Newton rounds' best score share " \
-           "0.91 (1.4x) with 1.0 expected wrong-sign effects over its 4 runs, which passes the cell's verdict" in listed
+           "0.91 (1.4x) with 1.0 expected wrong-sign effects over its 4 runs, which passes the cell's verdict; with the " \
+           "anchor at the mode, the release's own posterior covers 0.88 (2.5x) and fails" in listed
     assert "public score bound" not in next(line for line in md.read_text().splitlines()
                                             if line.startswith("- sim_exact public eps 1"))
 
