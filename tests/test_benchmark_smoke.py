@@ -15,6 +15,7 @@ import sys
 import time
 import tomllib
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -122,6 +123,15 @@ def _calibration() -> object:
     finally:
         sys.path.pop(0)
     return calibration
+
+
+def _frontier() -> Any:
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import frontier  # type: ignore[import-not-found]
+    finally:
+        sys.path.pop(0)
+    return frontier
 
 
 def test_calibration_verdict_rule() -> None:
@@ -572,11 +582,7 @@ def test_frontier_feature_model_mode_and_rounds_multiplier() -> None:
     from dpsummary.metrics import full_posterior
     from dpsummary.models import DTYPE, LogisticRegression, PoissonRegression
 
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import frontier  # type: ignore[import-not-found]
-    finally:
-        sys.path.pop(0)
+    frontier = _frontier()
     g = torch.Generator().manual_seed(0)
     x = torch.rand(3000, 3, generator=g, dtype=DTYPE) * 2 - 1
     for model, mean in ((LogisticRegression(3), lambda eta: torch.sigmoid(eta)),
@@ -610,11 +616,7 @@ def test_frontier_curvature_released_floor_meets_the_known_curvature_floor_witho
     from dpsummary.metrics import full_posterior, idealised_floor
     from dpsummary.models import DTYPE, LogisticRegression
 
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import frontier
-    finally:
-        sys.path.pop(0)
+    frontier = _frontier()
     g = torch.Generator().manual_seed(1)
     x = torch.rand(4000, 3, generator=g, dtype=DTYPE) * 2 - 1
     eta = -0.5 + x @ torch.tensor([1.0, -1.0, 0.5], dtype=DTYPE)
@@ -645,11 +647,7 @@ def test_frontier_curvature_released_floor_meets_the_known_curvature_floor_witho
 def test_frontier_judges_each_floor_by_the_cells_own_verdict() -> None:
     """benchmarks/frontier.py's `frontier_honest`: issue 50's rules 1 and 3 on a floor, coverage at
     the cell's threshold and expected wrong signs over the cell's runs within the suite floor's + 1."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import frontier
-    finally:
-        sys.path.pop(0)
+    frontier = _frontier()
     judge = frontier.frontier_honest
     assert judge(0.90, 0.0, threshold=0.90, runs=6, floor_wrong=0.0)
     assert not judge(0.89, 0.0, threshold=0.90, runs=6, floor_wrong=0.0)
