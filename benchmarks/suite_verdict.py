@@ -201,7 +201,7 @@ def cells(rows: list[dict[str, str]]) -> dict[CellKey, Cell]:
         # Issue 48: a cell is honest only when every posterior judged in it is: the loaded
         # Laplace posterior, the signed Gaussian and the analyst's sample() draws (runs judged
         # before a column existed have no value for it and are judged on the rest).
-        failing = [] if v == "HONEST" or not ok else ["Laplace"]
+        failing = ["Laplace"] if v == "DISHONEST" else []  # a refused or crashed cell names no posterior
         for label, cov_key, wrong_key in (("Gaussian", "gaussian_coverage", "gaussian_wrong_sign"),
                                           ("sample()", "sampled_coverage", "sampled_wrong_sign")):
             if ok and not refused and not errors and _floats(ok, cov_key):

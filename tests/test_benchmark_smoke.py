@@ -349,13 +349,14 @@ def test_calibration_cell_is_honest_only_through_all_three_posteriors(tmp_path: 
                        effects_wrong_sign="0", gaussian_wrong_sign="0", sampled_wrong_sign="0", floor_wrong_sign="0",
                        width_ratio="1.2", floor_width_ratio="1.1", width_vs_floor="1.09", code="x")
             rows.append(row)
-    cs = {k[0]: c for k, c in cal.cells(rows).items()}  # type: ignore[attr-defined]
+    refused = dict(rows[0], table="sim_small_wide", outcome="refused")
+    cs = {k[0]: c for k, c in cal.cells([*rows, dict(rows[0], table="sim_small_wide"), refused]).items()}  # type: ignore[attr-defined]
     assert {t: c.verdict for t, c in cs.items()} == {"sim_rare": "DISHONEST", "sim_exact": "DISHONEST",
                                                      "sim_large": "DISHONEST", "sim_tiny": "DISHONEST",
-                                                     "sim_dummies": "HONEST"}
+                                                     "sim_dummies": "HONEST", "sim_small_wide": "REFUSED"}
     assert {t: c.failing for t, c in cs.items()} == {
         "sim_rare": ("Laplace",), "sim_exact": ("Gaussian",), "sim_large": ("sample()",),
-        "sim_tiny": ("Laplace", "Gaussian", "sample()"), "sim_dummies": ()}
+        "sim_tiny": ("Laplace", "Gaussian", "sample()"), "sim_dummies": (), "sim_small_wide": ()}
     out, md = tmp_path / "c.csv", tmp_path / "c.md"
     with out.open("w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=fields)
