@@ -86,7 +86,8 @@ def noise_aware_summaries(plan: MechanismPlan, records: Any, size: int, generato
 
     try:
         result = noise_aware.fit(model, release, bounds, schedule=schedule, sigma=plan.noise_multiplier,
-                                 feature_norm=feature_norm, target_bound=target_bound, generator=generator)
+                                 feature_norm=feature_norm, target_bound=target_bound, generator=generator,
+                                 relations=noise_aware.model_relations(tf, model) if schedule.relations else None)
     except noise_aware.NonFiniteFit:
         raise ChargedRefusal(NON_FINITE_FIT_MESSAGE, fix=NON_FINITE_FIT_FIX) from None
     posterior = result.posterior
@@ -109,6 +110,7 @@ def noise_aware_summaries(plan: MechanismPlan, records: Any, size: int, generato
         "feature_range": None if norm_clip is None else norm_clip.claim(),
         "prior_mean": model.prior_mean.tolist(),
         "rounds": [{"score_bound": r.score_bound, "curvature_bound": r.curvature_bound} for r in result.rounds],
+        "exact_relations": None if result.exact_relations is None else result.exact_relations.tolist(),
     }
 
 
@@ -201,6 +203,9 @@ class NoiseAwareNewton(GlmMechanism):
             # or, with schedule.prior_centre "log-mean", the intercept at round 1's noisy log mean
             # count (post-processing of DP outputs).
             "prior_mean": ex.get("prior_mean"),
+            # With schedule.relations: the public one-hot relations the released posterior is the
+            # prior along (decided from the last round's released curvature; post-processing).
+            **({} if ex.get("exact_relations") is None else {"exact_relations": ex["exact_relations"]}),
             "sampling": "none (every record, every round)",
             "noise": "OpenDP discrete Gaussian from OS entropy",
             **stage_noise(public, plan),

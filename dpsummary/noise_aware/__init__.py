@@ -205,11 +205,8 @@ from .bounds import (
 )
 from .linear import (
     LINEAR_IMPUTATIONS,
-    RELATION_Z,
-    exact_relations,
     linear_posterior,
     moment_bound,
-    one_hot_relations,
     residual_bound,
     residual_posterior,
     square_scale,
@@ -221,6 +218,13 @@ from .posterior import (
     prior_precision,
     symmetric_noise,
     trace_kept_spectrum,
+)
+from .relations import (
+    RELATION_Z,
+    exact_relations,
+    model_relations,
+    one_hot_relations,
+    relation_projector,
 )
 from .released import (
     MECHANISM,
@@ -324,7 +328,9 @@ __all__ = [
     "pooled_release",
     "preposterior_split",
     "prior_precision",
+    "model_relations",
     "psd_part",
+    "relation_projector",
     "public_bounds",
     "range_clips",
     "rms_eta",

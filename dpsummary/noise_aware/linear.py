@@ -36,13 +36,11 @@ from ..models.glm import GLM
 from ..models.linear import LOG_SIGMA_RANGE as _LOG_SIGMA_RANGE
 from ..models.linear import LinearRegression
 from .posterior import symmetric_noise
+from .relations import relation_projector
 from .released import NonFiniteFit
 
 #: Imputations of the true moment matrix (each one quadrature posterior: a few ms).
 LINEAR_IMPUTATIONS = 100
-#: A public one-hot relation is taken as exact when the release puts it within this many noise
-#: sds of 0 (:func:`exact_relations`): a Gaussian exceeds 3 sds one time in 740.
-RELATION_Z = 3.0
 
 
 def moment_bound(*, feature_norm: float, target_bound: float) -> float:
@@ -183,68 +181,6 @@ def residual_posterior(model: LinearRegression, design: torch.Tensor, design_tau
                     relations=relations)
 
 
-def one_hot_relations(transform: object, *, intercept: bool) -> torch.Tensor:
-    """The public candidate linear relations among the design's columns ``w = [1, x]`` (rows of
-    a ``(r, 1 + num_features)`` tensor): a categorical feature is one-hot (0/1) over its public
-    categories, so for every record with a listed category its columns sum to 1, the intercept's
-    value: ``w . (e_0 - sum_{j in group} e_j) = 0``. Without an intercept, two groups' sums are
-    equal instead. A record with a missing or unseen category (the all-zero "other" vector)
-    breaks the relation, so whether it holds is data-dependent: :func:`exact_relations` decides
-    it from the DP release."""
-    from ..data import Transform
-
-    assert isinstance(transform, Transform)
-    dim = 1 + transform.num_features
-    groups: list[list[int]] = []
-    offset = 1
-    for col in transform.schema.feature_columns:
-        if col.kind == "numeric":
-            offset += 1
-            continue
-        k = len(col.categories or [])
-        groups.append(list(range(offset, offset + k)))
-        offset += k
-    rows = []
-    for i, group in enumerate(groups):
-        v = torch.zeros(dim, dtype=DTYPE)
-        v[group] = -1.0
-        if intercept:
-            v[0] = 1.0
-        elif i == 0:
-            continue
-        else:
-            v[groups[0]] = 1.0
-        rows.append(v)
-    return torch.stack(rows) if rows else torch.zeros(0, dim, dtype=DTYPE)
-
-
-def exact_relations(relations: torch.Tensor, block: torch.Tensor, tau: float) -> torch.Tensor:
-    """The candidate relations (:func:`one_hot_relations`) the noisy design ``block`` (count,
-    ``X^T 1``, ``X^T X``; per-entry noise sd ``tau`` on the upper triangle) does not tell from
-    exact: ``v^T block v`` (the number of records breaking the relation, plus noise of sd
-    ``tau sqrt(2 |v|^4 - sum v^4)``) below :data:`RELATION_Z` noise sds. Post-processing of a DP
-    output and public structure. Along an exact relation the full data's posterior is the prior;
-    the imputed block keeps noise eigenvalues there, and reading the released ``X^T r`` along
-    them as information made cps1988's release 0.6-0.9x the full data's width (issue 51). A
-    relation broken by fewer records than the noise resolves is taken as exact too: its direction
-    then gets the prior, wider than the full data's posterior, never narrower."""
-    if relations.shape[0] == 0:
-        return relations
-    sym = 0.5 * (block + block.T).to(DTYPE)
-    quad = torch.einsum("ri,ij,rj->r", relations, sym, relations)
-    sq = relations**2
-    sd = tau * torch.sqrt(2.0 * sq.sum(1) ** 2 - (sq**2).sum(1))
-    return relations[quad < RELATION_Z * sd]
-
-
-def _projector(relations: torch.Tensor | None, dim: int) -> torch.Tensor | None:
-    """The orthogonal projector onto the complement of the relations' span (None: no relation)."""
-    if relations is None or relations.shape[0] == 0:
-        return None
-    q, _ = torch.linalg.qr(relations.to(DTYPE).T)
-    return torch.eye(dim, dtype=DTYPE) - q @ q.T
-
-
 def _imputed(model: LinearRegression, block_noisy: torch.Tensor, block_tau: torch.Tensor, xr_full: torch.Tensor,
              rr: float, tau_r: float, tau_rr: float, *, generator: torch.Generator, draws: int,
              anchor: torch.Tensor | None, relations: torch.Tensor | None) -> GaussianPosterior:
@@ -261,7 +197,7 @@ def _imputed(model: LinearRegression, block_noisy: torch.Tensor, block_tau: torc
         centre = centre - shift
     xr = xr_full[k0:]
     size = block_noisy.shape[0]
-    proj = _projector(relations, size)
+    proj = relation_projector(relations, size)
     means, covs = [], []
     for _ in range(draws):
         block = block_noisy - symmetric_noise(size, 1.0, generator) * block_tau

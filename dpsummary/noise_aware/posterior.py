@@ -15,6 +15,7 @@ import torch
 
 from ..gaussian import DTYPE, GaussianPosterior
 from ..models import Model
+from .relations import relation_projector
 from .released import NonFiniteFit, RoundRelease, _checked, _from_precision, _sym, psd_part
 
 
@@ -112,6 +113,7 @@ def imputed_posterior(
     model: Model, release: RoundRelease, *, generator: torch.Generator, draws: int = IMPUTATIONS,
     prior_mean: torch.Tensor | None = None,
     spectrum: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    relations: torch.Tensor | None = None,
 ) -> GaussianPosterior:
     """The noise-aware posterior with the released curvature's noise integrated out (module
     docstring, 7.): ``draws`` draws of the true curvature from its flat-prior posterior given the
@@ -120,7 +122,10 @@ def imputed_posterior(
     enters), and the moment-matched mixture. ``spectrum`` maps each draw's eigenvalues to the
     curvature used (default: the PSD part; e.g. :func:`trace_kept_spectrum`, the nearest PSD
     matrix with the draw's own trace, module docstring 16., the logistic and Poisson default since
-    issue 50's thirty-seventh rule; the benchmarks' other spectral candidates). Raises :class:`NonFiniteFit` when fewer than half the draws give a
+    issue 50's thirty-seventh rule; the benchmarks' other spectral candidates). ``relations``
+    (rows of ``(r, d)``; the exact ones, :func:`~dpsummary.noise_aware.exact_relations`):
+    each draw is projected off their span before its spectrum is taken, so along them the
+    posterior is the prior (module docstring, 17.). Raises :class:`NonFiniteFit` when fewer than half the draws give a
     finite Gaussian. Post-processing of DP outputs with non-private randomness."""
     dim = release.curvature.shape[0]
     # Given the curvature H = Q diag(lam) Q^T (one draw) and no curvature noise, the posterior of
@@ -134,10 +139,13 @@ def imputed_posterior(
     a, s = release.anchor, release.score
     if not (bool(torch.isfinite(release.curvature).all()) and bool(torch.isfinite(s).all())):
         raise NonFiniteFit("the released statistics are not finite")
+    proj = relation_projector(relations, dim)
     means: list[torch.Tensor] = []
     cov_sum = torch.zeros(dim, dim, dtype=DTYPE)  # a running sum: 200 d x d matrices would not fit for large d
     for _ in range(draws):
         draw = _sym(release.curvature + symmetric_noise(dim, release.curvature_noise_std, generator))
+        if proj is not None:
+            draw = _sym(proj @ draw @ proj)
         vals, vecs = torch.linalg.eigh(draw)
         lam = vals.clamp(min=0.0) if spectrum is None else spectrum(vals)  # the PSD part by default
         denom = lam + score_var

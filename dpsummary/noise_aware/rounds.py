@@ -18,6 +18,7 @@ from ..gaussian import GaussianPosterior
 from ..models import Model
 from .bounds import eta_change
 from .posterior import imputed_posterior, noise_aware_posterior, trace_kept_spectrum
+from .relations import exact_relations
 from .released import MECHANISM, BoundsFn, NonFiniteFit, ReleaseFn, RoundRelease
 from .schedule import LAST_SPLITS, MERGE_RMS_ETA, Schedule
 from .variants import (
@@ -75,6 +76,9 @@ class NoiseAwareFit:
     #: The schedule as run: the caller's, or (``Schedule.last_split``) the same with the last
     #: round's shares as chosen. Artifacts must carry this one.
     schedule: Schedule | None = None
+    #: The public candidate relations the released posterior was projected off
+    #: (``Schedule.relations``; rows of ``(r, param_dim)``), or None.
+    exact_relations: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -184,14 +188,16 @@ def step(state: State, model: Model, release: ReleaseFn, bounds: BoundsFn,
 
 def fit(model: Model, release: ReleaseFn, bounds: BoundsFn, *, schedule: Schedule, sigma: float,
         feature_norm: float | None = None, target_bound: float | None = None,
-        generator: torch.Generator | None = None) -> NoiseAwareFit:
+        generator: torch.Generator | None = None, relations: torch.Tensor | None = None) -> NoiseAwareFit:
     """Run every round of ``schedule`` at single-Gaussian calibration ``sigma`` and return the
     noise-aware posterior of the last round (earlier rounds only place the anchor).
 
     ``feature_norm`` and ``target_bound`` (public, :func:`schema_bounds`) are needed by
     schedules with an ``anchor`` rule or a ``trust_eta``; ``generator`` (non-private, post-
-    processing only) by a schedule whose ``posterior`` is ``"imputed"``. Total: returns finite Gaussians or
-    raises :class:`NonFiniteFit`."""
+    processing only) by a schedule whose ``posterior`` is ``"imputed"``; ``relations`` (the
+    public candidates, rows of ``(r, param_dim)``: :func:`~dpsummary.noise_aware.one_hot_relations`)
+    by a schedule with ``relations``. Total: returns finite Gaussians or raises
+    :class:`NonFiniteFit`."""
     state = init(model)
     extra_notes: list[str] = []
     left = list(schedule.rounds)  # the rounds still to run, as (score, curvature) shares of rho
@@ -238,11 +244,22 @@ def fit(model: Model, release: ReleaseFn, bounds: BoundsFn, *, schedule: Schedul
     if schedule.pool_curvature:
         final = pooled_curvature_release(model, [*state.rounds[:-1], final])
     posterior, raw = noise_aware_posterior(model, final, passes=schedule.passes, start=schedule.start)
+    exact = None
+    if schedule.relations:
+        if relations is None:
+            raise ValueError("the relations option needs the public candidate relations")
+        # Module docstring, 17.: the candidates the released curvature does not tell from exact
+        # (post-processing of a DP output and public structure).
+        exact = exact_relations(relations.to(final.curvature.dtype), final.curvature, final.curvature_noise_std)
+        if exact.shape[0]:
+            extra_notes.append(f"the released posterior is the prior along {exact.shape[0]} exact relation(s) among the "
+                               "one-hot columns (the data carry no information there; post-processing)")
     if schedule.posterior == "imputed":
         if generator is None:
             raise ValueError("the imputed posterior needs a (non-private) generator")
         posterior = imputed_posterior(model, final, generator=generator,
-                                      spectrum=trace_kept_spectrum if schedule.spectrum == "trace" else None)
+                                      spectrum=trace_kept_spectrum if schedule.spectrum == "trace" else None,
+                                      relations=exact)
     if schedule.expansion is not None:
         if feature_norm is None:
             raise ValueError("the expansion-aware posterior needs the public feature norm")
@@ -280,4 +297,4 @@ def fit(model: Model, release: ReleaseFn, bounds: BoundsFn, *, schedule: Schedul
         )
     return NoiseAwareFit(posterior=posterior, raw_posterior=raw, rounds=list(state.rounds),
                          noise_multipliers=multipliers, notes=notes, last_step_sds=moved,
-                         converged=converged, model=model, schedule=schedule)
+                         converged=converged, model=model, schedule=schedule, exact_relations=exact)

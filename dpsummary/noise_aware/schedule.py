@@ -16,6 +16,7 @@ from typing import Any
 from .. import accounting as acc
 from ..models import Model
 from .posterior import IMPUTATIONS
+from .relations import RELATION_Z
 from .variants import EXPANSION_RMS_FACTOR, LAST_SPLITS, MERGE_RMS_ETA, POOL_ETA, POOL_RMS_ETA
 
 
@@ -98,6 +99,11 @@ class Schedule:
     #: (:func:`statistic_model`; module docstring, 15.; issue 50's thirty-second rule). Needs
     #: ``count_range``. Public.
     censor_counts: bool = False
+    #: Whether each imputed curvature is projected off the public one-hot relations the last
+    #: round's released curvature does not tell from exact (:func:`~dpsummary.noise_aware.exact_relations`;
+    #: module docstring, 17.; issue 50's thirty-eighth rule). Needs the imputed posterior and the
+    #: candidate relations in :func:`fit`. Public.
+    relations: bool = False
 
     def __post_init__(self) -> None:
         flat = [w for pair in self.rounds for w in pair] + [w for w in (self.count_range, self.feature_range) if w]
@@ -127,6 +133,8 @@ class Schedule:
             raise ValueError("merge_rounds needs at least two rounds")
         if self.censor_counts and not self.count_range:
             raise ValueError("censor_counts needs the count's clip bound (count_range)")
+        if self.relations and self.posterior != "imputed":
+            raise ValueError("relations needs the imputed posterior")
 
     @classmethod
     def default(cls, model: Model) -> Schedule:
@@ -229,6 +237,9 @@ class Schedule:
             out["merge_rms_eta"] = MERGE_RMS_ETA
         if self.censor_counts:
             out["censored_counts"] = True
+        if self.relations:
+            out["relations"] = "one-hot relations projected off where exact"
+            out["relation_z"] = RELATION_Z
         return out
 
 
