@@ -107,6 +107,11 @@ Tables (the registry :data:`TABLES`; ``python benchmarks/calibration.py tables``
     +1.67 and +0.3 (+2.5 and +0.45 model units); integers ``k0`` 1-6 and ``k1`` 1-4 with effects
     +0.6 and +0.3 per unit; ``u0`` U[2, 6] in public [1.5, 10.5], effect +0.05; intercept set to
     12% positives on the drawn features;
+  - ``sim_levels`` and ``sim_dominant`` (issue 50's thirty-eighth rule, settings in
+    ``notebook/noise_aware_variants.md`` written before their first run; by name): logistic,
+    categorical columns shaped like ``nass`` (N 25,000: a five-level category and four yes/no
+    columns, integers in wide public bounds, 4.5% positives) and like ``default`` (N 10,000: a
+    balance of +8.55 model units in public [0, 3000], a yes/no ``student`` column, 3.3% positives);
   - ``sim_tiny``: logistic, N 2,000, 3 numerics U[-1, 1], intercept 0, effects 1, -1, 0.5
     (the smoke test's table; not part of the suite);
   - ``sim_cells_logistic`` and ``sim_cells_poisson`` (issue 50, ``noise-aware-cells``' synthetic
@@ -384,6 +389,8 @@ class SimColumn:
     hi: float = 1.0
     #: Declared ``integer = true`` in the public schema.
     integer: bool = False
+    #: A ``"levels"`` column's public categories (the generator's integer codes index them).
+    categories: tuple[str, ...] = ()
 
 
 def _simulate(seed: int, n: int, model: str, cols: list[SimColumn], intercept: float, effects: list[float],
@@ -422,12 +429,15 @@ def _column_values(col: SimColumn, values: np.ndarray) -> Any:
         return np.round(values).astype(int)
     if col.kind == "yesno":
         return np.where(values > 0.5, "yes", "no")
+    if col.kind == "levels":
+        return np.asarray(col.categories)[np.round(values).astype(int)]
     return np.round(values, 6)
 
 
 def _sim_schema(cols: list[SimColumn], model: str, count_bound: float = 1000.0) -> dict[str, Any]:
     spec: list[dict[str, Any]] = [
         {"name": c.name, "kind": "categorical", "categories": ["no", "yes"]} if c.kind == "yesno"
+        else {"name": c.name, "kind": "categorical", "categories": list(c.categories)} if c.kind == "levels"
         else {"name": c.name, "kind": "numeric", "lower": c.lower, "upper": c.upper,
               **({"integer": True} if c.integer else {})}
         for c in cols]
@@ -500,6 +510,75 @@ def _categorical(cols: list[SimColumn]) -> Any:
         mid = 0.5 * (lo + hi)
         lo, hi = (mid, hi) if float(np.mean(1 / (1 + np.exp(-(mid + eta))))) < CATEGORICAL_POSITIVE_SHARE else (lo, mid)
     return _simulate(37_026, n, "logistic", cols, 0.5 * (lo + hi), effects, x=x)
+
+
+def _bisected_intercept(eta: np.ndarray, share: float) -> float:
+    """The logistic intercept at which the drawn features' expected share of positives is
+    ``share`` (a property of the table, set before any release; the share is increasing in it).
+    The bracket is centred on the predictors' mean (a raw year's effect moves it by tens)."""
+    centre = -float(np.mean(eta))
+    lo, hi = centre - 30.0, centre + 30.0
+    for _ in range(100):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if float(np.mean(1 / (1 + np.exp(-(mid + eta))))) < share else (lo, mid)
+    return 0.5 * (lo + hi)
+
+
+def _logistic_from_eta(seed: int, cols: list[SimColumn], x: np.ndarray, eta: np.ndarray) -> Any:
+    """A logistic table with the linear predictor ``eta`` given (a ``levels`` column's effect is
+    per level, not linear in its code): the target from ``seed``."""
+    import pandas as pd
+
+    rng = np.random.default_rng(seed)
+    y = (rng.uniform(size=eta.shape[0]) < 1 / (1 + np.exp(-eta))).astype(int)
+    df = pd.DataFrame({c.name: _column_values(c, x[:, j]) for j, c in enumerate(cols)})
+    df["y"] = y
+    return df
+
+
+#: ``sim_levels`` (thirty-eighth rule): the five-level category's rates and level effects, the
+#: yes/no columns' rates and contrasts, the numerics' effects per data unit, the share of positives.
+LEVELS_RATES = (0.10, 0.35, 0.30, 0.15, 0.10)
+LEVELS_EFFECTS = (0.0, 0.6, 1.3, 2.2, 3.2)
+LEVELS_YESNO = (("belt", 0.70, -1.3), ("bag", 0.60, -0.2), ("fem", 0.45, 0.3), ("front", 0.80, 0.4))
+LEVELS_AGE_EFFECT, LEVELS_YEAR_EFFECT, LEVELS_POSITIVE_SHARE = 0.035, -0.02, 0.045
+
+
+def _levels(cols: list[SimColumn]) -> Any:
+    """``sim_levels`` (settings in notebook/noise_aware_variants.md, thirty-eighth rule)."""
+    rng = np.random.default_rng(37_027)
+    n = 25_000
+    x = np.zeros((n, len(cols)))
+    x[:, 0] = rng.choice(len(LEVELS_RATES), size=n, p=LEVELS_RATES)
+    eta = np.asarray(LEVELS_EFFECTS)[x[:, 0].astype(int)]
+    for j, (_name, rate, contrast) in enumerate(LEVELS_YESNO, start=1):
+        x[:, j] = rng.uniform(size=n) < rate
+        eta = eta + contrast * x[:, j]
+    k = 1 + len(LEVELS_YESNO)
+    x[:, k] = rng.integers(16, 91, n)
+    x[:, k + 1] = rng.integers(1980, 2004, n)
+    eta = eta + LEVELS_AGE_EFFECT * x[:, k] + LEVELS_YEAR_EFFECT * x[:, k + 1]
+    return _logistic_from_eta(37_028, cols, x, eta + _bisected_intercept(eta, LEVELS_POSITIVE_SHARE))
+
+
+#: ``sim_dominant`` (thirty-eighth rule): the student contrast, the effects per data unit of
+#: balance and income, the share of positives.
+DOMINANT_STUDENT, DOMINANT_BALANCE, DOMINANT_INCOME, DOMINANT_POSITIVE_SHARE = -0.65, 0.0057, 0.000003, 0.033
+
+
+def _dominant(cols: list[SimColumn]) -> Any:
+    """``sim_dominant`` (settings in notebook/noise_aware_variants.md, thirty-eighth rule)."""
+    rng = np.random.default_rng(37_029)
+    n = 10_000
+    x = np.zeros((n, len(cols)))
+    student = rng.uniform(size=n) < 0.29
+    x[:, 0] = student
+    balance = np.clip(rng.normal(850.0, 480.0, n), 0.0, 2650.0)
+    x[:, 1] = np.where(rng.uniform(size=n) < 0.1, 0.0, balance)
+    x[:, 2] = np.clip(np.where(student, rng.normal(18_000.0, 4_000.0, n), rng.normal(40_000.0, 10_000.0, n)),
+                      700.0, 74_000.0)
+    eta = DOMINANT_STUDENT * x[:, 0] + DOMINANT_BALANCE * x[:, 1] + DOMINANT_INCOME * x[:, 2]
+    return _logistic_from_eta(37_030, cols, x, eta + _bisected_intercept(eta, DOMINANT_POSITIVE_SHARE))
 
 
 def _sim_specs() -> list[TableSpec]:
@@ -634,6 +713,21 @@ def _sim_specs() -> list[TableSpec]:
         "like hmda: 7 yes/no columns declared categorical (2-40%, contrasts up to 4), ratios in public [0, 3], "
         "12% positives")
 
+    # Issue 50's thirty-eighth rule (notebook/noise_aware_variants.md, settings written before its
+    # first run): categorical columns shaped like nass (a five-level category, yes/no columns, wide
+    # integer bounds) and like default (a dominant balance in wide bounds beside a yes/no column).
+    c16 = ([SimColumn("dv", "levels", 0.0, 4.0, categories=("a", "b", "c", "d", "e"))]
+           + [SimColumn(name, "yesno", 0.0, 1.0, rate=rate) for name, rate, _c in LEVELS_YESNO]
+           + [SimColumn("age", "gauss", 0.0, 120.0, integer=True), SimColumn("year", "gauss", 1950.0, 2010.0, integer=True)])
+    add("sim_levels", "logistic", c16, functools.partial(_levels, c16),
+        "like nass: a five-level category and four yes/no columns declared categorical, integers in wide public "
+        "bounds, 4.5% positives")
+    c17 = [SimColumn("student", "yesno", 0.0, 1.0, rate=0.29), SimColumn("balance", "gauss", 0.0, 3000.0),
+           SimColumn("income", "gauss", 0.0, 80_000.0)]
+    add("sim_dominant", "logistic", c17, functools.partial(_dominant, c17),
+        "like default: a balance of +8.6 model units in public [0, 3000], a yes/no column declared categorical, "
+        "3.3% positives")
+
     c9 = _uniform(f"x{j}" for j in range(3))
     add("sim_tiny", "logistic", c9, functools.partial(_simulate, 37_009, 2_000, "logistic", c9, 0.0, [1.0, -1.0, 0.5]),
         "the smoke test's table (not in the suite)")
@@ -686,9 +780,10 @@ TABLES = _registry()
 #: rows again (the same problem with a discrete schema, for ``noise-aware-cells``; issue 50), so
 #: counting it in the suite would count one problem twice; the ``sim_cells_*`` tables are that
 #: mechanism's synthetic check (benchmarks/notebook/feature_cells.md), not yet suite tables;
-#: ``sim_heavy_counts`` is the thirty-second rule's judge (notebook/noise_aware_variants.md).
+#: ``sim_heavy_counts`` is the thirty-second rule's judge, ``sim_levels`` and ``sim_dominant`` the
+#: thirty-eighth's (notebook/noise_aware_variants.md).
 BY_NAME_ONLY = ("sim_tiny", "napsu_adult_cells", "sim_cells_logistic", "sim_cells_poisson", "sim_cells_wide",
-                "sim_heavy_counts", "sim_cells_heavy")
+                "sim_heavy_counts", "sim_cells_heavy", "sim_levels", "sim_dominant")
 SIMULATIONS = tuple(n for n, t in TABLES.items() if t.kind == "sim" and n not in BY_NAME_ONLY and t.model != "linear")
 SUITES = {
     "real": tuple(n for n, t in TABLES.items() if t.kind != "sim" and n not in BY_NAME_ONLY and t.model != "linear"),
