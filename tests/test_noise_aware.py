@@ -935,3 +935,86 @@ def test_censored_rounds_remove_the_clip_bias_on_poisson_counts():
     assert float(errors[False][0]) < -2.5 * full_sd
     assert float(errors[True].abs().max()) < 0.025
     assert abs(float(errors[True][0])) < full_sd
+
+
+def _one_hot_table(n: int, seed: int, *, broken: int = 0):
+    """A logistic table whose features are a yes/no column one-hot over both levels (``no``,
+    ``yes``: with the intercept, the exact relation ``v = e_0 - e_no - e_yes``) and one numeric;
+    ``broken`` records have neither level (the all-zero "other" vector), which breaks it."""
+    model = LogisticRegression(3)
+    g = torch.Generator().manual_seed(seed)
+    yes = (torch.rand(n, generator=g, dtype=torch.float64) < 0.3).double()
+    x = torch.stack([1.0 - yes, yes, torch.rand(n, generator=g, dtype=torch.float64) * 2 - 1], dim=1)
+    x[:broken, :2] = 0.0
+    theta = torch.tensor([-0.5, 0.3, -0.7, 1.0], dtype=torch.float64)
+    return model, model.simulate(theta, n, g, features=x)
+
+
+ONE_HOT_RELATION = torch.tensor([[1.0, -1.0, -1.0, 0.0]], dtype=torch.float64)
+
+
+def test_relations_option_needs_the_imputed_posterior_and_the_candidates():
+    """Issue 50's thirty-eighth rule: ``Schedule.relations`` needs the imputed posterior, is
+    declared in the schedule's dict with its threshold, and ``fit`` refuses to run it without the
+    public candidates; with no candidate it is the plain imputed posterior, draw for draw."""
+    with pytest.raises(ValueError, match="imputed"):
+        na.Schedule(((0.5, 0.5),), relations=True)
+    sched = na.Schedule(((0.5, 0.5),), posterior="imputed", spectrum="trace", relations=True)
+    assert sched.as_dict()["relation_z"] == na.RELATION_Z and "relations" in sched.as_dict()
+    assert "relations" not in dataclasses.replace(sched, relations=False).as_dict()
+    model, pts = _one_hot_table(2000, 1)
+    bounds = na.public_bounds(model, feature_norm=math.sqrt(3), target_bound=1.0)
+    with pytest.raises(ValueError, match="candidate relations"):
+        na.fit(model, _release_fn(pts, model, np.random.default_rng(1)), bounds, schedule=sched, sigma=20.0,
+               generator=torch.Generator().manual_seed(1))
+    fits = {on: na.fit(model, _release_fn(pts, model, np.random.default_rng(1)), bounds,
+                       schedule=dataclasses.replace(sched, relations=on), sigma=20.0,
+                       generator=torch.Generator().manual_seed(1),
+                       relations=torch.zeros(0, 4, dtype=torch.float64) if on else None)
+            for on in (False, True)}
+    assert torch.equal(fits[True].posterior.mean, fits[False].posterior.mean)
+    assert torch.equal(fits[True].posterior.cov, fits[False].posterior.cov)
+    assert fits[True].exact_relations is not None and fits[True].exact_relations.shape == (0, 4)
+
+
+def test_released_posterior_is_the_prior_along_an_exact_relation():
+    """Along an exact one-hot relation the data's score and curvature are 0, so the full data's
+    posterior there is the prior's. With ``relations`` the released posterior's variance and mean
+    along it are the prior's exactly; without, the imputed curvature's noise is credited there as
+    information (variance below the prior's). The relation is decided from the release, so one
+    broken by a tenth of the records is not projected off. Deterministic (seeded)."""
+    model, pts = _one_hot_table(4000, 2)
+    bounds = na.public_bounds(model, feature_norm=math.sqrt(3), target_bound=1.0)
+    unit = ONE_HOT_RELATION[0] / ONE_HOT_RELATION[0].norm()
+    along = {}
+    for on in (False, True):
+        sched = na.Schedule(((0.5, 0.5),), posterior="imputed", spectrum="trace", relations=on)
+        res = na.fit(model, _release_fn(pts, model, np.random.default_rng(2)), bounds, schedule=sched, sigma=2.0,
+                     generator=torch.Generator().manual_seed(2), relations=ONE_HOT_RELATION if on else None)
+        along[on] = (float(unit @ res.posterior.cov @ unit), float(unit @ res.posterior.mean))
+        if on:
+            assert res.exact_relations is not None and res.exact_relations.shape[0] == 1
+            assert any("exact relation" in note for note in res.notes)
+    assert along[True][0] == pytest.approx(model.prior_scale**2, rel=1e-6)
+    assert along[True][1] == pytest.approx(float(unit @ model.prior_mean), abs=1e-6)
+    assert along[False][0] < 0.95 * model.prior_scale**2
+    model, pts = _one_hot_table(4000, 2, broken=400)
+    sched = na.Schedule(((0.5, 0.5),), posterior="imputed", spectrum="trace", relations=True)
+    res = na.fit(model, _release_fn(pts, model, np.random.default_rng(2)), bounds, schedule=sched, sigma=2.0,
+                 generator=torch.Generator().manual_seed(2), relations=ONE_HOT_RELATION)
+    assert res.exact_relations is not None and res.exact_relations.shape[0] == 0
+
+
+def test_model_relations_are_the_schemas_one_hot_relations_in_parameter_space():
+    """The GLM release's candidates (thirty-eighth rule): the schema's one-hot relations over
+    ``[intercept, x]``; without an intercept the intercept's column is dropped (its entry is 0)."""
+    from dpsummary.data import ColumnSpec, Schema, Transform
+
+    schema = Schema(columns=[ColumnSpec(name="a", kind="numeric", lower=0.0, upper=1.0),
+                             ColumnSpec(name="c", kind="categorical", categories=["p", "q", "r"]),
+                             ColumnSpec(name="y", kind="numeric", lower=0.0, upper=1.0)], target="y")
+    tf = Transform.from_schema(schema)
+    rel = na.model_relations(tf, LogisticRegression(tf.num_features))
+    torch.testing.assert_close(rel, torch.tensor([[1.0, 0.0, -1.0, -1.0, -1.0]], dtype=torch.float64))
+    without = na.model_relations(tf, LogisticRegression(tf.num_features, intercept=False))
+    assert without.shape == (0, tf.num_features)  # one group and no intercept: no relation

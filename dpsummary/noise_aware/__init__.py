@@ -180,6 +180,20 @@ aware) posterior ``N((H + P)^-1 (s + H a + P mu0), (H + P)^-1)`` is returned for
     turned honest, none lost, the honest cells 1.08x / 1.10x wider (simulated / real, geometric
     mean), 1.03x counted from the floor.
 
+17. **The posterior along exact one-hot relations is the prior's** (issue 50's thirty-eighth
+    rule, ``Schedule.relations``). A categorical column is one-hot over all its public categories,
+    so with the intercept every record satisfies ``x_i . v = 0`` for ``v = e_0 - sum_{level}
+    e_level``: the data's score and curvature are exactly 0 along ``v`` and the full data's
+    posterior there is the prior's. An imputed curvature draw (7.) keeps noise along ``v``, and
+    the released score's noise there is then read as information. With ``relations`` the
+    candidates of the public schema (:func:`model_relations`) that the last round's released
+    curvature does not tell from exact (:func:`exact_relations`: ``v^T H v`` within
+    :data:`RELATION_Z` noise sds of 0; a relation broken by fewer records than the noise resolves
+    is taken as exact, so its direction gets the prior, wider than the full data's, never
+    narrower) are projected off every draw (:func:`relation_projector`), as linear regression's
+    imputed moment matrix is (issue 51). Post-processing of the last round's DP outputs and the
+    public schema; the claim lists the relations projected off.
+
 Totality: whatever the noise draws, :func:`fit` returns finite Gaussians or raises
 :class:`NonFiniteFit` (a DP-decided outcome; the release turns it into a charged refusal).
 
@@ -190,7 +204,8 @@ The package holds one idea per module: :mod:`.schedule` (the budget's division, 
 calibration), :mod:`.rounds` (the Newton rounds, their anchors and :func:`fit`),
 :mod:`.posterior` (the noise-aware and imputed posteriors of one round's release),
 :mod:`.variants` (the schedule's options: preposterior split, pooling, expansion-aware),
-:mod:`.bounds` (the public feature box), :mod:`.linear` (linear regression with sigma estimated:
+:mod:`.bounds` (the public feature box), :mod:`.relations` (exact one-hot relations: the
+candidates, the test, the projector), :mod:`.linear` (linear regression with sigma estimated:
 the noisy moment matrix's imputed posterior, issue 51) and :mod:`.released` (what a round releases, and
 :class:`NonFiniteFit`). Every public name is re-exported here; import from
 ``dpsummary.noise_aware``.
