@@ -71,15 +71,12 @@ def _table(name: str, prior_scale: float = 1.0) -> tuple[Any, torch.Tensor, floa
     model = get_model_class(spec.model)(tf.num_features, prior_scale=prior_scale)
     fn, tb = na.schema_bounds(tf)
     _RELATIONS[name] = na.model_relations(tf, model)
-    _STRUCTURES[name] = na.curvature_structure(tf, model)
     return model, pts, fn, tb
 
 
 #: Each table's public candidate relations (:func:`dpsummary.noise_aware.model_relations`), set by
 #: :func:`_table` (the thirty-eighth rule's candidate reads them).
 _RELATIONS: dict[str, torch.Tensor] = {}
-#: Each table's one-hot curvature structure (:func:`dpsummary.noise_aware.curvature_structure`).
-_STRUCTURES: dict[str, na.CurvatureStructure] = {}
 
 
 #: The logistic schedule candidates of the rule in results/noise_aware_variants.md (written before
@@ -277,18 +274,6 @@ def relations(table: str) -> Any:
     return variant
 
 
-def structured(table: str, *, project: bool) -> Any:
-    """``trace`` with each draw keeping the one-hot coding's exact zeros and ties
-    (``curvature_structure``), and with ``project`` also projected off the exact relations
-    (:func:`relations`). Identical to ``trace`` where the table has no categorical column."""
-    def variant(m: Any, rounds: list[na.RoundRelease], g: torch.Generator, fn: float) -> GaussianPosterior:
-        rel = rounds[-1]
-        exact = na.exact_relations(_RELATIONS[table], rel.curvature, rel.curvature_noise_std) if project else None
-        return na.imputed_posterior(m, rel, generator=g, spectrum=na.trace_kept_spectrum, relations=exact,
-                                    structure=_STRUCTURES[table])
-    return variant
-
-
 #: Post-processing variants of one fit: ``(model, the fit's rounds, generator, feature norm)``.
 VARIANTS = {"plug-in": lambda m, rs, g, fn: na.noise_aware_posterior(m, rs[-1])[0],
             "imputed": lambda m, rs, g, fn: imputed(m, rs[-1], g),
@@ -336,9 +321,7 @@ def run(table: str, epsilons: list[float], runs: int, out: Path, *, schedules: l
             last = fit.rounds[-1]
             m = fit.model or model
             u = fit.posterior.mean - last.anchor
-            chosen = {k: v for k, v in {**VARIANTS, "relations": relations(table),
-                                        "structured": structured(table, project=False),
-                                        "structured-relations": structured(table, project=True)}.items()
+            chosen = {k: v for k, v in {**VARIANTS, "relations": relations(table)}.items()
                       if variants is None or k in variants}
             for name, variant in chosen.items():
                 _DIAG.clear()
@@ -748,7 +731,7 @@ def main() -> None:
     p.add_argument("--runs", type=int, default=12)
     p.add_argument("--out", type=Path, default=cal.RESULTS / "noise_aware_variants.csv")
     p.add_argument("--schedules", default="default", help=f"comma-separated, of {', '.join(SCHEDULES)}")
-    p.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated, of {', '.join(VARIANTS)}, relations, structured, structured-relations")
+    p.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated, of {', '.join(VARIANTS)}, relations")
     p.add_argument("--summary", action="store_true", help="only print the table of an existing --out")
     p.add_argument("--prior-scale", type=float, default=1.0, help="the model's prior sd (eighteenth rule)")
     p.add_argument("--paired", action="store_true",

@@ -236,13 +236,10 @@ from .posterior import (
 )
 from .relations import (
     RELATION_Z,
-    CurvatureStructure,
-    curvature_structure,
     exact_relations,
     model_relations,
     one_hot_relations,
     relation_projector,
-    structured_draw,
 )
 from .released import (
     MECHANISM,
@@ -347,9 +344,6 @@ __all__ = [
     "preposterior_split",
     "prior_precision",
     "model_relations",
-    "CurvatureStructure",
-    "curvature_structure",
-    "structured_draw",
     "psd_part",
     "relation_projector",
     "public_bounds",

@@ -15,7 +15,7 @@ import torch
 
 from ..gaussian import DTYPE, GaussianPosterior
 from ..models import Model
-from .relations import CurvatureStructure, relation_projector, structured_draw
+from .relations import relation_projector
 from .released import NonFiniteFit, RoundRelease, _checked, _from_precision, _sym, psd_part
 
 
@@ -114,7 +114,6 @@ def imputed_posterior(
     prior_mean: torch.Tensor | None = None,
     spectrum: Callable[[torch.Tensor], torch.Tensor] | None = None,
     relations: torch.Tensor | None = None,
-    structure: CurvatureStructure | None = None,
 ) -> GaussianPosterior:
     """The noise-aware posterior with the released curvature's noise integrated out (module
     docstring, 7.): ``draws`` draws of the true curvature from its flat-prior posterior given the
@@ -126,9 +125,7 @@ def imputed_posterior(
     issue 50's thirty-seventh rule; the benchmarks' other spectral candidates). ``relations``
     (rows of ``(r, d)``; the exact ones, :func:`~dpsummary.noise_aware.exact_relations`):
     each draw is projected off their span before its spectrum is taken, so along them the
-    posterior is the prior (module docstring, 17.). ``structure``
-    (:func:`~dpsummary.noise_aware.curvature_structure`): each draw keeps the one-hot coding's
-    exact zeros and ties (:func:`~dpsummary.noise_aware.structured_draw`). Raises :class:`NonFiniteFit` when fewer than half the draws give a
+    posterior is the prior (module docstring, 17.). Raises :class:`NonFiniteFit` when fewer than half the draws give a
     finite Gaussian. Post-processing of DP outputs with non-private randomness."""
     dim = release.curvature.shape[0]
     # Given the curvature H = Q diag(lam) Q^T (one draw) and no curvature noise, the posterior of
@@ -146,12 +143,7 @@ def imputed_posterior(
     means: list[torch.Tensor] = []
     cov_sum = torch.zeros(dim, dim, dtype=DTYPE)  # a running sum: 200 d x d matrices would not fit for large d
     for _ in range(draws):
-        noise = symmetric_noise(dim, release.curvature_noise_std, generator)
-        if structure is None or structure.empty:
-            draw = _sym(release.curvature + noise)
-        else:
-            draw = _sym(structured_draw(_sym(release.curvature), noise, release.curvature_noise_std, structure,
-                                        generator))
+        draw = _sym(release.curvature + symmetric_noise(dim, release.curvature_noise_std, generator))
         if proj is not None:
             draw = _sym(proj @ draw @ proj)
         vals, vecs = torch.linalg.eigh(draw)

@@ -12,9 +12,6 @@ Numbered references ("module docstring, N.") are to the package docstring,
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
-
 import torch
 
 from ..gaussian import DTYPE
@@ -96,63 +93,3 @@ def model_relations(transform: object, model: object) -> torch.Tensor:
     intercept = bool(getattr(model, "intercept", True))
     rows = one_hot_relations(transform, intercept=intercept)
     return rows if intercept else rows[:, 1:]
-
-
-@dataclass(frozen=True)
-class CurvatureStructure:
-    """Exact facts about any record's curvature ``w x x^T`` that one-hot coding implies (public):
-    two levels of one categorical column are never both 1, so their entry is 0 (``zeros``, pairs
-    ``(j, k)``, ``j < k``); a level's value is 0 or 1, so its square is itself and its diagonal
-    entry equals its entry in the intercept's row (``ties``: the levels ``j`` with
-    ``H_jj = H_0j``; only with an intercept). Sums over records keep both, whatever the data."""
-
-    zeros: torch.Tensor
-    ties: torch.Tensor
-
-    @property
-    def empty(self) -> bool:
-        return self.zeros.shape[0] == 0 and self.ties.shape[0] == 0
-
-
-def curvature_structure(transform: object, model: object) -> CurvatureStructure:
-    """The :class:`CurvatureStructure` of ``model``'s parameter space (``[intercept, x]`` or
-    ``x``) under ``transform``'s one-hot groups. Public (the schema alone)."""
-    from ..data import Transform
-
-    assert isinstance(transform, Transform)
-    intercept = bool(getattr(model, "intercept", True))
-    offset = int(intercept)
-    zeros: list[tuple[int, int]] = []
-    ties: list[int] = []
-    for col in transform.schema.feature_columns:
-        if col.kind == "numeric":
-            offset += 1
-            continue
-        levels = list(range(offset, offset + len(col.categories or [])))
-        zeros.extend((j, k) for i, j in enumerate(levels) for k in levels[i + 1:])
-        if intercept:
-            ties.extend(levels)
-        offset += len(levels)
-    return CurvatureStructure(torch.tensor(zeros, dtype=torch.long).reshape(-1, 2),
-                              torch.tensor(ties, dtype=torch.long))
-
-
-def structured_draw(released: torch.Tensor, noise: torch.Tensor, tau: float, structure: CurvatureStructure,
-                    generator: torch.Generator) -> torch.Tensor:
-    """One draw of the true curvature given the release ``released`` (per-entry noise sd ``tau``)
-    and ``structure``: ``released + noise`` (the flat-prior draw) with the known zeros set to 0,
-    and each tied pair ``(H_jj, H_0j)`` (two independent noisy readings of one value) replaced by
-    one draw of that value: their mean plus noise of sd ``tau / sqrt(2)``. Post-processing."""
-    draw = released + noise
-    if structure.zeros.shape[0]:
-        j, k = structure.zeros[:, 0], structure.zeros[:, 1]
-        draw[j, k] = 0.0
-        draw[k, j] = 0.0
-    if structure.ties.shape[0]:
-        t = structure.ties
-        value = 0.5 * (released[t, t] + released[0, t]) + torch.randn(
-            t.shape[0], generator=generator, dtype=released.dtype) * (tau / math.sqrt(2.0))
-        draw[t, t] = value
-        draw[0, t] = value
-        draw[t, 0] = value
-    return draw
