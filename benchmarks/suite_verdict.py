@@ -33,6 +33,9 @@ WIDER_LIMIT = 1.25
 GEOMEAN_LIMIT = 1.05
 #: A median width below this multiple of the idealised floor's is flagged (the floor bounds power).
 NARROW = 0.95
+#: Cells whose signed Gaussian is narrower than this many times the full data's posterior are
+#: listed (reported, not judged): 2% below it allows for the Laplace reference's own approximation.
+BELOW_FULL = 0.98
 
 
 # ---- cells and verdicts -------------------------------------------------------------------------
@@ -83,6 +86,8 @@ class Cell:
     #: Which of the judged posteriors fail the cell's verdict on their own ("Laplace": the
     #: pseudocoreset's, "Gaussian": the signed one, "sample()": the analyst's draws).
     failing: tuple[str, ...] = ()
+    #: The signed Gaussian's median width over the full data's (None: not judged).
+    gaussian_width: float | None = None
 
 
 def floor_dishonest(floor_coverage: float | None, floor_wrong: float | None) -> bool:
@@ -218,7 +223,7 @@ def cells(rows: list[dict[str, str]]) -> dict[CellKey, Cell]:
                         _median(ok, "gaussian_coverage"), _median(ok, "sampled_coverage"),
                         _median(ok, "sampled_width_vs_floor"), _median(ok, "sampled_effects_found"),
                         int(sum(_floats(ok, "sampled_wrong_sign"))) if _floats(ok, "sampled_wrong_sign") else None,
-                        tuple(failing))
+                        tuple(failing), _median(ok, "gaussian_width_ratio"))
     return out
 
 
@@ -318,6 +323,18 @@ def report(results: Path, target: Path, plot: Path | None = None, note: str = ""
                   "and wrong signs alone): "
                   + ", ".join(f"{c.key[0]} {c.key[2]} eps {c.key[3]:g} {c.key[4]} ({_f(c.width_vs_floor)}x)"
                               for c in narrow) + "."]
+    # A correct posterior given a release computed from the data is, on average over the data sets
+    # the release leaves possible, at least as wide as the full data's in every direction (the law
+    # of total variance); one narrower credits information the data do not hold, which coverage
+    # cannot see where its mean is right (notebook/noise_aware_variants.md, thirty-eighth rule).
+    below_full = sorted((c for c in cs.values() if c.gaussian_width is not None and c.gaussian_width < BELOW_FULL),
+                        key=lambda c: _order(c.key))
+    if below_full:
+        lines += ["", f"Cells whose signed Gaussian is below {BELOW_FULL:g}x the full-data posterior's width (median "
+                  "coordinate; a correct posterior given the release is on average at least as wide as the full "
+                  "data's, so these credit information the data do not hold; reported, not judged): "
+                  + ", ".join(f"{c.key[0]} {c.key[2]} eps {c.key[3]:g} {c.key[4]} ({_f(c.gaussian_width)}x)"
+                              for c in below_full) + "."]
     tolerated = sorted((c for c in cs.values() if c.verdict == "HONEST" and c.wrong_sign), key=lambda c: _order(c.key))
     if tolerated:
         lines += ["", "Honest cells with wrong-sign effects within the idealised floor's expected count + 1 (issue 50, "

@@ -368,6 +368,35 @@ def test_calibration_cell_is_honest_only_through_all_three_posteriors(tmp_path: 
     assert "sim_exact" not in line and "sim_tiny" not in line
 
 
+def test_calibration_report_lists_cells_narrower_than_the_full_data(tmp_path: Path) -> None:
+    """The report lists the cells whose signed Gaussian is below BELOW_FULL times the full data's
+    width (median over runs), whatever their verdict, and no other."""
+    cal = _calibration()
+    fields = list(cal.FIELDS)  # type: ignore[attr-defined]
+    rows = []
+    for table, width in (("sim_rare", "0.90"), ("sim_exact", "0.99"), ("sim_large", "")):
+        for run in range(2):
+            row = dict.fromkeys(fields, "")
+            row.update(table=table, kind="sim", model="logistic", mode="public", epsilon="3",
+                       mechanism="noise-aware-newton", run=str(run), outcome="released", param_dim="5",
+                       coverage="1.0", gaussian_coverage="1.0", floor_coverage="0.97", effects_wrong_sign="0",
+                       gaussian_wrong_sign="0", floor_wrong_sign="0", width_ratio="1.0", gaussian_width_ratio=width,
+                       floor_width_ratio="1.0", width_vs_floor="1.0", code="x")
+            rows.append(row)
+    cs = {k[0]: c for k, c in cal.cells(rows).items()}  # type: ignore[attr-defined]
+    assert cs["sim_rare"].gaussian_width == pytest.approx(0.9) and cs["sim_large"].gaussian_width is None
+    assert all(c.verdict == "HONEST" for c in cs.values())
+    out, md = tmp_path / "c.csv", tmp_path / "c.md"
+    with out.open("w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=fields)
+        w.writeheader()
+        w.writerows(rows)
+    cal.report(out, md)  # type: ignore[attr-defined]
+    line = next(x for x in md.read_text().splitlines() if x.startswith("Cells whose signed Gaussian is below"))
+    assert "sim_rare public eps 3 noise-aware-newton (0.90x)" in line
+    assert "sim_exact" not in line and "sim_large" not in line
+
+
 def test_calibration_results_file_from_an_earlier_harness_is_upgraded(tmp_path: Path) -> None:
     cal = _calibration()
     fields = list(cal.FIELDS)  # type: ignore[attr-defined]
