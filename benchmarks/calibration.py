@@ -135,6 +135,7 @@ from suite_tables import (  # noqa: E402
     write_policy,
 )
 from suite_verdict import (  # noqa: E402
+    BELOW_FULL,
     FLOOR_MARGIN,
     GEOMEAN_LIMIT,
     HONEST_COVERAGE,
@@ -174,7 +175,7 @@ __all__ = [
     '_uniform', '_binary', '_effects', '_sim_specs', '_registry', 'TABLES', 'BY_NAME_ONLY',
     'SIMULATIONS', 'SUITES', 'table_csv', 'target_of', '_toml_value', 'public_schema', 'write_policy',
     'HONEST_COVERAGE', 'FLOOR_MARGIN', 'WRONG_SIGN_SLACK', 'SUITE_WRONG_FACTOR', 'SUITE_WRONG_SLACK',
-    'WIDER_LIMIT', 'GEOMEAN_LIMIT', 'NARROW', 'CellKey', '_floats', '_median', 'Cell',
+    'WIDER_LIMIT', 'GEOMEAN_LIMIT', 'NARROW', 'BELOW_FULL', 'CellKey', '_floats', '_median', 'Cell',
     'floor_dishonest', 'verdict', 'SuiteWrongSigns', 'suite_wrong_signs', 'width_change', 'WidthCheck',
     'width_check', 'cells', '_f', '_x', '_order', 'load_frontier', 'report', 'compare', '_rel', '_plot',
 ]

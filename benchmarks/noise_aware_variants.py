@@ -594,6 +594,35 @@ class Comparison:
     plain_ratios: tuple[float, ...] = ()
     #: Each lost cell's width change from max(width, floor, bound floor) (rule 4'' (c'')).
     lost_width_changes: tuple[float, ...] = ()
+    #: Rule 4''': the cells whose median plain width is below ``BELOW_FULL`` times the full data's,
+    #: under the baseline and under the candidate.
+    below_full_baseline: tuple[tuple[str, float], ...] = ()
+    below_full_candidate: tuple[tuple[str, float], ...] = ()
+
+    @property
+    def fewer_below_full(self) -> bool:
+        """Rule 4''' (notebook/noise_aware_variants.md, the thirty-ninth rule): fewer cells narrower
+        than the full data's posterior under the candidate, and none newly so."""
+        base, cand = set(self.below_full_baseline), set(self.below_full_candidate)
+        return len(cand) < len(base) and cand <= base
+
+    @property
+    def no_more_below_full(self) -> bool:
+        """Rule 4''', for either set: no cell newly narrower than the full data's posterior."""
+        return set(self.below_full_candidate) <= set(self.below_full_baseline)
+
+    @property
+    def rule_4_triple_prime(self) -> bool:
+        """Rule 4''' for the simulations: :attr:`rule_4_double_prime`, or no cell turned either way
+        and :attr:`fewer_below_full` (rule 2' is checked apart, as for 4'')."""
+        moved = bool(self.gained or self.lost)
+        return self.rule_4_double_prime or (not moved and self.fewer_below_full)
+
+    @property
+    def confirms_4_triple_prime(self) -> bool:
+        """Rule 4''' for the real tables: :attr:`confirms_4_double_prime` and
+        :attr:`no_more_below_full`."""
+        return self.confirms_4_double_prime and self.no_more_below_full
 
     @property
     def narrows(self) -> bool:
@@ -702,8 +731,10 @@ def compare(paths: list[Path], baseline: str, candidate: str,
     wrong = cal.suite_wrong_signs((cand[k].wrong_signs, cand[k].floor_wrong) for k in keys)
     unknown = [k for k in keys if base[k].floor_wrong is None]
     plain = tuple(cand[k].width / base[k].width for k in keys if base[k].honest and cand[k].honest)
+    below = cal.BELOW_FULL
     result = Comparison(len(keys), sum(base[k].honest for k in keys), sum(cand[k].honest for k in keys), lost, gained,
-                        widths, fewer, wrong, unknown, plain, tuple(lost_changes))
+                        widths, fewer, wrong, unknown, plain, tuple(lost_changes),
+                        tuple(k for k in keys if base[k].width < below), tuple(k for k in keys if cand[k].width < below))
     print(f"honest: {baseline} {result.honest_baseline}, {candidate} {result.honest_candidate} of {len(keys)}; "
           f"turned dishonest {lost}; turned honest {gained}; wider than 25% {widths.wider}; lost effects {fewer}")
     if widths.ratios:
@@ -721,6 +752,10 @@ def compare(paths: list[Path], baseline: str, candidate: str,
           f"gained; either: every cell lost at most {FLIP_WIDTH_LIMIT}x wider than max(width, floor, bound floor)): "
           f"as the simulations' check {'met' if result.rule_4_double_prime else 'NOT met'}, as the real tables' "
           f"{'met' if result.confirms_4_double_prime else 'NOT met'}")
+    print(f"cells below {below:g}x the full data's width: {baseline} {list(result.below_full_baseline)}, {candidate} "
+          f"{list(result.below_full_candidate)}; rule 4''' (4'', or none turned either way and fewer such cells, none "
+          f"new): as the simulations' check {'met' if result.rule_4_triple_prime else 'NOT met'}, as the real tables' "
+          f"{'met' if result.confirms_4_triple_prime else 'NOT met'}")
     return result
 
 

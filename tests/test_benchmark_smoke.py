@@ -545,6 +545,33 @@ def test_variants_compare_rule_4_honesty_first(tmp_path: Path) -> None:
     assert nv.compare([bare], "imputed", "trace", floor_wrong={}).floor_unknown == [("t", 0.3), ("t", 1.0), ("t", 3.0)]
 
 
+def test_variants_compare_rule_4_triple_prime_counts_releases_narrower_than_the_full_data(tmp_path: Path) -> None:
+    """Rule 4''' (the thirty-ninth rule): a candidate that turns no cell either way passes the
+    simulations' check when fewer cells are below BELOW_FULL times the full data's width and none
+    is newly so; lifting one such cell while pushing another below fails, and so does the real
+    tables' check when a cell is newly below."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import noise_aware_variants as nv  # type: ignore[import-not-found]
+    finally:
+        sys.path.pop(0)
+
+    def write(name: str, cand_widths: tuple[float, float]) -> Path:
+        rows = (_variant_rows("t", 1.0, "trace", 10, coverage=1.0, wrong=0, width=0.90)
+                + _variant_rows("t", 1.0, "relations", 10, coverage=1.0, wrong=0, width=cand_widths[0])
+                + _variant_rows("t", 3.0, "trace", 10, coverage=1.0, wrong=0, width=1.20)
+                + _variant_rows("t", 3.0, "relations", 10, coverage=1.0, wrong=0, width=cand_widths[1]))
+        return _write_rows(tmp_path / name, rows)
+
+    lifted = nv.compare([write("lifted.csv", (1.00, 1.21))], "trace", "relations", floor_wrong={})
+    assert lifted.below_full_baseline == (("t", 1.0),) and lifted.below_full_candidate == ()
+    assert not lifted.rule_4_double_prime and lifted.rule_4_triple_prime and lifted.confirms_4_triple_prime
+    swapped = nv.compare([write("swapped.csv", (1.00, 0.95))], "trace", "relations", floor_wrong={})
+    assert not swapped.fewer_below_full and not swapped.rule_4_triple_prime and not swapped.confirms_4_triple_prime
+    unchanged = nv.compare([write("same.csv", (0.90, 1.20))], "trace", "relations", floor_wrong={})
+    assert not unchanged.rule_4_triple_prime and unchanged.confirms_4_triple_prime
+
+
 def test_variants_compare_rule_2_prime_measures_from_the_bound_floor(tmp_path: Path) -> None:
     """Rule 2' (notebook, 2026-11-29): where the baseline's rows record the floor at the score
     bound they paid, a widening is measured from max(width, floor, bound floor); rows without it
