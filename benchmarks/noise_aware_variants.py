@@ -127,7 +127,8 @@ def _with_feature_range(sched: na.Schedule, share: float) -> na.Schedule:
 
 
 def _fit(model: Any, pts: torch.Tensor, fn: float, tb: float, epsilon: float, delta: float,
-         schedule: str = "default", randomness: Any = None, range_randomness: Any = None) -> na.NoiseAwareFit:
+         schedule: str = "default", randomness: Any = None, range_randomness: Any = None,
+         relations: torch.Tensor | None = None) -> na.NoiseAwareFit:
     """One release's rounds on ``pts``; ``randomness`` draws the rounds' noise and
     ``range_randomness`` (default: the same) the data-range histogram's, so that paired arms
     whose range histograms differ still draw the same noise in their rounds (thirtieth rule)."""
@@ -149,7 +150,7 @@ def _fit(model: Any, pts: torch.Tensor, fn: float, tb: float, epsilon: float, de
         return st.score, st.curvature
 
     return na.fit(model, release, bounds, schedule=sched, sigma=sigma, feature_norm=fn, target_bound=tb,
-                  generator=torch.Generator().manual_seed(0))
+                  generator=torch.Generator().manual_seed(0), relations=relations)
 
 
 
@@ -317,6 +318,7 @@ def run(table: str, epsilons: list[float], runs: int, out: Path, *, schedules: l
         for r, sched in ((r, sched) for r in range(runs) for sched in (schedules or ["default"])):
             seed = seed_offset + 10_000 * r + int(1000 * eps)
             fit = _fit(model, pts, fn, tb, eps, delta, sched, randomness=_SeededNoise(seed) if paired else None,
+                       relations=_RELATIONS[table],
                        range_randomness=_SeededNoise(seed + RANGE_SEED_OFFSET) if paired else None)
             last = fit.rounds[-1]
             m = fit.model or model
@@ -366,8 +368,8 @@ def misses(table: str, epsilons: list[float], runs: int, seed_offset: int = 0) -
         full_mean, full_sd = ref.full.mean, torch.sqrt(torch.diagonal(ref.full.cov))
         for r in range(runs):
             fit = _fit(model, pts, fn, tb, eps, delta, "default",
-                       randomness=_SeededNoise(seed_offset + 10_000 * r + int(1000 * eps)))
-            post = imputed(fit.model or model, fit.rounds[-1], torch.Generator().manual_seed(1000 + r))
+                       randomness=_SeededNoise(seed_offset + 10_000 * r + int(1000 * eps)), relations=_RELATIONS[table])
+            post = fit.posterior  # today's default posterior, whatever its options
             sd = torch.sqrt(torch.diagonal(post.cov))
             z = (post.mean - full_mean) / sd
             missed = torch.nonzero(z.abs() > 1.959963984540054).flatten().tolist()
@@ -431,7 +433,7 @@ def paired_curvature_bound(table: str, epsilons: list[float], runs: int) -> None
                     return r, cb
 
                 fit = na.fit(model, release, bounds, schedule=sched, sigma=sigma, feature_norm=fn, target_bound=tb,
-                             generator=torch.Generator().manual_seed(run))
+                             generator=torch.Generator().manual_seed(run), relations=_RELATIONS[table])
                 judged[name].append(cal.judge(fit.posterior, ref))
         ratios = [b["width_ratio"] / a["width_ratio"] for a, b in zip(judged["frobenius"], judged["upper"], strict=True)]
         for name, js in judged.items():

@@ -953,28 +953,32 @@ def _one_hot_table(n: int, seed: int, *, broken: int = 0):
 ONE_HOT_RELATION = torch.tensor([[1.0, -1.0, -1.0, 0.0]], dtype=torch.float64)
 
 
-def test_relations_option_needs_the_imputed_posterior_and_the_candidates():
-    """Issue 50's thirty-eighth rule: ``Schedule.relations`` needs the imputed posterior, is
-    declared in the schedule's dict with its threshold, and ``fit`` refuses to run it without the
-    public candidates; with no candidate it is the plain imputed posterior, draw for draw."""
+def test_relations_option_needs_the_imputed_posterior_and_is_the_default():
+    """Issue 50's thirty-eighth and thirty-ninth rules: ``Schedule.relations`` needs the imputed
+    posterior, is declared in the schedule's dict with its threshold and is the logistic and
+    Poisson default; with no candidate (an empty set, or None: no categorical column) it is the
+    plain imputed posterior, draw for draw."""
+    from dpsummary.models import PoissonRegression
+
     with pytest.raises(ValueError, match="imputed"):
         na.Schedule(((0.5, 0.5),), relations=True)
+    for default_model in (LogisticRegression(2), PoissonRegression(2)):
+        assert na.Schedule.default(default_model).relations
     sched = na.Schedule(((0.5, 0.5),), posterior="imputed", spectrum="trace", relations=True)
     assert sched.as_dict()["relation_z"] == na.RELATION_Z and "relations" in sched.as_dict()
     assert "relations" not in dataclasses.replace(sched, relations=False).as_dict()
     model, pts = _one_hot_table(2000, 1)
     bounds = na.public_bounds(model, feature_norm=math.sqrt(3), target_bound=1.0)
-    with pytest.raises(ValueError, match="candidate relations"):
-        na.fit(model, _release_fn(pts, model, np.random.default_rng(1)), bounds, schedule=sched, sigma=20.0,
-               generator=torch.Generator().manual_seed(1))
-    fits = {on: na.fit(model, _release_fn(pts, model, np.random.default_rng(1)), bounds,
-                       schedule=dataclasses.replace(sched, relations=on), sigma=20.0,
-                       generator=torch.Generator().manual_seed(1),
-                       relations=torch.zeros(0, 4, dtype=torch.float64) if on else None)
-            for on in (False, True)}
-    assert torch.equal(fits[True].posterior.mean, fits[False].posterior.mean)
-    assert torch.equal(fits[True].posterior.cov, fits[False].posterior.cov)
-    assert fits[True].exact_relations is not None and fits[True].exact_relations.shape == (0, 4)
+    fits = {arm: na.fit(model, _release_fn(pts, model, np.random.default_rng(1)), bounds,
+                        schedule=dataclasses.replace(sched, relations=arm != "off"), sigma=20.0,
+                        generator=torch.Generator().manual_seed(1),
+                        relations=torch.zeros(0, 4, dtype=torch.float64) if arm == "empty" else None)
+            for arm in ("off", "empty", "none")}
+    for arm in ("empty", "none"):
+        assert torch.equal(fits[arm].posterior.mean, fits["off"].posterior.mean)
+        assert torch.equal(fits[arm].posterior.cov, fits["off"].posterior.cov)
+        assert fits[arm].exact_relations is not None and fits[arm].exact_relations.shape == (0, 4)
+    assert fits["off"].exact_relations is None
 
 
 def test_released_posterior_is_the_prior_along_an_exact_relation():

@@ -255,6 +255,30 @@ def test_zero_configuration_default_mechanism_is_noise_aware(tmp_path: Path, hom
     assert np.all(np.isfinite(np.array(rel.body["posterior"]["gaussians"]["noise_aware"]["cov"])))
 
 
+def test_default_release_is_the_prior_along_the_one_hot_relation(tmp_path: Path, home: Path) -> None:
+    """Issue 50's thirty-ninth rule: the default logistic release projects its imputed curvature
+    off the exact one-hot relation of the categorical ``x2`` (every record has one of a, b, c), says
+    so in its notes and lists the relation in its claim; along it the signed Gaussian is the
+    prior's (variance 1, mean 0), as the full data's posterior is."""
+    import dpsummary
+
+    data = _write_csv(tmp_path / "d.csv", 3000, seed=2)
+    pol = _policy(tmp_path / "p.toml", n=3000)
+    out = tmp_path / "r.json"
+    res = _release(str(data), "--epsilon", "1", "--policy", str(pol), "--out", str(out), "--seed", "1", "--json")
+    assert res.exit_code == 0, res.output
+    payload = json.loads(res.stdout[res.stdout.index("{"):])
+    rel = dpsummary.load(out, key=home / "keys" / "dpsummary.pub")
+    mech = rel.claim["mechanism"]
+    assert mech["name"] == "noise-aware-newton" and mech["schedule"]["relations"]
+    assert mech["exact_relations"] == [[1.0, 0.0, -1.0, -1.0, -1.0]]
+    assert any("exact relation" in note for note in payload["notes"])
+    gauss = rel.body["posterior"]["gaussians"]["noise_aware"]
+    v = np.array([1.0, 0.0, -1.0, -1.0, -1.0]) / 2.0
+    assert float(v @ np.array(gauss["cov"]) @ v) == pytest.approx(1.0, rel=1e-6)
+    assert float(v @ np.array(gauss["mean"])) == pytest.approx(0.0, abs=1e-6)
+
+
 def test_noise_aware_pseudocoreset_has_a_point_per_parameter(tmp_path: Path, home: Path) -> None:
     """--size below the parameter count is a floor for the noise-aware mechanism (fewer points
     cannot carry a full-rank posterior), said in the notes; the pseudocoreset then carries its

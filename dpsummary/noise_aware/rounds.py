@@ -195,9 +195,9 @@ def fit(model: Model, release: ReleaseFn, bounds: BoundsFn, *, schedule: Schedul
     ``feature_norm`` and ``target_bound`` (public, :func:`schema_bounds`) are needed by
     schedules with an ``anchor`` rule or a ``trust_eta``; ``generator`` (non-private, post-
     processing only) by a schedule whose ``posterior`` is ``"imputed"``; ``relations`` (the
-    public candidates, rows of ``(r, param_dim)``: :func:`~dpsummary.noise_aware.one_hot_relations`)
-    by a schedule with ``relations``. Total: returns finite Gaussians or raises
-    :class:`NonFiniteFit`."""
+    public candidates, rows of ``(r, param_dim)``: :func:`~dpsummary.noise_aware.model_relations`;
+    None: the design has none, i.e. no categorical column) by a schedule with ``relations``.
+    Total: returns finite Gaussians or raises :class:`NonFiniteFit`."""
     state = init(model)
     extra_notes: list[str] = []
     left = list(schedule.rounds)  # the rounds still to run, as (score, curvature) shares of rho
@@ -246,11 +246,11 @@ def fit(model: Model, release: ReleaseFn, bounds: BoundsFn, *, schedule: Schedul
     posterior, raw = noise_aware_posterior(model, final, passes=schedule.passes, start=schedule.start)
     exact = None
     if schedule.relations:
-        if relations is None:
-            raise ValueError("the relations option needs the public candidate relations")
         # Module docstring, 17.: the candidates the released curvature does not tell from exact
-        # (post-processing of a DP output and public structure).
-        exact = exact_relations(relations.to(final.curvature.dtype), final.curvature, final.curvature_noise_std)
+        # (post-processing of a DP output and public structure). None: the design has none (no
+        # categorical column).
+        relation_candidates = relations if relations is not None else torch.zeros(0, model.param_dim, dtype=final.curvature.dtype)
+        exact = exact_relations(relation_candidates.to(final.curvature.dtype), final.curvature, final.curvature_noise_std)
         if exact.shape[0]:
             extra_notes.append(f"the released posterior is the prior along {exact.shape[0]} exact relation(s) among the "
                                "one-hot columns (the data carry no information there; post-processing)")

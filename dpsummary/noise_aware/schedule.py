@@ -101,8 +101,8 @@ class Schedule:
     censor_counts: bool = False
     #: Whether each imputed curvature is projected off the public one-hot relations the last
     #: round's released curvature does not tell from exact (:func:`~dpsummary.noise_aware.exact_relations`;
-    #: module docstring, 17.; issue 50's thirty-eighth rule). Needs the imputed posterior and the
-    #: candidate relations in :func:`fit`. Public.
+    #: module docstring, 17.; issue 50's thirty-eighth and thirty-ninth rules; the logistic and
+    #: Poisson default). Needs the imputed posterior; :func:`fit` takes the candidates. Public.
     relations: bool = False
 
     def __post_init__(self) -> None:
@@ -147,11 +147,13 @@ class Schedule:
             # from the rounds in proportion.
             rounds = tuple((s * (1.0 - COUNT_RANGE_SHARE), c * (1.0 - COUNT_RANGE_SHARE)) for s, c in POISSON_ROUNDS)
             return cls(rounds, anchor="log-mean", trust_eta=POISSON_TRUST_ETA, passes=3, start="anchor",
-                       prior_centre="log-mean", posterior="imputed", spectrum="trace", count_range=COUNT_RANGE_SHARE)
+                       prior_centre="log-mean", posterior="imputed", spectrum="trace", count_range=COUNT_RANGE_SHARE,
+                       relations=True)
         # Not the expansion-aware posterior (module docstring, 8.): the seventh rule's suite
         # confirmation failed (benchmarks/results/noise_aware_variants.md). Each imputed curvature
-        # at its own trace (module docstring, 16.): issue 50's thirty-seventh rule.
-        return cls(DEFAULT_ROUNDS, posterior="imputed", spectrum="trace")
+        # at its own trace (module docstring, 16.): issue 50's thirty-seventh rule. Each projected
+        # off the exact one-hot relations (17.): the thirty-ninth rule.
+        return cls(DEFAULT_ROUNDS, posterior="imputed", spectrum="trace", relations=True)
 
     def noise_multipliers(self, sigma: float) -> list[tuple[float, float]]:
         """Per-round (score, curvature) noise multipliers for single-Gaussian calibration sigma."""
