@@ -205,7 +205,8 @@ def test_inspect_and_the_release_table_come_from_one_renderer(released: dict) ->
     rows = mechanism_rows(released["claim"])
     assert rows[0][1].startswith("noise-aware-newton: 5 rounds")
     assert [label for label, _ in rows[1:7]] == ["round 1", "round 2", "round 3", "round 4", "round 5", "posterior"]
-    assert "curvature's noise integrated out (200 imputed curvatures, each kept at its own trace;" in rows[6][1]
+    assert ("curvature's noise integrated out (200 imputed curvatures, each kept at its own trace, projected off 1 "
+            "exact one-hot relation(s);") in rows[6][1]
     inspect = released["inspect"].output
     table = released["table"].output
     for label, text in rows:

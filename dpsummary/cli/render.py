@@ -107,6 +107,8 @@ def _noise_aware_rows(mech: dict[str, Any]) -> list[Row]:
             f"noise-aware Gaussian of the last round with the curvature's noise integrated out "
             f"({sched.get('imputations')} imputed curvatures"
             + (", each kept at its own trace" if sched.get("imputed_spectrum") == "trace" else "")
+            + (f", projected off {len(mech['exact_relations'])} exact one-hot relation(s)"
+               if sched.get("relations") and mech.get("exact_relations") else "")
             + "; post-processing, no privacy cost)"
             + ("" if sched.get("expansion") is None else
                ", and the last Newton step's expansion error (widened along the step)"),
