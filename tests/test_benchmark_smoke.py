@@ -330,6 +330,17 @@ def test_calibration_report_judges_wrong_signs_against_the_floor(tmp_path: Path)
                                             if line.startswith("- sim_exact public eps 1"))
 
 
+def _report_line(cal: object, fields: list[str], rows: list[dict[str, str]], tmp_path: Path, prefix: str) -> str:
+    """The line of the suite's report (``calibration.report`` of ``rows``) that starts with ``prefix``."""
+    out, md = tmp_path / "c.csv", tmp_path / "c.md"
+    with out.open("w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=fields)
+        w.writeheader()
+        w.writerows(rows)
+    cal.report(out, md)  # type: ignore[attr-defined]
+    return next(x for x in md.read_text().splitlines() if x.startswith(prefix))
+
+
 def test_calibration_cell_is_honest_only_through_all_three_posteriors(tmp_path: Path) -> None:
     """Issue 48's gate: a cell is honest only when the pseudocoreset's Laplace posterior, the
     signed Gaussian and the sample() draws each pass the verdict; `Cell.failing` names those that
@@ -357,13 +368,7 @@ def test_calibration_cell_is_honest_only_through_all_three_posteriors(tmp_path: 
     assert {t: c.failing for t, c in cs.items()} == {
         "sim_rare": ("Laplace",), "sim_exact": ("Gaussian",), "sim_large": ("sample()",),
         "sim_tiny": ("Laplace", "Gaussian", "sample()"), "sim_dummies": (), "sim_small_wide": ()}
-    out, md = tmp_path / "c.csv", tmp_path / "c.md"
-    with out.open("w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=fields)
-        w.writeheader()
-        w.writerows(rows)
-    cal.report(out, md)  # type: ignore[attr-defined]
-    line = next(x for x in md.read_text().splitlines() if x.startswith("Cells not honest through the pseudocoreset"))
+    line = _report_line(cal, fields, rows, tmp_path, "Cells not honest through the pseudocoreset")
     assert "sim_rare public eps 0.1 noise-aware-newton (Laplace 0.85, Gaussian 0.95, sample() 0.95)" in line
     assert "sim_exact" not in line and "sim_tiny" not in line
 
@@ -386,13 +391,7 @@ def test_calibration_report_lists_cells_narrower_than_the_full_data(tmp_path: Pa
     cs = {k[0]: c for k, c in cal.cells(rows).items()}  # type: ignore[attr-defined]
     assert cs["sim_rare"].gaussian_width == pytest.approx(0.9) and cs["sim_large"].gaussian_width is None
     assert all(c.verdict == "HONEST" for c in cs.values())
-    out, md = tmp_path / "c.csv", tmp_path / "c.md"
-    with out.open("w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=fields)
-        w.writeheader()
-        w.writerows(rows)
-    cal.report(out, md)  # type: ignore[attr-defined]
-    line = next(x for x in md.read_text().splitlines() if x.startswith("Cells whose signed Gaussian is below"))
+    line = _report_line(cal, fields, rows, tmp_path, "Cells whose signed Gaussian is below")
     assert "sim_rare public eps 3 noise-aware-newton (0.90x)" in line
     assert "sim_exact" not in line and "sim_large" not in line
 
