@@ -57,11 +57,13 @@ def one_hot_relations(transform: object, *, intercept: bool) -> torch.Tensor:
 
 
 def exact_relations(relations: torch.Tensor, block: torch.Tensor, tau: float) -> torch.Tensor:
-    """The candidate relations (:func:`one_hot_relations`) the noisy design ``block`` (count,
-    ``X^T 1``, ``X^T X``; per-entry noise sd ``tau`` on the upper triangle) does not tell from
-    exact: ``v^T block v`` (the number of records breaking the relation, plus noise of sd
-    ``tau sqrt(2 |v|^4 - sum v^4)``) below :data:`RELATION_Z` noise sds. Post-processing of a DP
-    output and public structure. Along an exact relation the full data's posterior is the prior;
+    """The candidate relations (:func:`one_hot_relations`) a noisy released matrix ``block`` does
+    not tell from exact (per-entry noise sd ``tau`` on the upper triangle): linear regression's
+    design block (count, ``X^T 1``, ``X^T X``), or a GLM round's curvature ``sum_i w_i x_i x_i^T``
+    (module docstring, 17.). ``v^T block v`` is the records breaking the relation (weighted by
+    ``w_i (x_i . v)^2`` for a GLM), plus noise of sd ``tau sqrt(2 |v|^4 - sum v^4)``; a relation
+    is kept when that is below :data:`RELATION_Z` noise sds. Post-processing of a DP output and
+    public structure. Along an exact relation the full data's posterior is the prior;
     the imputed block keeps noise eigenvalues there, and reading the released ``X^T r`` along
     them as information made cps1988's release 0.6-0.9x the full data's width (issue 51). A
     relation broken by fewer records than the noise resolves is taken as exact too: its direction
