@@ -71,12 +71,16 @@ def _table(name: str, prior_scale: float = 1.0) -> tuple[Any, torch.Tensor, floa
     model = get_model_class(spec.model)(tf.num_features, prior_scale=prior_scale)
     fn, tb = na.schema_bounds(tf)
     _RELATIONS[name] = na.model_relations(tf, model)
+    _SUPPORTS[name] = na.curvature_support(tf, model)
     return model, pts, fn, tb
 
 
 #: Each table's public candidate relations (:func:`dpsummary.noise_aware.model_relations`), set by
 #: :func:`_table` (the thirty-eighth rule's candidate reads them).
 _RELATIONS: dict[str, torch.Tensor] = {}
+#: Each table's public curvature support (:func:`dpsummary.noise_aware.curvature_support`; the
+#: fortieth rule's candidate reads them).
+_SUPPORTS: dict[str, na.CurvatureSupport | None] = {}
 
 
 #: The logistic schedule candidates of the rule in results/noise_aware_variants.md (written before
@@ -275,6 +279,19 @@ def relations(table: str) -> Any:
     return variant
 
 
+def supported(table: str) -> Any:
+    """The fortieth rule's candidate (notebook, 2026-11-29): :func:`relations` with each imputed
+    curvature drawn under a flat prior on the one-hot support of the curvature (``Schedule.support``,
+    module docstring 18.). Identical to :func:`relations` (the same draws) on a table without a
+    categorical column."""
+    def variant(m: Any, rounds: list[na.RoundRelease], g: torch.Generator, fn: float) -> GaussianPosterior:
+        rel = rounds[-1]
+        exact = na.exact_relations(_RELATIONS[table], rel.curvature, rel.curvature_noise_std)
+        return na.imputed_posterior(m, rel, generator=g, spectrum=na.trace_kept_spectrum, relations=exact,
+                                    support=_SUPPORTS[table])
+    return variant
+
+
 #: Post-processing variants of one fit: ``(model, the fit's rounds, generator, feature norm)``.
 VARIANTS = {"plug-in": lambda m, rs, g, fn: na.noise_aware_posterior(m, rs[-1])[0],
             "imputed": lambda m, rs, g, fn: imputed(m, rs[-1], g),
@@ -323,7 +340,7 @@ def run(table: str, epsilons: list[float], runs: int, out: Path, *, schedules: l
             last = fit.rounds[-1]
             m = fit.model or model
             u = fit.posterior.mean - last.anchor
-            chosen = {k: v for k, v in {**VARIANTS, "relations": relations(table)}.items()
+            chosen = {k: v for k, v in {**VARIANTS, "relations": relations(table), "support": supported(table)}.items()
                       if variants is None or k in variants}
             for name, variant in chosen.items():
                 _DIAG.clear()
@@ -768,7 +785,7 @@ def main() -> None:
     p.add_argument("--runs", type=int, default=12)
     p.add_argument("--out", type=Path, default=cal.RESULTS / "noise_aware_variants.csv")
     p.add_argument("--schedules", default="default", help=f"comma-separated, of {', '.join(SCHEDULES)}")
-    p.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated, of {', '.join(VARIANTS)}, relations")
+    p.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated, of {', '.join(VARIANTS)}, relations, support")
     p.add_argument("--summary", action="store_true", help="only print the table of an existing --out")
     p.add_argument("--prior-scale", type=float, default=1.0, help="the model's prior sd (eighteenth rule)")
     p.add_argument("--paired", action="store_true",

@@ -87,7 +87,8 @@ def noise_aware_summaries(plan: MechanismPlan, records: Any, size: int, generato
     try:
         result = noise_aware.fit(model, release, bounds, schedule=schedule, sigma=plan.noise_multiplier,
                                  feature_norm=feature_norm, target_bound=target_bound, generator=generator,
-                                 relations=noise_aware.model_relations(tf, model) if schedule.relations else None)
+                                 relations=noise_aware.model_relations(tf, model) if schedule.relations else None,
+                                 support=noise_aware.curvature_support(tf, model) if schedule.support else None)
     except noise_aware.NonFiniteFit:
         raise ChargedRefusal(NON_FINITE_FIT_MESSAGE, fix=NON_FINITE_FIT_FIX) from None
     posterior = result.posterior

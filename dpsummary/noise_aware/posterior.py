@@ -17,6 +17,7 @@ from ..gaussian import DTYPE, GaussianPosterior
 from ..models import Model
 from .relations import relation_projector
 from .released import NonFiniteFit, RoundRelease, _checked, _from_precision, _sym, psd_part
+from .support import CurvatureSupport, support_draw
 
 
 def prior_precision(model: Model) -> torch.Tensor:
@@ -114,6 +115,7 @@ def imputed_posterior(
     prior_mean: torch.Tensor | None = None,
     spectrum: Callable[[torch.Tensor], torch.Tensor] | None = None,
     relations: torch.Tensor | None = None,
+    support: CurvatureSupport | None = None,
 ) -> GaussianPosterior:
     """The noise-aware posterior with the released curvature's noise integrated out (module
     docstring, 7.): ``draws`` draws of the true curvature from its flat-prior posterior given the
@@ -125,7 +127,10 @@ def imputed_posterior(
     issue 50's thirty-seventh rule; the benchmarks' other spectral candidates). ``relations``
     (rows of ``(r, d)``; the exact ones, :func:`~dpsummary.noise_aware.exact_relations`):
     each draw is projected off their span before its spectrum is taken, so along them the
-    posterior is the prior (module docstring, 17.). Raises :class:`NonFiniteFit` when fewer than half the draws give a
+    posterior is the prior (module docstring, 17.). ``support``
+    (:func:`~dpsummary.noise_aware.curvature_support`): each draw is taken under a flat prior on
+    the curvature's public support instead of everywhere (:func:`~dpsummary.noise_aware.support_draw`;
+    module docstring, 18.). Raises :class:`NonFiniteFit` when fewer than half the draws give a
     finite Gaussian. Post-processing of DP outputs with non-private randomness."""
     dim = release.curvature.shape[0]
     # Given the curvature H = Q diag(lam) Q^T (one draw) and no curvature noise, the posterior of
@@ -143,7 +148,10 @@ def imputed_posterior(
     means: list[torch.Tensor] = []
     cov_sum = torch.zeros(dim, dim, dtype=DTYPE)  # a running sum: 200 d x d matrices would not fit for large d
     for _ in range(draws):
-        draw = _sym(release.curvature + symmetric_noise(dim, release.curvature_noise_std, generator))
+        if support is None:
+            draw = _sym(release.curvature + symmetric_noise(dim, release.curvature_noise_std, generator))
+        else:
+            draw = support_draw(release.curvature, release.curvature_noise_std, support, generator)
         if proj is not None:
             draw = _sym(proj @ draw @ proj)
         vals, vecs = torch.linalg.eigh(draw)

@@ -21,6 +21,7 @@ from .posterior import imputed_posterior, noise_aware_posterior, trace_kept_spec
 from .relations import exact_relations
 from .released import MECHANISM, BoundsFn, NonFiniteFit, ReleaseFn, RoundRelease
 from .schedule import LAST_SPLITS, MERGE_RMS_ETA, Schedule
+from .support import CurvatureSupport
 from .variants import (
     expansion_aware,
     pooled_curvature_release,
@@ -188,7 +189,8 @@ def step(state: State, model: Model, release: ReleaseFn, bounds: BoundsFn,
 
 def fit(model: Model, release: ReleaseFn, bounds: BoundsFn, *, schedule: Schedule, sigma: float,
         feature_norm: float | None = None, target_bound: float | None = None,
-        generator: torch.Generator | None = None, relations: torch.Tensor | None = None) -> NoiseAwareFit:
+        generator: torch.Generator | None = None, relations: torch.Tensor | None = None,
+        support: CurvatureSupport | None = None) -> NoiseAwareFit:
     """Run every round of ``schedule`` at single-Gaussian calibration ``sigma`` and return the
     noise-aware posterior of the last round (earlier rounds only place the anchor).
 
@@ -196,7 +198,9 @@ def fit(model: Model, release: ReleaseFn, bounds: BoundsFn, *, schedule: Schedul
     schedules with an ``anchor`` rule or a ``trust_eta``; ``generator`` (non-private, post-
     processing only) by a schedule whose ``posterior`` is ``"imputed"``; ``relations`` (the
     public candidates, rows of ``(r, param_dim)``: :func:`~dpsummary.noise_aware.model_relations`;
-    None: the design has none, i.e. no categorical column) by a schedule with ``relations``.
+    None: the design has none, i.e. no categorical column) by a schedule with ``relations``;
+    ``support`` (public: :func:`~dpsummary.noise_aware.curvature_support`; None: no categorical
+    column) by a schedule with ``support``.
     Total: returns finite Gaussians or raises :class:`NonFiniteFit`."""
     state = init(model)
     extra_notes: list[str] = []
@@ -259,7 +263,7 @@ def fit(model: Model, release: ReleaseFn, bounds: BoundsFn, *, schedule: Schedul
             raise ValueError("the imputed posterior needs a (non-private) generator")
         posterior = imputed_posterior(model, final, generator=generator,
                                       spectrum=trace_kept_spectrum if schedule.spectrum == "trace" else None,
-                                      relations=exact)
+                                      relations=exact, support=support if schedule.support else None)
     if schedule.expansion is not None:
         if feature_norm is None:
             raise ValueError("the expansion-aware posterior needs the public feature norm")

@@ -104,6 +104,10 @@ class Schedule:
     #: module docstring, 17.; issue 50's thirty-eighth and thirty-ninth rules; the logistic and
     #: Poisson default). Needs the imputed posterior; :func:`fit` takes the candidates. Public.
     relations: bool = False
+    #: Whether each imputed curvature is drawn under a flat prior on the one-hot support of the
+    #: curvature (:func:`~dpsummary.noise_aware.support_draw`; module docstring, 18.; issue 50's
+    #: fortieth rule). Needs the imputed posterior; :func:`fit` takes the support. Public.
+    support: bool = False
 
     def __post_init__(self) -> None:
         flat = [w for pair in self.rounds for w in pair] + [w for w in (self.count_range, self.feature_range) if w]
@@ -135,6 +139,8 @@ class Schedule:
             raise ValueError("censor_counts needs the count's clip bound (count_range)")
         if self.relations and self.posterior != "imputed":
             raise ValueError("relations needs the imputed posterior")
+        if self.support and self.posterior != "imputed":
+            raise ValueError("support needs the imputed posterior")
 
     @classmethod
     def default(cls, model: Model) -> Schedule:
@@ -242,6 +248,8 @@ class Schedule:
         if self.relations:
             out["relations"] = "one-hot relations projected off where exact"
             out["relation_z"] = RELATION_Z
+        if self.support:
+            out["curvature_support"] = "one-hot zeros, ties and bounds kept in every imputed curvature"
         return out
 
 
