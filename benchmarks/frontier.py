@@ -76,7 +76,9 @@ from suite_verdict import WRONG_SIGN_SLACK  # noqa: E402
 from dpsummary.gaussian import DTYPE  # noqa: E402
 from dpsummary.metrics import Z95, data_hessian, idealised_floor  # noqa: E402
 from dpsummary.noise_aware import (  # noqa: E402
+    CurvatureSupport,
     RoundRelease,
+    curvature_support,
     imputed_posterior,
     symmetric_noise,
     trace_kept_spectrum,
@@ -120,12 +122,14 @@ def rounds_last_pair(claim: dict[str, Any]) -> tuple[float, float]:
 
 def curvature_released_floor(model: Any, points: torch.Tensor, full: Any, *, score_sd: float, curvature_sd: float,
                              score_bound: float, curvature_bound: float, draws: int = CURVATURE_DRAWS,
-                             generator: torch.Generator, relations: torch.Tensor | None = None) -> dict[str, float]:
+                             generator: torch.Generator, relations: torch.Tensor | None = None,
+                             support: CurvatureSupport | None = None) -> dict[str, float]:
     """The ``+ curvature released`` floor (module docstring): ``draws`` releases at the full-data
     mode of the score sum plus ``N(0, score_sd^2)`` noise and the data curvature plus the
     mechanism's symmetric noise of sd ``curvature_sd``, each read by the release's imputed
     posterior (trace-kept spectrum, projected off ``relations``: the exact one-hot relations the
-    release's claim lists); coverage of the full-data mean, median sd over the full-data sd and
+    release's claim lists; on the curvature's one-hot ``support`` when the release's schedule
+    used it, the fortieth rule); coverage of the full-data mean, median sd over the full-data sd and
     wrong-sign effects per release, each the mean over draws."""
     m = full.mean.detach().to(DTYPE)
     d = m.shape[0]
@@ -138,7 +142,8 @@ def curvature_released_floor(model: Any, points: torch.Tensor, full: Any, *, sco
         rel = RoundRelease(anchor=m, score=g + score_sd * torch.randn(d, generator=generator, dtype=DTYPE),
                            curvature=h + symmetric_noise(d, curvature_sd, generator), score_bound=score_bound,
                            curvature_bound=curvature_bound, score_noise_std=score_sd, curvature_noise_std=curvature_sd)
-        post = imputed_posterior(model, rel, generator=generator, spectrum=trace_kept_spectrum, relations=relations)
+        post = imputed_posterior(model, rel, generator=generator, spectrum=trace_kept_spectrum, relations=relations,
+                                 support=support)
         sd = torch.sqrt(torch.diagonal(post.cov))
         cov_sum += float(((post.mean - m).abs() <= Z95 * sd).to(DTYPE).mean())
         wid_sum += float((sd / sd_full).median())
@@ -230,7 +235,9 @@ def cell_frontier(spec: Any, mode: str, epsilon: float, run: int, workdir: Path,
     curv = curvature_released_floor(model, pts, full, score_sd=score_mult * r_public,
                                     curvature_sd=curvature_mult * c_public, score_bound=r_public,
                                     curvature_bound=c_public, generator=torch.Generator().manual_seed(0),
-                                    relations=torch.tensor(exact, dtype=DTYPE) if exact else None)
+                                    relations=torch.tensor(exact, dtype=DTYPE) if exact else None,
+                                    support=(curvature_support(rel.transform, model) if rel.transform is not None
+                                             and "curvature_support" in rel.claim["mechanism"]["schedule"] else None))
     out.update({f"curvature_{k}": v for k, v in curv.items()})
     if not bias:
         return out

@@ -42,6 +42,7 @@ import dataclasses
 import math
 import statistics
 import sys
+from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -132,7 +133,7 @@ def _with_feature_range(sched: na.Schedule, share: float) -> na.Schedule:
 
 def _fit(model: Any, pts: torch.Tensor, fn: float, tb: float, epsilon: float, delta: float,
          schedule: str = "default", randomness: Any = None, range_randomness: Any = None,
-         relations: torch.Tensor | None = None) -> na.NoiseAwareFit:
+         relations: torch.Tensor | None = None, support: na.CurvatureSupport | None = None) -> na.NoiseAwareFit:
     """One release's rounds on ``pts``; ``randomness`` draws the rounds' noise and
     ``range_randomness`` (default: the same) the data-range histogram's, so that paired arms
     whose range histograms differ still draw the same noise in their rounds (thirtieth rule)."""
@@ -154,7 +155,7 @@ def _fit(model: Any, pts: torch.Tensor, fn: float, tb: float, epsilon: float, de
         return st.score, st.curvature
 
     return na.fit(model, release, bounds, schedule=sched, sigma=sigma, feature_norm=fn, target_bound=tb,
-                  generator=torch.Generator().manual_seed(0), relations=relations)
+                  generator=torch.Generator().manual_seed(0), relations=relations, support=support)
 
 
 
@@ -335,7 +336,7 @@ def run(table: str, epsilons: list[float], runs: int, out: Path, *, schedules: l
         for r, sched in ((r, sched) for r in range(runs) for sched in (schedules or ["default"])):
             seed = seed_offset + 10_000 * r + int(1000 * eps)
             fit = _fit(model, pts, fn, tb, eps, delta, sched, randomness=_SeededNoise(seed) if paired else None,
-                       relations=_RELATIONS[table],
+                       relations=_RELATIONS[table], support=_SUPPORTS[table],
                        range_randomness=_SeededNoise(seed + RANGE_SEED_OFFSET) if paired else None)
             last = fit.rounds[-1]
             m = fit.model or model
@@ -385,7 +386,8 @@ def misses(table: str, epsilons: list[float], runs: int, seed_offset: int = 0) -
         full_mean, full_sd = ref.full.mean, torch.sqrt(torch.diagonal(ref.full.cov))
         for r in range(runs):
             fit = _fit(model, pts, fn, tb, eps, delta, "default",
-                       randomness=_SeededNoise(seed_offset + 10_000 * r + int(1000 * eps)), relations=_RELATIONS[table])
+                       randomness=_SeededNoise(seed_offset + 10_000 * r + int(1000 * eps)), relations=_RELATIONS[table],
+                       support=_SUPPORTS[table])
             post = fit.posterior  # today's default posterior, whatever its options
             sd = torch.sqrt(torch.diagonal(post.cov))
             z = (post.mean - full_mean) / sd
@@ -617,6 +619,11 @@ class Comparison:
     #: under the baseline and under the candidate.
     below_full_baseline: tuple[tuple[str, float], ...] = ()
     below_full_candidate: tuple[tuple[str, float], ...] = ()
+    #: Rule 4'''' (the fortieth rule): the tables where the two arms are the same in every run
+    #: (width and coverage), and the plain width ratios over the cells honest under both of the
+    #: other tables, where the candidate acts.
+    identical_tables: tuple[str, ...] = ()
+    acting_ratios: tuple[float, ...] = ()
 
     @property
     def fewer_below_full(self) -> bool:
@@ -642,6 +649,25 @@ class Comparison:
         """Rule 4''' for the real tables: :attr:`confirms_4_double_prime` and
         :attr:`no_more_below_full`."""
         return self.confirms_4_double_prime and self.no_more_below_full
+
+    @property
+    def narrows_where_acting(self) -> bool:
+        """Rule 4'''' (notebook/noise_aware_variants.md, the fortieth rule): :attr:`narrows` over
+        the cells of the tables where the candidate acts (not in :attr:`identical_tables`)."""
+        if not self.acting_ratios:
+            return False
+        geo = math.exp(sum(math.log(r) for r in self.acting_ratios) / len(self.acting_ratios))
+        return geo <= NARROWING_GEOMEAN and max(self.acting_ratios) <= NARROWING_CELL_LIMIT
+
+    @property
+    def rule_4_quadruple_prime(self) -> bool:
+        """Rule 4'''' for the simulations: :attr:`rule_4_triple_prime` with (a'')'s narrowing
+        judged where the candidate acts (:attr:`narrows_where_acting`); a candidate that turns
+        no cell either way passes by that narrowing or by :attr:`fewer_below_full`."""
+        moved = bool(self.gained or self.lost)
+        if moved:
+            return self.rule_4_double_prime
+        return self.flips_at_width and (self.narrows_where_acting or self.fewer_below_full)
 
     @property
     def narrows(self) -> bool:
@@ -710,6 +736,15 @@ def compare(paths: list[Path], baseline: str, candidate: str,
     for path in paths:
         with path.open(newline="") as fh:
             per_file.append([r for r in csv.DictReader(fh) if wanted(r["table"])])
+    # Rule 4'''': a table whose two arms agree in every run (width and coverage) is one the
+    # candidate does not act on.
+    arms: dict[tuple[str, str, str], dict[str, tuple[str, str]]] = defaultdict(dict)
+    for rows in per_file:
+        for r in rows:
+            arm = _arm(r)
+            if arm in (baseline, candidate):
+                arms[r["table"], r["epsilon"], r["run"]][arm] = (r["width_ratio"], r["coverage"])
+    acting_tables = {t for (t, _, _), v in arms.items() if len(v) == 2 and v[baseline] != v[candidate]}
     fw = suite_floor_wrong() if floor_wrong is None else floor_wrong
     base: dict[tuple[str, float], CellVerdict] = {}
     cand: dict[tuple[str, float], CellVerdict] = {}
@@ -750,10 +785,14 @@ def compare(paths: list[Path], baseline: str, candidate: str,
     wrong = cal.suite_wrong_signs((cand[k].wrong_signs, cand[k].floor_wrong) for k in keys)
     unknown = [k for k in keys if base[k].floor_wrong is None]
     plain = tuple(cand[k].width / base[k].width for k in keys if base[k].honest and cand[k].honest)
+    acting = tuple(cand[k].width / base[k].width for k in keys
+                   if base[k].honest and cand[k].honest and k[0] in acting_tables)
+    identical = tuple(sorted({k[0] for k in keys} - acting_tables))
     below = cal.BELOW_FULL
     result = Comparison(len(keys), sum(base[k].honest for k in keys), sum(cand[k].honest for k in keys), lost, gained,
                         widths, fewer, wrong, unknown, plain, tuple(lost_changes),
-                        tuple(k for k in keys if base[k].width < below), tuple(k for k in keys if cand[k].width < below))
+                        tuple(k for k in keys if base[k].width < below), tuple(k for k in keys if cand[k].width < below),
+                        identical, acting)
     print(f"honest: {baseline} {result.honest_baseline}, {candidate} {result.honest_candidate} of {len(keys)}; "
           f"turned dishonest {lost}; turned honest {gained}; wider than 25% {widths.wider}; lost effects {fewer}")
     if widths.ratios:
@@ -775,6 +814,11 @@ def compare(paths: list[Path], baseline: str, candidate: str,
           f"{list(result.below_full_candidate)}; rule 4''' (4'', or none turned either way and fewer such cells, none "
           f"new): as the simulations' check {'met' if result.rule_4_triple_prime else 'NOT met'}, as the real tables' "
           f"{'met' if result.confirms_4_triple_prime else 'NOT met'}")
+    if acting:
+        geo = math.exp(sum(math.log(r) for r in acting) / len(acting))
+        print(f"rule 4'''' (4''' with the narrowing judged where {candidate} acts: {len(acting)} cells honest under both, "
+              f"geometric mean {geo:.3f}, largest {max(acting):.3f}; identical in every run on {list(identical)}): as the "
+              f"simulations' check {'met' if result.rule_4_quadruple_prime else 'NOT met'}")
     return result
 
 

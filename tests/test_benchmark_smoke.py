@@ -571,6 +571,41 @@ def test_variants_compare_rule_4_triple_prime_counts_releases_narrower_than_the_
     assert not unchanged.rule_4_triple_prime and unchanged.confirms_4_triple_prime
 
 
+def test_variants_compare_rule_4_quadruple_prime_judges_the_narrowing_where_the_candidate_acts(
+        tmp_path: Path) -> None:
+    """Rule 4'''' (the fortieth rule): a candidate identical in every run on some tables is judged
+    for (a'')'s narrowing over the others' cells. Narrowing one table's two cells by 7% while
+    three tables stay identical is a narrowing there (0.93) though not over all eight cells
+    (0.982); narrowing them by 2% is not; a table differing in one run only is one it acts on."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import noise_aware_variants as nv  # type: ignore[import-not-found]
+    finally:
+        sys.path.pop(0)
+
+    def write(name: str, acting_width: float) -> Path:
+        rows = []
+        for eps in (1.0, 3.0):
+            rows += (_variant_rows("t", eps, "relations", 10, coverage=1.0, wrong=0, width=1.0)
+                     + _variant_rows("t", eps, "support", 10, coverage=1.0, wrong=0, width=acting_width))
+            for table in ("u", "v", "w"):
+                rows += (_variant_rows(table, eps, "relations", 10, coverage=1.0, wrong=0, width=1.5)
+                         + _variant_rows(table, eps, "support", 10, coverage=1.0, wrong=0, width=1.5))
+        return _write_rows(tmp_path / name, rows)
+
+    res = nv.compare([write("acting.csv", 0.93)], "relations", "support", floor_wrong={})
+    assert res.identical_tables == ("u", "v", "w") and res.acting_ratios == pytest.approx((0.93, 0.93))
+    assert not res.narrows and not res.rule_4_triple_prime
+    assert res.narrows_where_acting and res.rule_4_quadruple_prime
+    slight = nv.compare([write("slight.csv", 0.98)], "relations", "support", floor_wrong={})
+    assert not slight.narrows_where_acting and not slight.rule_4_quadruple_prime
+    rows = list(csv.DictReader(write("one_run.csv", 1.0).open(newline="")))
+    changed = next(r for r in rows if r["table"] == "u" and r["variant"] == "support")
+    changed["width_ratio"] = "1.4"
+    one_run = nv.compare([_write_rows(tmp_path / "one_run_changed.csv", rows)], "relations", "support", floor_wrong={})
+    assert one_run.identical_tables == ("t", "v", "w")
+
+
 def test_variants_compare_rule_2_prime_measures_from_the_bound_floor(tmp_path: Path) -> None:
     """Rule 2' (notebook, 2026-11-29): where the baseline's rows record the floor at the score
     bound they paid, a widening is measured from max(width, floor, bound floor); rows without it

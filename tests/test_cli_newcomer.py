@@ -206,7 +206,7 @@ def test_inspect_and_the_release_table_come_from_one_renderer(released: dict) ->
     assert rows[0][1].startswith("noise-aware-newton: 5 rounds")
     assert [label for label, _ in rows[1:7]] == ["round 1", "round 2", "round 3", "round 4", "round 5", "posterior"]
     assert ("curvature's noise integrated out (200 imputed curvatures, each kept at its own trace, projected off 1 "
-            "exact one-hot relation(s);") in rows[6][1]
+            "exact one-hot relation(s), drawn on the one-hot support of the curvature;") in rows[6][1]
     inspect = released["inspect"].output
     table = released["table"].output
     for label, text in rows:

@@ -106,7 +106,8 @@ class Schedule:
     relations: bool = False
     #: Whether each imputed curvature is drawn under a flat prior on the one-hot support of the
     #: curvature (:func:`~dpsummary.noise_aware.support_draw`; module docstring, 18.; issue 50's
-    #: fortieth rule). Needs the imputed posterior; :func:`fit` takes the support. Public.
+    #: fortieth rule; the logistic and Poisson default). Needs the imputed posterior; :func:`fit`
+    #: takes the support. Public.
     support: bool = False
 
     def __post_init__(self) -> None:
@@ -154,12 +155,13 @@ class Schedule:
             rounds = tuple((s * (1.0 - COUNT_RANGE_SHARE), c * (1.0 - COUNT_RANGE_SHARE)) for s, c in POISSON_ROUNDS)
             return cls(rounds, anchor="log-mean", trust_eta=POISSON_TRUST_ETA, passes=3, start="anchor",
                        prior_centre="log-mean", posterior="imputed", spectrum="trace", count_range=COUNT_RANGE_SHARE,
-                       relations=True)
+                       relations=True, support=True)
         # Not the expansion-aware posterior (module docstring, 8.): the seventh rule's suite
         # confirmation failed (benchmarks/results/noise_aware_variants.md). Each imputed curvature
         # at its own trace (module docstring, 16.): issue 50's thirty-seventh rule. Each projected
-        # off the exact one-hot relations (17.): the thirty-ninth rule.
-        return cls(DEFAULT_ROUNDS, posterior="imputed", spectrum="trace", relations=True)
+        # off the exact one-hot relations (17.): the thirty-ninth rule. Each drawn on the curvature's
+        # one-hot support (18.): the fortieth rule.
+        return cls(DEFAULT_ROUNDS, posterior="imputed", spectrum="trace", relations=True, support=True)
 
     def noise_multipliers(self, sigma: float) -> list[tuple[float, float]]:
         """Per-round (score, curvature) noise multipliers for single-Gaussian calibration sigma."""
