@@ -5,6 +5,7 @@ check command for the README and CI)."""
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import re
@@ -207,6 +208,10 @@ def test_inspect_and_the_release_table_come_from_one_renderer(released: dict) ->
     assert [label for label, _ in rows[1:7]] == ["round 1", "round 2", "round 3", "round 4", "round 5", "posterior"]
     assert ("curvature's noise integrated out (200 imputed curvatures, each kept at its own trace, projected off 1 "
             "exact one-hot relation(s), drawn on the one-hot support of the curvature;") in rows[6][1]
+    # A schema without a categorical column has no one-hot support: the row does not claim one.
+    bare = copy.deepcopy(released["claim"])
+    bare["mechanism"]["curvature_support"] = False
+    assert "one-hot support" not in mechanism_rows(bare)[6][1]
     inspect = released["inspect"].output
     table = released["table"].output
     for label, text in rows:

@@ -1127,7 +1127,6 @@ def test_support_option_is_today_draw_for_draw_without_levels_and_narrows_many_l
     seed at noise multiplier 20, must be below 0.8; where the noise is small against the data,
     multiplier 1, the two are within 2%)."""
     from dpsummary.data import ColumnSpec, Schema, Transform
-
     from dpsummary.models import PoissonRegression
 
     with pytest.raises(ValueError, match="imputed"):

@@ -272,6 +272,7 @@ def test_default_release_is_the_prior_along_the_one_hot_relation(tmp_path: Path,
     mech = rel.claim["mechanism"]
     assert mech["name"] == "noise-aware-newton" and mech["schedule"]["relations"]
     assert mech["exact_relations"] == [[1.0, 0.0, -1.0, -1.0, -1.0]]
+    assert mech["schedule"]["curvature_support"] and mech["curvature_support"] is True  # the fortieth rule
     assert any("exact relation" in note for note in payload["notes"])
     gauss = rel.body["posterior"]["gaussians"]["noise_aware"]
     v = np.array([1.0, 0.0, -1.0, -1.0, -1.0]) / 2.0

@@ -109,7 +109,8 @@ def _noise_aware_rows(mech: dict[str, Any]) -> list[Row]:
             + (", each kept at its own trace" if sched.get("imputed_spectrum") == "trace" else "")
             + (f", projected off {len(mech['exact_relations'])} exact one-hot relation(s)"
                if sched.get("relations") and mech.get("exact_relations") else "")
-            + (", drawn on the one-hot support of the curvature" if sched.get("curvature_support") else "")
+            + (", drawn on the one-hot support of the curvature"
+               if sched.get("curvature_support") and mech.get("curvature_support") else "")
             + "; post-processing, no privacy cost)"
             + ("" if sched.get("expansion") is None else
                ", and the last Newton step's expansion error (widened along the step)"),

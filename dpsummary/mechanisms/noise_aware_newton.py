@@ -84,11 +84,13 @@ def noise_aware_summaries(plan: MechanismPlan, records: Any, size: int, generato
                                             score_noise_multiplier=s_mult, curvature_noise_multiplier=c_mult)
         return st.score, st.curvature
 
+    # Module docstring of noise_aware, 18.: the public one-hot support (None: no categorical column).
+    support = noise_aware.curvature_support(tf, model) if schedule.support else None
     try:
         result = noise_aware.fit(model, release, bounds, schedule=schedule, sigma=plan.noise_multiplier,
                                  feature_norm=feature_norm, target_bound=target_bound, generator=generator,
                                  relations=noise_aware.model_relations(tf, model) if schedule.relations else None,
-                                 support=noise_aware.curvature_support(tf, model) if schedule.support else None)
+                                 support=support)
     except noise_aware.NonFiniteFit:
         raise ChargedRefusal(NON_FINITE_FIT_MESSAGE, fix=NON_FINITE_FIT_FIX) from None
     posterior = result.posterior
@@ -112,6 +114,7 @@ def noise_aware_summaries(plan: MechanismPlan, records: Any, size: int, generato
         "prior_mean": model.prior_mean.tolist(),
         "rounds": [{"score_bound": r.score_bound, "curvature_bound": r.curvature_bound} for r in result.rounds],
         "exact_relations": None if result.exact_relations is None else result.exact_relations.tolist(),
+        "curvature_support": support is not None,
     }
 
 
@@ -207,6 +210,9 @@ class NoiseAwareNewton(GlmMechanism):
             # With schedule.relations: the public one-hot relations the released posterior is the
             # prior along (decided from the last round's released curvature; post-processing).
             **({} if ex.get("exact_relations") is None else {"exact_relations": ex["exact_relations"]}),
+            # With schedule.support: whether the imputed curvatures were drawn on the one-hot
+            # support of the curvature (false when the schema has no categorical column).
+            **({"curvature_support": ex["curvature_support"]} if "curvature_support" in ex else {}),
             "sampling": "none (every record, every round)",
             "noise": "OpenDP discrete Gaussian from OS entropy",
             **stage_noise(public, plan),
