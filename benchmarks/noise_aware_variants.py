@@ -586,6 +586,16 @@ NARROWING_CELL_LIMIT = 1.10
 FLIP_WIDTH_LIMIT = 1.10
 
 
+def is_narrowing(ratios: tuple[float, ...]) -> bool:
+    """Rule 4' (b)'s narrowing over plain width ratios (candidate over baseline): their geometric
+    mean at most :data:`NARROWING_GEOMEAN` and none above :data:`NARROWING_CELL_LIMIT` (False
+    without any)."""
+    if not ratios:
+        return False
+    geo = math.exp(sum(math.log(r) for r in ratios) / len(ratios))
+    return geo <= NARROWING_GEOMEAN and max(ratios) <= NARROWING_CELL_LIMIT
+
+
 @dataclasses.dataclass(frozen=True)
 class Comparison:
     """Issue 50's rules applied to two arms of paired runs (:func:`compare`)."""
@@ -654,10 +664,7 @@ class Comparison:
     def narrows_where_acting(self) -> bool:
         """Rule 4'''' (notebook/noise_aware_variants.md, the fortieth rule): :attr:`narrows` over
         the cells of the tables where the candidate acts (not in :attr:`identical_tables`)."""
-        if not self.acting_ratios:
-            return False
-        geo = math.exp(sum(math.log(r) for r in self.acting_ratios) / len(self.acting_ratios))
-        return geo <= NARROWING_GEOMEAN and max(self.acting_ratios) <= NARROWING_CELL_LIMIT
+        return is_narrowing(self.acting_ratios)
 
     @property
     def rule_4_quadruple_prime(self) -> bool:
@@ -674,10 +681,7 @@ class Comparison:
         """Rule 4' (b), second branch: over the cells honest under both arms, the geometric mean of
         the plain width ratios at most :data:`NARROWING_GEOMEAN` and none above
         :data:`NARROWING_CELL_LIMIT`."""
-        if not self.plain_ratios:
-            return False
-        geo = math.exp(sum(math.log(r) for r in self.plain_ratios) / len(self.plain_ratios))
-        return geo <= NARROWING_GEOMEAN and max(self.plain_ratios) <= NARROWING_CELL_LIMIT
+        return is_narrowing(self.plain_ratios)
 
     @property
     def rule_4_prime(self) -> bool:
