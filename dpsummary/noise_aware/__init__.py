@@ -295,7 +295,13 @@ from .schedule import (
     range_clips,
     statistic_model,
 )
-from .support import CurvatureSupport, curvature_support, support_draw, truncated_normal
+from .support import (
+    CurvatureSupport,
+    curvature_support,
+    design_support,
+    support_draw,
+    truncated_normal,
+)
 from .variants import (
     EXPANSION_RMS_FACTOR,
     LAST_SPLITS,
@@ -318,6 +324,7 @@ __all__ = [
     "COUNT_RANGE_SHARE",
     "CurvatureSupport",
     "curvature_support",
+    "design_support",
     "support_draw",
     "truncated_normal",
     "LINEAR_IMPUTATIONS",

@@ -38,6 +38,7 @@ from ..models.linear import LinearRegression
 from .posterior import symmetric_noise
 from .relations import relation_projector
 from .released import NonFiniteFit
+from .support import CurvatureSupport, support_draw
 
 #: Imputations of the true moment matrix (each one quadrature posterior: a few ms).
 LINEAR_IMPUTATIONS = 100
@@ -140,12 +141,15 @@ def _noise_aware_grid(xx: torch.Tensor, xr: torch.Tensor, rr: float, count: floa
 
 def linear_posterior(model: LinearRegression, noisy: torch.Tensor, tau: float | torch.Tensor, *,
                      generator: torch.Generator, draws: int = LINEAR_IMPUTATIONS,
-                     anchor: torch.Tensor | None = None, relations: torch.Tensor | None = None) -> GaussianPosterior:
+                     anchor: torch.Tensor | None = None, relations: torch.Tensor | None = None,
+                     support: CurvatureSupport | None = None) -> GaussianPosterior:
     """The noise-aware Gaussian of ``(beta, log sigma)`` from one noisy moment matrix (module
     docstring). The design block's noise is integrated out by imputation (draws of the true block,
     PSD part, projected off the exact ``relations``: :func:`exact_relations`); ``X^T y``
     and ``y^T y`` enter through their noise-aware likelihood (:func:`_noise_aware_grid`). With an
-    ``anchor`` the release's target column is the residual ``y - [1, x] . anchor``. Raises
+    ``anchor`` the release's target column is the residual ``y - [1, x] . anchor``. ``support``
+    (:func:`~dpsummary.noise_aware.design_support`; needs one noise sd for the whole block): each
+    imputed block is drawn on the one-hot support of the design (:func:`support_draw`). Raises
     :class:`NonFiniteFit` when fewer than half the imputations give finite moments."""
     tau_min = float(tau.min()) if isinstance(tau, torch.Tensor) else float(tau)
     if not bool(torch.isfinite(noisy).all()) or not (tau_min > 0 and math.isfinite(tau_min)):
@@ -154,12 +158,14 @@ def linear_posterior(model: LinearRegression, noisy: torch.Tensor, tau: float | 
     tau_m = torch.full((dim, dim), float(tau), dtype=DTYPE) if not isinstance(tau, torch.Tensor) else tau.to(DTYPE)
     sym = 0.5 * (noisy + noisy.T).to(DTYPE)
     return _imputed(model, sym[:-1, :-1], tau_m[:-1, :-1], sym[:-1, -1], float(sym[-1, -1]), float(tau_m[0, -1]),
-                    float(tau_m[-1, -1]), generator=generator, draws=draws, anchor=anchor, relations=relations)
+                    float(tau_m[-1, -1]), generator=generator, draws=draws, anchor=anchor, relations=relations,
+                    support=support)
 
 
 def residual_posterior(model: LinearRegression, design: torch.Tensor, design_tau: float, residuals: torch.Tensor,
                        residual_tau: float, square_scale: float, anchor: torch.Tensor, *, generator: torch.Generator,
-                       draws: int = LINEAR_IMPUTATIONS, relations: torch.Tensor | None = None) -> GaussianPosterior:
+                       draws: int = LINEAR_IMPUTATIONS, relations: torch.Tensor | None = None,
+                       support: CurvatureSupport | None = None) -> GaussianPosterior:
     """The noise-aware Gaussian of ``(beta, log sigma)`` from the two rounds of
     :mod:`dpsummary.mechanisms.noise_aware_linear`: the design block (count, ``X^T 1``,
     ``X^T X``) of the first round's noisy moment matrix ``design`` (per-entry noise sd
@@ -167,7 +173,8 @@ def residual_posterior(model: LinearRegression, design: torch.Tensor, design_tau
     (per-entry sd ``residual_tau``; ``s = square_scale``), ``r`` the residual at ``anchor``.
     The clipped residuals are read as if unclipped (the clip is set beyond the residuals' likely
     range; ``sigma^2`` is the unclipped residuals' variance, so the likelihood of ``X^T r`` is no
-    narrower than the clipped sum's). Raises :class:`NonFiniteFit` as :func:`linear_posterior`."""
+    narrower than the clipped sum's). ``support`` as for :func:`linear_posterior`. Raises
+    :class:`NonFiniteFit` as :func:`linear_posterior`."""
     if not (bool(torch.isfinite(design).all()) and bool(torch.isfinite(residuals).all())):
         raise NonFiniteFit("the released statistics are not finite")
     if not all(v > 0 and math.isfinite(v) for v in (design_tau, residual_tau, square_scale)):
@@ -178,16 +185,18 @@ def residual_posterior(model: LinearRegression, design: torch.Tensor, design_tau
     res = residuals.to(DTYPE)
     return _imputed(model, sym[:-1, :-1], tau_m, res[:-1], float(res[-1]) * square_scale, residual_tau,
                     residual_tau * square_scale, generator=generator, draws=draws, anchor=anchor,
-                    relations=relations)
+                    relations=relations, support=support)
 
 
 def _imputed(model: LinearRegression, block_noisy: torch.Tensor, block_tau: torch.Tensor, xr_full: torch.Tensor,
              rr: float, tau_r: float, tau_rr: float, *, generator: torch.Generator, draws: int,
-             anchor: torch.Tensor | None, relations: torch.Tensor | None) -> GaussianPosterior:
+             anchor: torch.Tensor | None, relations: torch.Tensor | None,
+             support: CurvatureSupport | None = None) -> GaussianPosterior:
     """The imputation mixture shared by :func:`linear_posterior` and :func:`residual_posterior`:
-    each imputed block is projected off the exact ``relations`` (:func:`exact_relations`), so
-    along them the block is exactly 0 (the prior, as in the full data's posterior) and the other
-    directions are not rotated into them."""
+    each imputed block (on the one-hot ``support`` when given: :func:`support_draw`, the design
+    block being a GLM curvature with every weight 1) is projected off the exact ``relations``
+    (:func:`exact_relations`), so along them the block is exactly 0 (the prior, as in the full
+    data's posterior) and the other directions are not rotated into them."""
     p = model.num_coefficients
     k0 = 0 if model.intercept else 1
     centre = model.prior_mean.clone()
@@ -198,9 +207,18 @@ def _imputed(model: LinearRegression, block_noisy: torch.Tensor, block_tau: torc
     xr = xr_full[k0:]
     size = block_noisy.shape[0]
     proj = relation_projector(relations, size)
+    if support is not None:
+        if support.dim != size or not support.intercept:
+            raise ValueError("the support is not the design block's (design_support)")
+        support_tau = float(block_tau[0, 0])
+        if not bool((block_tau == support_tau).all()):
+            raise ValueError("the design block's support needs one noise sd for the whole block")
     means, covs = [], []
     for _ in range(draws):
-        block = block_noisy - symmetric_noise(size, 1.0, generator) * block_tau
+        if support is None:
+            block = block_noisy - symmetric_noise(size, 1.0, generator) * block_tau
+        else:
+            block = support_draw(block_noisy, support_tau, support, generator)
         count = max(float(block[0, 0]), 1.0)
         if proj is not None:
             block = proj @ block @ proj

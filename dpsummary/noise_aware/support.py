@@ -73,6 +73,22 @@ def curvature_support(transform: Any, model: Any) -> CurvatureSupport | None:
     return CurvatureSupport(torch.tensor(groups, dtype=torch.long), intercept)
 
 
+def design_support(transform: Any) -> CurvatureSupport | None:
+    """The :class:`CurvatureSupport` of the design block ``sum_i w_i w_i^T``, ``w = [1, x]``, of
+    linear regression's released moment matrix (:mod:`dpsummary.noise_aware.linear`; the record
+    count at ``[0, 0]`` whether or not the model has an intercept): the same one-hot facts as a
+    GLM's curvature with every curvature weight 1. None when the schema has no categorical feature
+    column. Public (the schema alone)."""
+    groups: list[int] = [-1]
+    for g, col in enumerate(transform.schema.feature_columns):
+        groups.extend([-1] if col.kind == "numeric" else [g] * len(col.categories or []))
+    if len(groups) != 1 + transform.num_features:
+        raise ValueError("the schema's design does not match its feature count")
+    if all(g < 0 for g in groups):
+        return None
+    return CurvatureSupport(torch.tensor(groups, dtype=torch.long), True)
+
+
 def truncated_normal(mean: torch.Tensor, sd: float | torch.Tensor, lower: torch.Tensor, upper: torch.Tensor,
                      generator: torch.Generator) -> torch.Tensor:
     """Draws of ``N(mean, sd^2)`` truncated to ``[lower, upper]`` (elementwise; bounds may be
