@@ -6,6 +6,14 @@ cases (an exact linear relation, residuals that fill the public range) released 
     python benchmarks/linear_issue_table.py [--csv benchmarks/results/calibration_linear.csv]
     python benchmarks/linear_issue_table.py --frontier [--table gpa2] [--runs 10]
 
+``--compare-support``: issue 50's forty-first rule (notebook/noise_aware_variants.md). The two
+rounds replayed on seeded noise (the frontier's replay, no oracle) under today's default
+(``baseline``) and with each imputed design block on the one-hot support (``support``,
+:func:`dpsummary.noise_aware.design_support`), the same noise for both; every run judged on the
+coefficients as the linear suite judges them, written in ``noise_aware_variants.py``'s CSV form
+(``--out``) so that its ``--compare baseline support`` applies issue 50's rules, plus whether
+sigma's 95% interval covers the full-data value (``sigma_covered``).
+
 ``--frontier``: where the width goes (``benchmarks/results/linear_frontier.md``). The mechanism's
 two rounds replayed on seeded noise at each epsilon's real noise multiplier, then with oracle
 pieces swapped in one at a time: the data's own largest anchored-round vector norm as its
@@ -156,9 +164,10 @@ def _stage_two_multiplier(spec: Any, data: Path, epsilon: float, workdir: Path) 
 
 
 def _frontier_release(arm: tuple[str, bool, bool, bool], ctx: dict[str, Any], multiplier: float,
-                      rng: np.random.Generator, gen: torch.Generator) -> Any:
+                      rng: np.random.Generator, gen: torch.Generator, support: Any = None) -> Any:
     """One seeded replay of the mechanism's two rounds (``dpsummary.mechanisms.noise_aware_linear``)
-    with the arm's oracle pieces."""
+    with the arm's oracle pieces; ``support`` (:func:`dpsummary.noise_aware.design_support`) as the
+    mechanism's ``DESIGN_SUPPORT`` passes it."""
     import dpsummary.mechanisms.noise_aware_linear as nal
     from dpsummary import noise_aware as na
     from dpsummary.private import kernel
@@ -178,7 +187,8 @@ def _frontier_release(arm: tuple[str, bool, bool, bool], ctx: dict[str, Any], mu
         noise = kept
     first = exact + noise
     relations = na.exact_relations(ctx["relations"], first[:-1, :-1], tau)
-    start = na.linear_posterior(model, first, tau, generator=gen, draws=nal.ANCHOR_IMPUTATIONS, relations=relations)
+    start = na.linear_posterior(model, first, tau, generator=gen, draws=nal.ANCHOR_IMPUTATIONS, relations=relations,
+                                support=support)
     anchor = start.mean[:model.num_coefficients]
     big_r = nal.RESIDUAL_BOUND_FACTOR * tb
     clip = nal.clip_rule(model, start, first, big_r)
@@ -195,11 +205,11 @@ def _frontier_release(arm: tuple[str, bool, bool, bool], ctx: dict[str, Any], mu
     vec = torch.from_numpy(kernel.finish(total, b2)) + second_noise * m2 * b2
     design_tau = tau * 1e-9 if exact_design else tau
     return na.residual_posterior(model, first, design_tau, vec, m2 * b2, scale, anchor, generator=gen,
-                                 relations=relations)
+                                 relations=relations, support=support)
 
 
-def frontier_rows(table: str, runs: int) -> list[str]:
-    """Issue 51's width frontier on ``table`` (module docstring, ``--frontier``)."""
+def _linear_context(table: str) -> tuple[Any, Any, Path, dict[str, Any]]:
+    """``(spec, transform, csv path, replay context)`` of a linear table's public schema."""
     from dpsummary import data as dmod
     from dpsummary import noise_aware as na
     from dpsummary.models import LinearRegression
@@ -209,12 +219,61 @@ def frontier_rows(table: str, runs: int) -> list[str]:
     tf = dmod.Transform.from_schema(dmod.Schema.model_validate(C.public_schema(spec, path)))
     pts = tf.to_points(dmod.read_csv(path, private=True)).to(torch.float64)
     model = LinearRegression(tf.num_features)
-    p = model.num_coefficients
     fn, tb = na.schema_bounds(tf)
     z = torch.cat([torch.ones(len(pts), 1, dtype=torch.float64), pts], 1)
     ctx = {"model": model, "pts": pts, "fn": fn, "tb": tb, "exact": z.T @ z,
            "bound": na.moment_bound(feature_norm=fn, target_bound=tb),
            "relations": na.one_hot_relations(tf, intercept=model.intercept)}
+    return spec, tf, path, ctx
+
+
+#: ``--compare-support``'s arms: name and whether the design block is drawn on its support.
+SUPPORT_ARMS = (("baseline", False), ("support", True))
+
+
+def compare_support_rows(table: str, runs: int, seed_offset: int) -> list[dict[str, Any]]:
+    """Issue 50's forty-first rule on ``table`` (module docstring, ``--compare-support``): one
+    row per run and arm in ``noise_aware_variants.py``'s CSV form, plus ``sigma_covered``."""
+    from dpsummary import noise_aware as na
+
+    spec, tf, path, ctx = _linear_context(table)
+    model = ctx["model"]
+    support = na.design_support(tf)
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        import os
+
+        os.environ["DPSUMMARY_HOME"] = str(Path(tmp) / "home")
+        for eps in FRONTIER_EPSILONS:
+            multiplier, delta = _stage_two_multiplier(spec, path, eps, Path(tmp))
+            ref = C.reference(model, ctx["pts"], epsilon=eps, delta=delta, key=f"support:{table}")
+            cref = C.coefficient_reference(ref)
+            full_log_sigma = float(ref.full.mean[-1])
+            for r in range(runs):
+                seed = seed_offset + 1000 * r + round(10 * eps)
+                for name, with_support in SUPPORT_ARMS:
+                    post = _frontier_release(("replay", False, False, False), ctx, multiplier,
+                                             np.random.default_rng(seed), torch.Generator().manual_seed(seed),
+                                             support=support if with_support else None)
+                    j = C.judge(C._block(post), cref)
+                    rows.append({"table": table, "epsilon": eps, "run": r, "schedule": "default", "variant": name,
+                                 **{k: j[k] for k in ("coverage", "width_ratio", "floor_width_ratio", "floor_coverage",
+                                                      "effects_found", "floor_effects_found", "effects_wrong_sign",
+                                                      "mean_error_sd_max", "floor_wrong_sign")},
+                                 # Rule 2 as written (the floor stands in for the bound floor: stricter).
+                                 "bound_floor_width_ratio": j["floor_width_ratio"],
+                                 "sigma_covered": C._covers(post, full_log_sigma)})
+                print(f"{table} eps {eps:g} run {r}: " + ", ".join(
+                    f"{x['variant']} cov {x['coverage']:.2f} w {x['width_ratio']:.2f} sigma {x['sigma_covered']:.0f}"
+                    for x in rows[-len(SUPPORT_ARMS):]), file=sys.stderr, flush=True)
+    return rows
+
+
+def frontier_rows(table: str, runs: int) -> list[str]:
+    """Issue 51's width frontier on ``table`` (module docstring, ``--frontier``)."""
+    spec, _tf, path, ctx = _linear_context(table)
+    model, pts = ctx["model"], ctx["pts"]
+    p = model.num_coefficients
     out = [f"| {table}, epsilon | floor / full-data sd | " + " | ".join(a[0] for a in FRONTIER_ARMS) + " |",
            "|---|---|" + "---|" * len(FRONTIER_ARMS)]
     with tempfile.TemporaryDirectory() as tmp:
@@ -249,8 +308,21 @@ def main() -> None:
     ap.add_argument("--frontier", action="store_true", help="the width frontier with oracle pieces (docstring)")
     ap.add_argument("--table", default="gpa2", help="--frontier's table (a linear suite table)")
     ap.add_argument("--runs", type=int, default=10, help="--frontier's seeded releases per arm and epsilon")
+    ap.add_argument("--compare-support", action="store_true", help="issue 50's forty-first rule (docstring)")
+    ap.add_argument("--seed-offset", type=int, default=0, help="--compare-support's seeds start here")
+    ap.add_argument("--out", type=Path, help="--compare-support's CSV")
     a = ap.parse_args()
     torch.set_num_threads(1)
+    if a.compare_support:
+        if a.out is None:
+            ap.error("--compare-support needs --out")
+        rows = compare_support_rows(a.table, a.runs, a.seed_offset)
+        a.out.parent.mkdir(parents=True, exist_ok=True)
+        with a.out.open("w", newline="") as fh:
+            writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
+            writer.writeheader()
+            writer.writerows(rows)
+        return
     if a.frontier:
         print("\n".join(frontier_rows(a.table, a.runs)))
         return

@@ -120,6 +120,10 @@ Tables (the registry :data:`TABLES`; ``python benchmarks/calibration.py tables``
   - ``sim_balance`` (issue 50, settings in ``notebook/noise_aware_variants.md`` written before
     its first run; by name): ``sim_dominant``'s features at N 40,000 with a balance of +5.55
     model units, so that its idealised floor covers (an anchor candidate's judge);
+  - ``sim_linear_levels`` (issue 50's forty-first rule, settings in
+    ``notebook/noise_aware_variants.md`` written before its first run; by name): linear, N 20,000,
+    6- and 4-level columns and a yes/no column declared categorical, correlated integers in wide
+    public bounds, N(0, 1) residuals;
   - ``sim_tiny``: logistic, N 2,000, 3 numerics U[-1, 1], intercept 0, effects 1, -1, 0.5
     (the smoke test's table; not part of the suite);
   - ``sim_cells_logistic`` and ``sim_cells_poisson`` (issue 50, ``noise-aware-cells``' synthetic
@@ -457,6 +461,13 @@ def _sim_schema(cols: list[SimColumn], model: str, count_bound: float = 1000.0) 
     return {"target": "y", "columns": spec}
 
 
+def _sim_schema_bounds(cols: list[SimColumn], target_bounds: tuple[float, float]) -> dict[str, Any]:
+    """:func:`_sim_schema` of a linear table whose public target bounds are not symmetric."""
+    spec = _sim_schema(cols, "linear")
+    spec["columns"][-1].update(lower=target_bounds[0], upper=target_bounds[1])
+    return spec
+
+
 def _simulate_linear(seed: int, n: int, cols: list[SimColumn], intercept: float, effects: list[float], *,
                      noise: str, bound: float) -> Any:
     """A linear table (notebook/linear_sigma.md): features per column, y = intercept + x effects +
@@ -610,6 +621,36 @@ def _balance(cols: list[SimColumn]) -> Any:
                       700.0, 74_000.0)
     eta = BALANCE_STUDENT * x[:, 0] + BALANCE_BALANCE * x[:, 1] + BALANCE_INCOME * x[:, 2]
     return _logistic_from_eta(37_034, cols, x, eta + _bisected_intercept(eta, BALANCE_POSITIVE_SHARE))
+
+
+#: ``sim_linear_levels`` (issue 50's forty-first rule; settings in notebook/noise_aware_variants.md,
+#: written before its first run): level rates and effects, the yes/no rate and contrast, the
+#: numerics' effects per data unit, the intercept and the public target bound.
+LINEAR_REGION = ((0.40, 0.25, 0.15, 0.12, 0.06, 0.02), (0.0, 0.3, -0.2, 0.5, 0.8, -1.0))
+LINEAR_GRADE = ((0.10, 0.30, 0.40, 0.20), (0.0, 0.4, 0.7, 1.2))
+LINEAR_MEMBER, LINEAR_AGE, LINEAR_HOURS, LINEAR_INTERCEPT = (0.15, 0.6), 0.01, 0.02, 1.0
+LINEAR_TARGET_BOUNDS = (-10.0, 15.0)
+
+
+def _linear_levels(cols: list[SimColumn]) -> Any:
+    """``sim_linear_levels``: a linear table with categorical columns (notebook, forty-first rule)."""
+    import pandas as pd
+
+    rng = np.random.default_rng(37_035)
+    n = 20_000
+    x = np.zeros((n, len(cols)))
+    x[:, 0] = rng.choice(len(LINEAR_REGION[0]), size=n, p=LINEAR_REGION[0])
+    x[:, 1] = rng.choice(len(LINEAR_GRADE[0]), size=n, p=LINEAR_GRADE[0])
+    x[:, 2] = rng.uniform(size=n) < LINEAR_MEMBER[0]
+    x[:, 3] = rng.integers(18, 91, n)
+    x[:, 4] = np.clip(40.0 + 0.2 * (x[:, 3] - 50.0) + rng.normal(0.0, 9.0, n), 1.0, 99.0)
+    mean = (LINEAR_INTERCEPT + np.asarray(LINEAR_REGION[1])[x[:, 0].astype(int)]
+            + np.asarray(LINEAR_GRADE[1])[x[:, 1].astype(int)] + LINEAR_MEMBER[1] * x[:, 2]
+            + LINEAR_AGE * x[:, 3] + LINEAR_HOURS * x[:, 4])
+    y = np.clip(mean + np.random.default_rng(37_036).normal(0.0, 1.0, n), *LINEAR_TARGET_BOUNDS)
+    df = pd.DataFrame({c.name: _column_values(c, x[:, j]) for j, c in enumerate(cols)})
+    df["y"] = np.round(y, 6)
+    return df
 
 
 #: ``sim_many_levels`` (issue 50, shaped like adult; settings in notebook/noise_aware_variants.md,
@@ -778,6 +819,18 @@ def _sim_specs() -> list[TableSpec]:
                           noise="t2", bound=5.0),
         "linear, N 20,000: 0.5 t_2 residuals clipped to the public [-5, 5], a 0/1 column at 2%", count_bound=5.0)
 
+    # Issue 50's forty-first rule (notebook/noise_aware_variants.md, settings written before its first
+    # run): a linear table with categorical columns (by name).
+    c19 = [SimColumn("region", "levels", 0.0, 5.0, categories=tuple(f"r{j}" for j in range(6))),
+           SimColumn("grade", "levels", 0.0, 3.0, categories=tuple(f"g{j}" for j in range(4))),
+           SimColumn("member", "yesno", 0.0, 1.0, rate=LINEAR_MEMBER[0]),
+           SimColumn("age", "gauss", 0.0, 120.0, integer=True), SimColumn("hours", "gauss", 0.0, 168.0)]
+    specs.append(TableSpec("sim_linear_levels", "sim", "linear", "y", "simulated (benchmarks/calibration.py)",
+                           functools.partial(_linear_levels, c19),
+                           _sim_schema_bounds(c19, LINEAR_TARGET_BOUNDS),
+                           note="linear, N 20,000: 6- and 4-level columns and a yes/no column declared categorical, "
+                                "correlated integers in wide public bounds, N(0, 1) residuals"))
+
     # Issue 50's thirty-second rule (notebook/noise_aware_variants.md, written before its first run):
     # a heavy count tail at a small mean, like doctor_visits.
     c14 = _uniform(f"x{j}" for j in range(3)) + _binary(["b0", "b1"], [0.20, 0.05])
@@ -890,7 +943,8 @@ TABLES = _registry()
 #: ``sim_heavy_counts`` is the thirty-second rule's judge, ``sim_levels`` and ``sim_dominant`` the
 #: thirty-eighth's (notebook/noise_aware_variants.md).
 BY_NAME_ONLY = ("sim_tiny", "napsu_adult_cells", "sim_cells_logistic", "sim_cells_poisson", "sim_cells_wide",
-                "sim_heavy_counts", "sim_cells_heavy", "sim_levels", "sim_dominant", "sim_many_levels", "sim_balance")
+                "sim_heavy_counts", "sim_cells_heavy", "sim_levels", "sim_dominant", "sim_many_levels", "sim_balance",
+                "sim_linear_levels")
 SIMULATIONS = tuple(n for n, t in TABLES.items() if t.kind == "sim" and n not in BY_NAME_ONLY and t.model != "linear")
 SUITES = {
     "real": tuple(n for n, t in TABLES.items() if t.kind != "sim" and n not in BY_NAME_ONLY and t.model != "linear"),

@@ -60,6 +60,12 @@ _Z_UPPER = 1.959963984540054
 #: Imputations of the anchor round's posterior (only its mean is used).
 ANCHOR_IMPUTATIONS = 30
 
+#: Each imputed design block drawn on the schema's one-hot support
+#: (:func:`dpsummary.noise_aware.design_support`; issue 50's forty-first rule,
+#: benchmarks/notebook/noise_aware_variants.md). Post-processing of the first round's DP output
+#: and the public schema; a schema without a categorical column has no support.
+DESIGN_SUPPORT = False
+
 
 def shares() -> tuple[float, float]:
     """The two rounds' shares of the stage-2 Gaussian (public)."""
@@ -147,9 +153,10 @@ def linear_summaries(plan: MechanismPlan, records: Any, size: int, generator: to
     residual_clip = residual_range
     relations = noise_aware.exact_relations(noise_aware.one_hot_relations(tf, intercept=model.intercept),
                                             first.matrix[:-1, :-1], first.noise_std)
+    support = noise_aware.design_support(tf) if DESIGN_SUPPORT else None
     try:
         start = noise_aware.linear_posterior(model, first.matrix, first.noise_std, generator=generator,
-                                             draws=ANCHOR_IMPUTATIONS, relations=relations)
+                                             draws=ANCHOR_IMPUTATIONS, relations=relations, support=support)
         anchor = start.mean[:model.num_coefficients].detach()
         residual_clip = clip_rule(model, start, first.matrix, residual_range)
     except (noise_aware.NonFiniteFit, ArithmeticError, RuntimeError, ValueError):
@@ -165,7 +172,7 @@ def linear_summaries(plan: MechanismPlan, records: Any, size: int, generator: to
     try:
         posterior = noise_aware.residual_posterior(model, first.matrix, first.noise_std, second.vector,
                                                    second.noise_std, scale, anchor, generator=generator,
-                                                   relations=relations)
+                                                   relations=relations, support=support)
         match = match_linear(model, posterior, size=size, generator=generator)
     except (noise_aware.NonFiniteFit, ArithmeticError, RuntimeError, ValueError):
         raise ChargedRefusal(NON_FINITE_FIT_MESSAGE, fix=NON_FINITE_FIT_FIX) from None
@@ -199,6 +206,7 @@ def linear_summaries(plan: MechanismPlan, records: Any, size: int, generator: to
         "shares": [s1, s2],
         "anchor": anchor.tolist(),
         "exact_relations": relations.tolist(),
+        "design_support": support is not None,
         "bounds": {"feature_norm": feature_norm, "target_bound": target_bound, "moment_bound": bound,
                    "residual_range": residual_range, "residual_clip": residual_clip, "square_scale": scale,
                    "residual_vector_bound": bound2},
