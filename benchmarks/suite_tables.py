@@ -585,10 +585,14 @@ def _levels(cols: list[SimColumn]) -> Any:
 DOMINANT_STUDENT, DOMINANT_BALANCE, DOMINANT_INCOME, DOMINANT_POSITIVE_SHARE = -0.65, 0.0057, 0.000003, 0.033
 
 
-def _dominant(cols: list[SimColumn]) -> Any:
-    """``sim_dominant`` (settings in notebook/noise_aware_variants.md, thirty-eighth rule)."""
-    rng = np.random.default_rng(37_029)
-    n = 10_000
+def _student_balance_income(cols: list[SimColumn], seeds: tuple[int, int], n: int,
+                            effects: tuple[float, float, float, float]) -> Any:
+    """A ``default``-shaped logistic table (``sim_dominant``, ``sim_balance``): a yes/no
+    ``student`` at 29%, a ``balance`` N(850, 480) clipped to [0, 2650] and 0 in 10% of records,
+    an ``income`` by student status; ``effects`` the student contrast, the effects per data unit
+    of balance and income, and the share of positives; features from ``seeds[0]``, the target
+    from ``seeds[1]``."""
+    rng = np.random.default_rng(seeds[0])
     x = np.zeros((n, len(cols)))
     student = rng.uniform(size=n) < 0.29
     x[:, 0] = student
@@ -596,8 +600,14 @@ def _dominant(cols: list[SimColumn]) -> Any:
     x[:, 1] = np.where(rng.uniform(size=n) < 0.1, 0.0, balance)
     x[:, 2] = np.clip(np.where(student, rng.normal(18_000.0, 4_000.0, n), rng.normal(40_000.0, 10_000.0, n)),
                       700.0, 74_000.0)
-    eta = DOMINANT_STUDENT * x[:, 0] + DOMINANT_BALANCE * x[:, 1] + DOMINANT_INCOME * x[:, 2]
-    return _logistic_from_eta(37_030, cols, x, eta + _bisected_intercept(eta, DOMINANT_POSITIVE_SHARE))
+    eta = effects[0] * x[:, 0] + effects[1] * x[:, 1] + effects[2] * x[:, 2]
+    return _logistic_from_eta(seeds[1], cols, x, eta + _bisected_intercept(eta, effects[3]))
+
+
+def _dominant(cols: list[SimColumn]) -> Any:
+    """``sim_dominant`` (settings in notebook/noise_aware_variants.md, thirty-eighth rule)."""
+    return _student_balance_income(cols, (37_029, 37_030), 10_000, (DOMINANT_STUDENT, DOMINANT_BALANCE,
+                                                                     DOMINANT_INCOME, DOMINANT_POSITIVE_SHARE))
 
 
 #: ``sim_balance`` (issue 50, shaped like ``default`` with an honest idealised floor; settings in
@@ -610,17 +620,8 @@ def _balance(cols: list[SimColumn]) -> Any:
     """``sim_balance``: ``sim_dominant``'s features at N 40,000 with a smaller balance effect (5.55
     model units in public [0, 3000]), so the idealised floor's shift to the prior stays below
     two of its sds at epsilon 1 and 3 (notebook/noise_aware_variants.md)."""
-    rng = np.random.default_rng(37_033)
-    n = 40_000
-    x = np.zeros((n, len(cols)))
-    student = rng.uniform(size=n) < 0.29
-    x[:, 0] = student
-    balance = np.clip(rng.normal(850.0, 480.0, n), 0.0, 2650.0)
-    x[:, 1] = np.where(rng.uniform(size=n) < 0.1, 0.0, balance)
-    x[:, 2] = np.clip(np.where(student, rng.normal(18_000.0, 4_000.0, n), rng.normal(40_000.0, 10_000.0, n)),
-                      700.0, 74_000.0)
-    eta = BALANCE_STUDENT * x[:, 0] + BALANCE_BALANCE * x[:, 1] + BALANCE_INCOME * x[:, 2]
-    return _logistic_from_eta(37_034, cols, x, eta + _bisected_intercept(eta, BALANCE_POSITIVE_SHARE))
+    return _student_balance_income(cols, (37_033, 37_034), 40_000, (BALANCE_STUDENT, BALANCE_BALANCE,
+                                                                    BALANCE_INCOME, BALANCE_POSITIVE_SHARE))
 
 
 #: ``sim_linear_levels`` (issue 50's forty-first rule; settings in notebook/noise_aware_variants.md,
