@@ -172,6 +172,9 @@ class NoiseAwareNewton(GlmMechanism):
             return {"name": self.name, "description": DESCRIPTION, "single_gaussian_noise_multiplier": plan.noise_multiplier,
                     "noise_multipliers": ex["noise_multipliers"], "statistic": MOMENTS, "shares": ex["shares"],
                     "anchor": ex["anchor"], "exact_relations": ex.get("exact_relations"),
+                    # Whether each imputed design block was drawn on the one-hot support (an
+                    # option, off: issue 50's forty-first rule; post-processing).
+                    "design_support": ex.get("design_support", False),
                     "bounds_rule": ("public, from the schema: feature L2 norm bound as for the GLMs, target bound 1 (a "
                                     "real target scaled into [-1, 1]); moment_bound = sqrt((r^4 + min(r^2, r^4)) / 2) with "
                                     "r^2 = 1 + feature_norm^2 + target_bound^2 (the L2 norm of the upper triangle of z z^T); "

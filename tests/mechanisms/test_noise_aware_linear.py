@@ -76,6 +76,7 @@ def test_linear_release_carries_sigma(tmp_path: Path, monkeypatch: pytest.Monkey
     rel = load(out, key=tmp_path / "home" / "keys" / "dpsummary.pub")
     assert rel.param_names[-1] == "log_sigma" and rel.dim == 4
     assert rel.claim["mechanism"]["statistic"] == "moments"
+    assert rel.claim["mechanism"]["design_support"] is False  # the forty-first rule's option is off
     assert torch.isfinite(rel.points).all() and torch.isfinite(rel.weights).all()
     post = rel.signed_gaussian()
     assert post is not None
