@@ -786,3 +786,32 @@ def test_sim_categorical_matches_its_written_settings(tmp_path: Path) -> None:
         assert abs(seen - rate) < 3.5 * math.sqrt(rate * (1 - rate) / 2400), (j, seen)
     assert {r["k0"] for r in rows} <= {str(v) for v in range(1, 7)}
     assert all(0.0 <= float(r["r0"]) <= 3.0 for r in rows)
+
+
+def test_zero_config_paired_seeds_every_gaussian_and_restores_the_product() -> None:
+    """`zero_config_paired.py` (issue 50): inside `seeded_release` every Gaussian mechanism draws
+    from one seeded stream (the same seed, the same draws) and `Schedule.default` gives the arm's
+    schedule; on exit the product's OS-entropy noise and default schedule are back. The six-round
+    arm keeps the default's total shares (the same calibration)."""
+    import numpy as np
+
+    from dpsummary import noise_aware as na
+    from dpsummary.models import LogisticRegression
+    from dpsummary.private import noise, preprocess
+
+    zp: Any = _benchmark_module("zero_config_paired")
+    before = (noise.add_gaussian_noise, preprocess.add_gaussian_noise, na.Schedule.default(LogisticRegression(2)))
+    draws = []
+    for _ in range(2):
+        with zp.seeded_release(7, "expansion-data"):
+            assert na.Schedule.default(LogisticRegression(2)).expansion == "data"
+            draws.append(noise.add_gaussian_noise(np.zeros(3), noise_std=2.0, clip_norm=1.0))
+            assert preprocess.add_gaussian_noise is noise.add_gaussian_noise
+    np.testing.assert_array_equal(draws[0], draws[1])
+    assert float(np.abs(draws[0]).max()) > 0
+    assert (noise.add_gaussian_noise, preprocess.add_gaussian_noise) == before[:2]
+    assert na.Schedule.default(LogisticRegression(2)) == before[2]
+    six = zp.ARMS["six-rounds"](before[2])
+    assert len(six.rounds) == 6
+    assert sum(s for s, _ in six.rounds) == pytest.approx(sum(s for s, _ in before[2].rounds))
+    assert sum(c for _, c in six.rounds) == pytest.approx(sum(c for _, c in before[2].rounds))

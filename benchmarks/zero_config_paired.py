@@ -1,0 +1,183 @@
+"""Issue 50: paired zero-configuration releases, to judge a candidate where most cells that are
+not honest live.
+
+The variants harness (``noise_aware_variants.py``) replays the rounds on a table's PUBLIC schema;
+the frontier puts most of the suite's cells that are not honest in zero configuration, whose DP
+schema (stage 1) changes the model space, the bounds and the rounds' share of the budget from
+release to release, so an unpaired comparison of two arms there is mostly the schema's noise.
+Here both arms run the real release path (:func:`calibration.release`, what the CLI runs) on the
+same privacy noise: for run ``r`` at ``epsilon``, every Gaussian draw of the release (stage 1's
+schema and record count, the quality counts, the rounds) comes from one seeded stream
+(``seed_offset + 10,000 r + 1,000 epsilon``), a stand-in for OS entropy that exists only in this
+benchmark process (it replaces :func:`dpsummary.private.noise.add_gaussian_noise`, the one
+function every Gaussian mechanism of a GLM release draws through; the product never seeds its
+privacy noise). Stage 1 happens before any arm's choice, so both arms release on the same DP
+schema and are judged against the same reference; the rounds draw the same normals in the same
+order until the arms' statistics differ.
+
+An arm is today's :meth:`dpsummary.noise_aware.Schedule.default` with one change
+(:data:`ARMS`), patched for this process the way ``calibration.py run --censor-counts`` patches
+its arm. Each release is judged by its signed Gaussian (what ``sample()`` draws, issue 48) in its
+own model space against the full-data posterior and the idealised floor
+(:func:`calibration.artifact_reference`), and written in ``noise_aware_variants.py``'s CSV form
+(``schedule`` = the arm, ``variant`` = ``signed``), so its ``--compare default/signed
+ARM/signed`` applies issue 50's rules (the floor's width stands in for the bound floor's: rule 2
+as written, the stricter). A run refused in either arm is left out of both and counted.
+
+    python benchmarks/zero_config_paired.py --tables sim_onehot_correlated --epsilons 0.3,1,3 \\
+        --runs 10 --arms default,expansion-data --seed-offset S --out CSV
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import csv
+import dataclasses
+import os
+import sys
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import calibration as C  # noqa: E402
+
+
+def _expansion_data(sched: Any) -> Any:
+    return dataclasses.replace(sched, expansion="data") if sched.posterior == "imputed" else sched
+
+
+def _six_rounds(sched: Any) -> Any:
+    """One more placement round (0.05, 0.05) before the last, its shares taken from the last
+    round's (the K pilot's idea as a fixed schedule; logistic only)."""
+    from dpsummary import noise_aware as na
+
+    if sched.rounds != na.DEFAULT_ROUNDS:
+        return sched
+    *placement, (s_last, c_last) = na.DEFAULT_ROUNDS
+    return dataclasses.replace(sched, rounds=(*placement, (0.05, 0.05), (s_last - 0.05, c_last - 0.05)))
+
+
+#: The arms: today's default schedule with one change each (post-processing or the rounds' split,
+#: each declared to the accountant by the schedule's own events).
+ARMS: dict[str, Callable[[Any], Any]] = {
+    "default": lambda sched: sched,
+    "expansion-data": _expansion_data,
+    "six-rounds": _six_rounds,
+}
+
+
+@contextlib.contextmanager
+def seeded_release(seed: int, arm: str) -> Iterator[None]:
+    """For the ``with`` block: every Gaussian draw from one numpy stream seeded with ``seed``
+    (continuous normals standing in for OpenDP's discrete Gaussian from OS entropy), and
+    :meth:`Schedule.default` giving ``arm``'s schedule. Restored on exit."""
+    from dpsummary import noise_aware as na
+    from dpsummary.private import noise, preprocess
+
+    rng = np.random.default_rng(seed)
+
+    def gaussian(values: np.ndarray, *, noise_std: float, clip_norm: float) -> np.ndarray:
+        v = np.asarray(values, dtype=np.float64)
+        return v + noise_std * rng.standard_normal(v.shape)
+
+    today = na.Schedule.default
+    change = ARMS[arm]
+
+    def default(cls: type[Any], model: Any) -> Any:
+        return change(today(model))
+
+    saved = (noise.add_gaussian_noise, preprocess.add_gaussian_noise)
+    noise.add_gaussian_noise = gaussian  # type: ignore[assignment]
+    preprocess.add_gaussian_noise = gaussian  # type: ignore[assignment]
+    na.Schedule.default = classmethod(default)  # type: ignore[method-assign, assignment]
+    try:
+        yield
+    finally:
+        noise.add_gaussian_noise, preprocess.add_gaussian_noise = saved  # type: ignore[assignment]
+        na.Schedule.default = today  # type: ignore[method-assign]
+
+
+def judged(art: Path, data: Path, epsilon: float) -> dict[str, Any]:
+    """The release's signed Gaussian judged in its own model space (module docstring)."""
+    from dpsummary.gaussian import GaussianPosterior
+
+    rel, ref = C.artifact_reference(art, data, epsilon)
+    g = rel.body["posterior"]["gaussians"][rel.body["posterior"]["default"]]
+    cov = torch.tensor(g["cov"], dtype=torch.float64)
+    gauss = GaussianPosterior(mean=torch.tensor(g["mean"], dtype=torch.float64),
+                              scale_tril=torch.linalg.cholesky(0.5 * (cov + cov.T)))
+    j = C.judge(gauss, ref)
+    keys = ("coverage", "width_ratio", "floor_width_ratio", "floor_coverage", "effects_found", "floor_effects_found",
+            "effects_wrong_sign", "mean_error_sd_max", "floor_wrong_sign")
+    out = {k: j[k] for k in keys}
+    out["bound_floor_width_ratio"] = j["floor_width_ratio"]
+    out["param_dim"] = int(ref.full.mean.shape[0])
+    return out
+
+
+def run(tables: list[str], epsilons: list[float], runs: int, arms: list[str], seed_offset: int, out: Path) -> None:
+    rows: list[dict[str, Any]] = []
+    refused = 0
+    with tempfile.TemporaryDirectory() as tmp:
+        os.environ["DPSUMMARY_HOME"] = str(Path(tmp) / "home")
+        for table in tables:
+            spec = C.TABLES[table]
+            data = C.table_csv(spec)
+            (Path(tmp) / table).mkdir()
+            for eps in epsilons:
+                for r in range(runs):
+                    seed = seed_offset + 10_000 * r + int(1000 * eps)
+                    got: dict[str, dict[str, Any]] = {}
+                    for arm in arms:
+                        try:
+                            with seeded_release(seed, arm):
+                                art = C.release(spec, data, "zero-config", eps, "noise-aware-newton", r,
+                                                Path(tmp) / table)
+                        except Exception as exc:  # noqa: BLE001 - a refusal leaves the run out of both arms
+                            print(f"{table} eps {eps:g} run {r} {arm}: {type(exc).__name__}: {exc}", file=sys.stderr)
+                            break
+                        got[arm] = judged(art, data, eps)
+                        art.unlink(missing_ok=True)
+                    if len(got) != len(arms):
+                        refused += 1
+                        continue
+                    for arm in arms:
+                        rows.append({"table": table, "epsilon": eps, "run": r, "schedule": arm, "variant": "signed",
+                                     **got[arm]})
+                    print(f"{table} eps {eps:g} run {r}: " + ", ".join(
+                        f"{a} cov {got[a]['coverage']:.2f} w {got[a]['width_ratio']:.2f}" for a in arms),
+                        file=sys.stderr, flush=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with out.open("w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=list(rows[0]) if rows else ["table"])
+        writer.writeheader()
+        writer.writerows(rows)
+    print(f"{len(rows)} rows, {refused} runs refused in some arm (left out of every arm)", file=sys.stderr)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tables", required=True)
+    ap.add_argument("--epsilons", default="0.1,0.3,1,3")
+    ap.add_argument("--runs", type=int, default=10)
+    ap.add_argument("--arms", default="default,expansion-data")
+    ap.add_argument("--seed-offset", type=int, required=True)
+    ap.add_argument("--out", type=Path, required=True)
+    a = ap.parse_args()
+    arms = C._names(a.arms, ARMS, "arm")
+    if "default" not in arms:
+        raise SystemExit("error: --arms must include default (the baseline)")
+    torch.set_num_threads(1)
+    run(C._names(a.tables, C.TABLES, "table"), [float(e) for e in a.epsilons.split(",")], a.runs, arms,
+        a.seed_offset, a.out)
+
+
+if __name__ == "__main__":
+    main()
