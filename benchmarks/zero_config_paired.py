@@ -20,7 +20,7 @@ An arm is today's :meth:`dpsummary.noise_aware.Schedule.default` with one change
 its arm. Each release is judged by its signed Gaussian (what ``sample()`` draws, issue 48) in its
 own model space against the full-data posterior and the idealised floor
 (:func:`calibration.artifact_reference`), and written in ``noise_aware_variants.py``'s CSV form
-(``schedule`` = the arm, ``variant`` = ``signed``), so its ``--compare default/signed
+(``schedule`` = the arm, ``variant`` = ``signed``), so its ``--compare signed
 ARM/signed`` applies issue 50's rules (the floor's width stands in for the bound floor's: rule 2
 as written, the stricter). A run refused in either arm is left out of both and counted.
 
