@@ -293,6 +293,17 @@ def supported(table: str) -> Any:
     return variant
 
 
+def supported_expansion(table: str) -> Any:
+    """The forty-second rule's candidate (notebook, 2026-11-29): :func:`supported` (today's
+    posterior) with the last expansion's error integrated out as ``rounds.fit`` applies
+    ``Schedule.expansion = "data"`` (:func:`dpsummary.noise_aware.expansion_aware`)."""
+    inner = supported(table)
+
+    def variant(m: Any, rounds: list[na.RoundRelease], g: torch.Generator, fn: float) -> GaussianPosterior:
+        return na.expansion_aware(m, inner(m, rounds, g, fn), rounds[-1], feature_norm=fn, eta_rule="data")
+    return variant
+
+
 #: Post-processing variants of one fit: ``(model, the fit's rounds, generator, feature norm)``.
 VARIANTS = {"plug-in": lambda m, rs, g, fn: na.noise_aware_posterior(m, rs[-1])[0],
             "imputed": lambda m, rs, g, fn: imputed(m, rs[-1], g),
@@ -341,7 +352,8 @@ def run(table: str, epsilons: list[float], runs: int, out: Path, *, schedules: l
             last = fit.rounds[-1]
             m = fit.model or model
             u = fit.posterior.mean - last.anchor
-            chosen = {k: v for k, v in {**VARIANTS, "relations": relations(table), "support": supported(table)}.items()
+            chosen = {k: v for k, v in {**VARIANTS, "relations": relations(table), "support": supported(table),
+                                        "support-expansion": supported_expansion(table)}.items()
                       if variants is None or k in variants}
             for name, variant in chosen.items():
                 _DIAG.clear()
@@ -833,7 +845,7 @@ def main() -> None:
     p.add_argument("--runs", type=int, default=12)
     p.add_argument("--out", type=Path, default=cal.RESULTS / "noise_aware_variants.csv")
     p.add_argument("--schedules", default="default", help=f"comma-separated, of {', '.join(SCHEDULES)}")
-    p.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated, of {', '.join(VARIANTS)}, relations, support")
+    p.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated, of {', '.join(VARIANTS)}, relations, support, support-expansion")
     p.add_argument("--summary", action="store_true", help="only print the table of an existing --out")
     p.add_argument("--prior-scale", type=float, default=1.0, help="the model's prior sd (eighteenth rule)")
     p.add_argument("--paired", action="store_true",
