@@ -53,6 +53,11 @@ def _expansion_data(sched: Any) -> Any:
     return dataclasses.replace(sched, expansion="data") if sched.posterior == "imputed" else sched
 
 
+def _expansion_gated(sched: Any) -> Any:
+    """``expansion-data`` only where the convergence check fails (``Schedule.expansion_gate``)."""
+    return dataclasses.replace(sched, expansion="data", expansion_gate=True) if sched.posterior == "imputed" else sched
+
+
 def _six_rounds(sched: Any) -> Any:
     """One more placement round (0.05, 0.05) before the last, its shares taken from the last
     round's (the K pilot's idea as a fixed schedule; logistic only)."""
@@ -69,6 +74,7 @@ def _six_rounds(sched: Any) -> Any:
 ARMS: dict[str, Callable[[Any], Any]] = {
     "default": lambda sched: sched,
     "expansion-data": _expansion_data,
+    "expansion-gated": _expansion_gated,
     "six-rounds": _six_rounds,
 }
 

@@ -500,6 +500,36 @@ def test_expansion_aware_covers_where_newton_stops_short():
     assert z[None] > 20.0 and z["data"] < 3.0
 
 
+def test_expansion_gate_applies_only_to_an_unconverged_release():
+    """``Schedule.expansion_gate`` (after issue 50's forty-second rule): the expansion-aware
+    posterior only where the convergence check fails. Where the rounds stop short (the table
+    above, unconverged) the gated posterior is the ungated one; on a small effect (converged) it
+    is the posterior without the expansion, which the ungated one is not (the expansion widens
+    along any last step). Declared in the schedule; needs an expansion."""
+    with pytest.raises(ValueError, match="expansion_gate"):
+        na.Schedule(((0.5, 0.5),), posterior="imputed", expansion_gate=True)
+    gated = na.Schedule(((0.1, 0.1), (0.1, 0.1), (0.4, 0.2)), posterior="imputed", expansion="data",
+                        expansion_gate=True)
+    assert gated.as_dict()["expansion_only_unconverged"] is True
+    assert "expansion_only_unconverged" not in dataclasses.replace(gated, expansion_gate=False).as_dict()
+    model = LogisticRegression(2)
+    bounds = na.public_bounds(model, feature_norm=math.sqrt(2), target_bound=1.0)
+    for effect, sigma, converged in ((4.0, 1e-4, False), (0.3, 1.0, True)):
+        g = torch.Generator().manual_seed(3)
+        x = torch.rand(20000, 2, generator=g, dtype=torch.float64) * 2 - 1
+        pts = model.simulate(torch.tensor([-1.0, effect, 0.5], dtype=torch.float64), 20000, g, features=x)
+        fits = {}
+        for name, sched in (("none", dataclasses.replace(gated, expansion=None, expansion_gate=False)),
+                            ("always", dataclasses.replace(gated, expansion_gate=False)), ("gated", gated)):
+            fits[name] = na.fit(model, _release_fn(pts, model, np.random.default_rng(0)), bounds, schedule=sched,
+                                sigma=sigma, feature_norm=math.sqrt(2), generator=torch.Generator().manual_seed(0))
+        assert fits["gated"].converged is converged
+        same = fits["none"] if converged else fits["always"]
+        assert torch.equal(fits["gated"].posterior.mean, same.posterior.mean)
+        assert torch.equal(fits["gated"].posterior.cov, same.posterior.cov)
+        assert not torch.equal(fits["always"].posterior.cov, fits["none"].posterior.cov)
+
+
 def test_expansion_schedule_option_is_recorded_and_needs_the_feature_norm():
     """``Schedule.expansion`` (an option; the seventh rule did not make it a default)."""
     for model in (LogisticRegression(2), LinearRegression(2, noise_scale=1.0)):

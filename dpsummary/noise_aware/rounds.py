@@ -264,15 +264,11 @@ def fit(model: Model, release: ReleaseFn, bounds: BoundsFn, *, schedule: Schedul
         posterior = imputed_posterior(model, final, generator=generator,
                                       spectrum=trace_kept_spectrum if schedule.spectrum == "trace" else None,
                                       relations=exact, support=support if schedule.support else None)
-    if schedule.expansion is not None:
-        if feature_norm is None:
-            raise ValueError("the expansion-aware posterior needs the public feature norm")
-        # Module docstring, 8.: measured from the step the posterior takes (before widening).
-        step_taken = posterior
-        posterior = expansion_aware(model, posterior, final, feature_norm=feature_norm,
-                                    eta_rule=schedule.expansion)
-    else:
-        step_taken = posterior
+    if schedule.expansion is not None and feature_norm is None:
+        raise ValueError("the expansion-aware posterior needs the public feature norm")
+    # The convergence check (below) and the expansion (module docstring, 8.) are measured from
+    # the step the posterior takes, before any widening.
+    step_taken = posterior
     notes = [
         f"{MECHANISM}: {len(multipliers)} round(s) of noisy score and curvature sums, noise-aware "
         "Gaussian posterior (Kulkarni et al. 2021 style) by post-processing",
@@ -290,6 +286,10 @@ def fit(model: Model, release: ReleaseFn, bounds: BoundsFn, *, schedule: Schedul
     expansion_ok = feature_norm is not None and moved * expansion_error(
         eta_change(model, step_taken.mean - state.rounds[-1].anchor, feature_norm)) <= EXPANSION_BIAS_SDS
     converged = not (moved > UNCONVERGED_SDS and not expansion_ok)
+    if schedule.expansion is not None and not (schedule.expansion_gate and converged):
+        assert feature_norm is not None
+        posterior = expansion_aware(model, posterior, final, feature_norm=feature_norm,
+                                    eta_rule=schedule.expansion)
     if not converged:
         notes.append(
             f"warning: the last Newton round moved the estimate by {moved:.1f} posterior sds (> "

@@ -70,6 +70,12 @@ class Schedule:
     #: (:func:`expansion_aware`; module docstring, 8.): None (no), ``"box"`` or ``"data"`` (its
     #: ``eta_rule``). Needs ``feature_norm`` in :func:`fit`. Public.
     expansion: str | None = None
+    #: With ``expansion``: whether it applies only to a release whose convergence check fails
+    #: (:func:`~dpsummary.noise_aware.fit`: the last step more than ``UNCONVERGED_SDS`` posterior
+    #: sds and its expansion bias bound above ``EXPANSION_BIAS_SDS``), i.e. where the step is the
+    #: data's and may be short, not where the noise made it (issue 50's forty-second rule widened
+    #: noise-made steps 1.35-2.8x). A decision on DP outputs and public bounds. Public.
+    expansion_gate: bool = False
     #: Whether the released posterior is built from the last round pooled with the earlier
     #: rounds whose anchors lie near it (:func:`pooled_release`; module docstring, 9.). Needs
     #: ``feature_norm`` in :func:`fit`. Public.
@@ -132,6 +138,8 @@ class Schedule:
             raise ValueError("spectrum must be 'psd' or 'trace' (with the imputed posterior)")
         if self.expansion not in (None, "box", "data"):
             raise ValueError("expansion must be None, 'box' or 'data'")
+        if self.expansion_gate and self.expansion is None:
+            raise ValueError("expansion_gate needs an expansion")
         if self.last_split not in (None, "preposterior") or (self.last_split is not None and len(self.rounds) < 2):
             raise ValueError("last_split must be None or 'preposterior' (with at least two rounds)")
         if self.merge_rounds and len(self.rounds) < 2:
@@ -229,6 +237,8 @@ class Schedule:
             out["expansion"] = self.expansion
             if self.expansion == "data":
                 out["expansion_rms_factor"] = EXPANSION_RMS_FACTOR
+            if self.expansion_gate:
+                out["expansion_only_unconverged"] = True
         if self.count_range:
             from ..postprocess.count_range import CLIP_QUANTILE
 
