@@ -63,9 +63,7 @@ def curvature_support(transform: Any, model: Any) -> CurvatureSupport | None:
     when the schema has no categorical feature column (nothing to add). Public (the schema
     alone)."""
     intercept = bool(getattr(model, "intercept", True))
-    groups: list[int] = [-1] if intercept else []
-    for g, col in enumerate(transform.schema.feature_columns):
-        groups.extend([-1] if col.kind == "numeric" else [g] * len(col.categories or []))
+    groups = ([-1] if intercept else []) + _feature_groups(transform)
     if len(groups) != model.param_dim:
         raise ValueError("the schema's design does not match the model's parameters")
     if all(g < 0 for g in groups):
@@ -79,14 +77,19 @@ def design_support(transform: Any) -> CurvatureSupport | None:
     count at ``[0, 0]`` whether or not the model has an intercept): the same one-hot facts as a
     GLM's curvature with every curvature weight 1. None when the schema has no categorical feature
     column. Public (the schema alone)."""
-    groups: list[int] = [-1]
-    for g, col in enumerate(transform.schema.feature_columns):
-        groups.extend([-1] if col.kind == "numeric" else [g] * len(col.categories or []))
-    if len(groups) != 1 + transform.num_features:
-        raise ValueError("the schema's design does not match its feature count")
+    groups = [-1, *_feature_groups(transform)]
     if all(g < 0 for g in groups):
         return None
     return CurvatureSupport(torch.tensor(groups, dtype=torch.long), True)
+
+
+def _feature_groups(transform: Any) -> list[int]:
+    """Per model-space feature column of ``transform``'s public schema: the index of the
+    categorical column a one-hot coordinate belongs to, or -1 for a numeric."""
+    groups: list[int] = []
+    for g, col in enumerate(transform.schema.feature_columns):
+        groups.extend([-1] if col.kind == "numeric" else [g] * len(col.categories or []))
+    return groups
 
 
 def truncated_normal(mean: torch.Tensor, sd: float | torch.Tensor, lower: torch.Tensor, upper: torch.Tensor,
