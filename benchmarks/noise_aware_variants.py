@@ -304,6 +304,13 @@ def supported_expansion(table: str) -> Any:
     return variant
 
 
+def supported_expansion_gated(table: str, converged: bool) -> Any:
+    """``support-expansion`` only where the release's convergence check failed (``rounds.fit``
+    with ``Schedule.expansion_gate``, forty-third rule), else ``support``: the check is read from
+    the fit of today's default, whose step it measures, as ``rounds.fit`` measures it."""
+    return supported(table) if converged else supported_expansion(table)
+
+
 #: Post-processing variants of one fit: ``(model, the fit's rounds, generator, feature norm)``.
 VARIANTS = {"plug-in": lambda m, rs, g, fn: na.noise_aware_posterior(m, rs[-1])[0],
             "imputed": lambda m, rs, g, fn: imputed(m, rs[-1], g),
@@ -353,7 +360,8 @@ def run(table: str, epsilons: list[float], runs: int, out: Path, *, schedules: l
             m = fit.model or model
             u = fit.posterior.mean - last.anchor
             chosen = {k: v for k, v in {**VARIANTS, "relations": relations(table), "support": supported(table),
-                                        "support-expansion": supported_expansion(table)}.items()
+                                        "support-expansion": supported_expansion(table),
+                                        "support-expansion-gated": supported_expansion_gated(table, fit.converged)}.items()
                       if variants is None or k in variants}
             for name, variant in chosen.items():
                 _DIAG.clear()
@@ -845,7 +853,7 @@ def main() -> None:
     p.add_argument("--runs", type=int, default=12)
     p.add_argument("--out", type=Path, default=cal.RESULTS / "noise_aware_variants.csv")
     p.add_argument("--schedules", default="default", help=f"comma-separated, of {', '.join(SCHEDULES)}")
-    p.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated, of {', '.join(VARIANTS)}, relations, support, support-expansion")
+    p.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated, of {', '.join(VARIANTS)}, relations, support, support-expansion, support-expansion-gated")
     p.add_argument("--summary", action="store_true", help="only print the table of an existing --out")
     p.add_argument("--prior-scale", type=float, default=1.0, help="the model's prior sd (eighteenth rule)")
     p.add_argument("--paired", action="store_true",
