@@ -654,6 +654,16 @@ class Comparison:
     #: other tables, where the candidate acts.
     identical_tables: tuple[str, ...] = ()
     acting_ratios: tuple[float, ...] = ()
+    #: The baseline's wrong-sign total over the same cells (rule 1', the forty-fourth rule).
+    baseline_wrong_total: float | None = None
+
+    @property
+    def rule_1_prime(self) -> bool:
+        """Rule 1' (a candidate's check; notebook, the forty-fourth rule): the candidate's
+        wrong-sign total within rule 1's limit, or no greater than the baseline's on the same
+        paired runs (a candidate is charged only for the wrong signs it adds)."""
+        return self.wrong_signs.ok or (
+            self.baseline_wrong_total is not None and self.wrong_signs.total <= self.baseline_wrong_total)
 
     @property
     def fewer_below_full(self) -> bool:
@@ -816,7 +826,8 @@ def compare(paths: list[Path], baseline: str, candidate: str,
     result = Comparison(len(keys), sum(base[k].honest for k in keys), sum(cand[k].honest for k in keys), lost, gained,
                         widths, fewer, wrong, unknown, plain, tuple(lost_changes),
                         tuple(k for k in keys if base[k].width < below), tuple(k for k in keys if cand[k].width < below),
-                        identical, acting)
+                        identical, acting,
+                        cal.suite_wrong_signs((base[k].wrong_signs, base[k].floor_wrong) for k in keys).total)
     print(f"honest: {baseline} {result.honest_baseline}, {candidate} {result.honest_candidate} of {len(keys)}; "
           f"turned dishonest {lost}; turned honest {gained}; wider than 25% {widths.wider}; lost effects {fewer}")
     if widths.ratios:
@@ -828,6 +839,8 @@ def compare(paths: list[Path], baseline: str, candidate: str,
           f"{'met' if result.more_honest else 'NOT met'}; {candidate}'s wrong signs {wrong.total:g} against the "
           f"floor's expected {wrong.floor_total:.1f} (limit {wrong.limit:.1f}): {'met' if wrong.ok else 'NOT met'}"
           + (f"; floor's wrong-sign count unknown (judged as 0) in {unknown}" if unknown else ""))
+    print(f"rule 1' (within the limit, or no more wrong signs than {baseline}'s {result.baseline_wrong_total:g}): "
+          f"{'met' if result.rule_1_prime else 'NOT met'}")
     print(f"rule 4' (no honest cell lost; more gained, or a narrowing: geometric mean <= {NARROWING_GEOMEAN}, "
           f"no cell > {NARROWING_CELL_LIMIT}x): {'met' if result.rule_4_prime else 'NOT met'}")
     print(f"rule 4'' (simulations: more gained than lost, or none and a narrowing; real tables: no more lost than "

@@ -815,3 +815,30 @@ def test_zero_config_paired_seeds_every_gaussian_and_restores_the_product() -> N
     assert len(six.rounds) == 6
     assert sum(s for s, _ in six.rounds) == pytest.approx(sum(s for s, _ in before[2].rounds))
     assert sum(c for _, c in six.rounds) == pytest.approx(sum(c for _, c in before[2].rounds))
+
+
+def test_variants_compare_rule_1_prime_charges_a_candidate_only_for_the_wrong_signs_it_adds(tmp_path: Path) -> None:
+    """Rule 1' (the forty-fourth rule): five cells with one wrong-sign effect each in both arms
+    (each cell honest: at most the floor's 0 + 1) exceed rule 1's limit (1.25 x 0 + 3) in both;
+    the candidate adds none, so 1' holds though rule 1 does not. A candidate that adds one in a
+    sixth cell fails 1'."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import noise_aware_variants as nv  # type: ignore[import-not-found]
+    finally:
+        sys.path.pop(0)
+
+    def write(name: str, extra: int) -> Path:
+        rows = []
+        for i, table in enumerate(("a", "b", "c", "d", "e", "f")):
+            wrong = 1 if i < 5 else 0
+            rows += (_variant_rows(table, 1.0, "support", 10, coverage=1.0, wrong=wrong, width=1.2)
+                     + _variant_rows(table, 1.0, "gated", 10, coverage=1.0, wrong=wrong + (extra if i == 5 else 0),
+                                     width=1.2))
+        return _write_rows(tmp_path / name, rows)
+
+    same = nv.compare([write("same.csv", 0)], "support", "gated", floor_wrong={})
+    assert same.baseline_wrong_total == 5 and same.wrong_signs.total == 5
+    assert not same.wrong_signs.ok and same.rule_1_prime
+    more = nv.compare([write("more.csv", 1)], "support", "gated", floor_wrong={})
+    assert more.lost == [] and more.wrong_signs.total == 6 and not more.rule_1_prime
