@@ -8,7 +8,8 @@ release to release, so an unpaired comparison of two arms there is mostly the sc
 Here both arms run the real release path (:func:`calibration.release`, what the CLI runs) on the
 same privacy noise: for run ``r`` at ``epsilon``, every Gaussian draw of the release (stage 1's
 schema and record count, the quality counts, the rounds) comes from one seeded stream
-(``seed_offset + 10,000 r + 1,000 epsilon``), a stand-in for OS entropy that exists only in this
+(``seed_offset + 10,000 r + 1,000 epsilon``; the data-range histogram, which only some arms
+draw, from its own stream), a stand-in for OS entropy that exists only in this
 benchmark process (it replaces :func:`dpsummary.private.noise.add_gaussian_noise`, the one
 function every Gaussian mechanism of a GLM release draws through; the product never seeds its
 privacy noise). Stage 1 happens before any arm's choice, so both arms release on the same DP
@@ -69,6 +70,27 @@ def _six_rounds(sched: Any) -> Any:
     return dataclasses.replace(sched, rounds=(*placement, (0.05, 0.05), (s_last - 0.05, c_last - 0.05)))
 
 
+def _feature_range(sched: Any) -> Any:
+    """The thirtieth rule's N (forty-fifth rule): 5% of the budget on the DP histogram of the
+    features' L2 norm whose noisy quantile sets the rounds' feature norm, taken from the rounds in
+    proportion (logistic only)."""
+    from dpsummary import noise_aware as na
+
+    if sched.rounds != na.DEFAULT_ROUNDS:
+        return sched
+    share = FEATURE_RANGE_SHARE
+    return dataclasses.replace(sched, rounds=tuple((s * (1.0 - share), c * (1.0 - share)) for s, c in sched.rounds),
+                               feature_range=share)
+
+
+#: The feature norm's histogram share of the ``feature-range`` arm (the thirtieth rule's).
+FEATURE_RANGE_SHARE = 0.05
+#: Added to a run's seed for the stream of the data-range histogram (the rounds' feature norm and
+#: count clip), so that an arm that draws one and an arm that does not draw the same normals in
+#: every other mechanism (as ``noise_aware_variants.RANGE_SEED_OFFSET``, the thirtieth rule).
+RANGE_SEED_OFFSET = 5_000_000
+
+
 #: The arms: today's default schedule with one change each (post-processing or the rounds' split,
 #: each declared to the accountant by the schedule's own events).
 ARMS: dict[str, Callable[[Any], Any]] = {
@@ -76,6 +98,7 @@ ARMS: dict[str, Callable[[Any], Any]] = {
     "expansion-data": _expansion_data,
     "expansion-gated": _expansion_gated,
     "six-rounds": _six_rounds,
+    "feature-range": _feature_range,
 }
 
 
@@ -86,12 +109,24 @@ def seeded_release(seed: int, arm: str) -> Iterator[None]:
     :meth:`Schedule.default` giving ``arm``'s schedule. Restored on exit."""
     from dpsummary import noise_aware as na
     from dpsummary.private import noise, preprocess
+    from dpsummary.private.mechanism import PrivateRecords
 
-    rng = np.random.default_rng(seed)
+    streams = {"main": np.random.default_rng(seed), "range": np.random.default_rng(seed + RANGE_SEED_OFFSET)}
+    current = ["main"]
 
     def gaussian(values: np.ndarray, *, noise_std: float, clip_norm: float) -> np.ndarray:
         v = np.asarray(values, dtype=np.float64)
-        return v + noise_std * rng.standard_normal(v.shape)
+        return v + noise_std * streams[current[0]].standard_normal(v.shape)
+
+    marginals = PrivateRecords.noisy_marginals
+
+    def range_marginals(self: Any, layout: Any, *, noise_multiplier: float) -> Any:
+        # The data-range histogram (and any other per-column histogram) from its own stream.
+        current[0] = "range"
+        try:
+            return marginals(self, layout, noise_multiplier=noise_multiplier)
+        finally:
+            current[0] = "main"
 
     today = na.Schedule.default
     change = ARMS[arm]
@@ -103,11 +138,13 @@ def seeded_release(seed: int, arm: str) -> Iterator[None]:
     noise.add_gaussian_noise = gaussian  # type: ignore[assignment]
     preprocess.add_gaussian_noise = gaussian  # type: ignore[assignment]
     na.Schedule.default = classmethod(default)  # type: ignore[method-assign, assignment]
+    PrivateRecords.noisy_marginals = range_marginals  # type: ignore[method-assign]
     try:
         yield
     finally:
         noise.add_gaussian_noise, preprocess.add_gaussian_noise = saved  # type: ignore[assignment]
         na.Schedule.default = today  # type: ignore[method-assign]
+        PrivateRecords.noisy_marginals = marginals  # type: ignore[method-assign]
 
 
 def judged(art: Path, data: Path, epsilon: float) -> dict[str, Any]:

@@ -842,3 +842,34 @@ def test_variants_compare_rule_1_prime_charges_a_candidate_only_for_the_wrong_si
     assert not same.wrong_signs.ok and same.rule_1_prime
     more = nv.compare([write("more.csv", 1)], "support", "gated", floor_wrong={})
     assert more.lost == [] and more.wrong_signs.total == 6 and not more.rule_1_prime
+
+
+def test_zero_config_paired_draws_the_range_histogram_from_its_own_stream(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The forty-fifth rule's pairing: an arm that draws the data-range histogram
+    (`PrivateRecords.noisy_marginals`) and one that does not draw the same normals in every
+    other mechanism; the `feature-range` arm moves 5% of the shares to the histogram (the total
+    calibration unchanged); on exit the product's method is back."""
+    import numpy as np
+
+    from dpsummary import noise_aware as na
+    from dpsummary.models import LogisticRegression
+    from dpsummary.private import noise
+    from dpsummary.private.mechanism import PrivateRecords
+
+    def fake_marginals(self: Any, layout: Any, *, noise_multiplier: float) -> Any:
+        return noise.add_gaussian_noise(np.zeros(4), noise_std=noise_multiplier, clip_norm=1.0)
+
+    monkeypatch.setattr(PrivateRecords, "noisy_marginals", fake_marginals)
+    zp: Any = _benchmark_module("zero_config_paired")
+    with zp.seeded_release(11, "default"):
+        plain = noise.add_gaussian_noise(np.zeros(3), noise_std=1.0, clip_norm=1.0)
+    with zp.seeded_release(11, "feature-range"):
+        histogram = PrivateRecords.noisy_marginals(object(), None, noise_multiplier=1.0)
+        after = noise.add_gaussian_noise(np.zeros(3), noise_std=1.0, clip_norm=1.0)
+    np.testing.assert_array_equal(plain, after)
+    assert not np.allclose(histogram[:3], plain)
+    assert PrivateRecords.noisy_marginals is fake_marginals
+    today = na.Schedule.default(LogisticRegression(2))
+    fr = zp.ARMS["feature-range"](today)
+    assert fr.feature_range == pytest.approx(0.05)
+    assert sum(s + c for s, c in fr.rounds) + fr.feature_range == pytest.approx(1.0)
