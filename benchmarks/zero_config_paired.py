@@ -48,6 +48,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import calibration as C  # noqa: E402
+import noise_aware_variants as nv  # noqa: E402
 
 
 def _expansion_data(sched: Any) -> Any:
@@ -73,22 +74,10 @@ def _six_rounds(sched: Any) -> Any:
 def _feature_range(sched: Any) -> Any:
     """The thirtieth rule's N (forty-fifth rule): 5% of the budget on the DP histogram of the
     features' L2 norm whose noisy quantile sets the rounds' feature norm, taken from the rounds in
-    proportion (logistic only)."""
+    proportion (``noise_aware_variants.SCHEDULES["N"]``; logistic only)."""
     from dpsummary import noise_aware as na
 
-    if sched.rounds != na.DEFAULT_ROUNDS:
-        return sched
-    share = FEATURE_RANGE_SHARE
-    return dataclasses.replace(sched, rounds=tuple((s * (1.0 - share), c * (1.0 - share)) for s, c in sched.rounds),
-                               feature_range=share)
-
-
-#: The feature norm's histogram share of the ``feature-range`` arm (the thirtieth rule's).
-FEATURE_RANGE_SHARE = 0.05
-#: Added to a run's seed for the stream of the data-range histogram (the rounds' feature norm and
-#: count clip), so that an arm that draws one and an arm that does not draw the same normals in
-#: every other mechanism (as ``noise_aware_variants.RANGE_SEED_OFFSET``, the thirtieth rule).
-RANGE_SEED_OFFSET = 5_000_000
+    return nv._with_feature_range(sched, 0.05) if sched.rounds == na.DEFAULT_ROUNDS else sched
 
 
 #: The arms: today's default schedule with one change each (post-processing or the rounds' split,
@@ -111,7 +100,7 @@ def seeded_release(seed: int, arm: str) -> Iterator[None]:
     from dpsummary.private import noise, preprocess
     from dpsummary.private.mechanism import PrivateRecords
 
-    streams = {"main": np.random.default_rng(seed), "range": np.random.default_rng(seed + RANGE_SEED_OFFSET)}
+    streams = {"main": np.random.default_rng(seed), "range": np.random.default_rng(seed + nv.RANGE_SEED_OFFSET)}
     current = ["main"]
 
     def gaussian(values: np.ndarray, *, noise_std: float, clip_norm: float) -> np.ndarray:
