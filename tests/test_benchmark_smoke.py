@@ -822,11 +822,7 @@ def test_variants_compare_rule_1_prime_charges_a_candidate_only_for_the_wrong_si
     (each cell honest: at most the floor's 0 + 1) exceed rule 1's limit (1.25 x 0 + 3) in both;
     the candidate adds none, so 1' holds though rule 1 does not. A candidate that adds one in a
     sixth cell fails 1'."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import noise_aware_variants as nv  # type: ignore[import-not-found]
-    finally:
-        sys.path.pop(0)
+    nv: Any = _benchmark_module("noise_aware_variants")
 
     def write(name: str, extra: int) -> Path:
         rows = []
