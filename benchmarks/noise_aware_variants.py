@@ -84,6 +84,10 @@ _RELATIONS: dict[str, torch.Tensor] = {}
 _SUPPORTS: dict[str, na.CurvatureSupport | None] = {}
 
 
+#: N's share of the budget for the features' norm histogram (thirteenth, thirtieth and
+#: forty-fifth rules).
+N_FEATURE_RANGE_SHARE = 0.05
+
 #: The logistic schedule candidates of the rule in results/noise_aware_variants.md (written before
 #: they were run); ``default`` is whatever :meth:`Schedule.default` gives today.
 SCHEDULES: dict[str, Any] = {
@@ -103,7 +107,7 @@ SCHEDULES: dict[str, Any] = {
     "P": lambda m: na.Schedule(na.DEFAULT_ROUNDS, posterior="imputed", anchor="log-odds", prior_centre="log-odds"),
     # Thirteenth rule: today's default plus the features' norm clipped at a DP quantile, its share
     # taken from the rounds in proportion.
-    "N": lambda m: _with_feature_range(na.Schedule.default(m), 0.05),
+    "N": lambda m: _with_feature_range(na.Schedule.default(m), N_FEATURE_RANGE_SHARE),
     # Twenty-second and twenty-third rules: today's logistic default with the log-odds anchor
     # alone (Poisson: its own default).
     "L": lambda m: (dataclasses.replace(na.Schedule.default(m), anchor="log-odds") if m.name == "logistic"

@@ -77,7 +77,7 @@ def _feature_range(sched: Any) -> Any:
     proportion (``noise_aware_variants.SCHEDULES["N"]``; logistic only)."""
     from dpsummary import noise_aware as na
 
-    return nv._with_feature_range(sched, 0.05) if sched.rounds == na.DEFAULT_ROUNDS else sched
+    return nv._with_feature_range(sched, nv.N_FEATURE_RANGE_SHARE) if sched.rounds == na.DEFAULT_ROUNDS else sched
 
 
 #: The arms: today's default schedule with one change each (post-processing or the rounds' split,
