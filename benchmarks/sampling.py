@@ -256,7 +256,7 @@ def bench_match(artifacts: list[Path], seeds: int, out: Path, *, version: str) -
             print(f"{art.name}: no signed Gaussian to match", flush=True)
             continue
         spec = rel.model.spec()
-        scale = (rel.body.get("pseudocoreset_match") or {}).get("model_prior_scale")
+        scale = ((rel.body.get("posterior") or {}).get("pseudocoreset_match") or {}).get("model_prior_scale")
         if scale is not None:
             spec["prior_scale"] = scale
         del spec["name"]

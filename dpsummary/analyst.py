@@ -372,8 +372,8 @@ class Release:
 
         ``method``:
         * ``"nuts"`` (the default for logistic and Poisson releases, and for any model without a
-          closed form): NUTS with dense mass-matrix adaptation (BlackJAX, :mod:`dpsummary.sampling`)
-          on the pseudocoreset's exact weighted posterior, whitened and warm-started by the
+          closed form): NUTS with mass-matrix adaptation (BlackJAX, :mod:`dpsummary.sampling`;
+          dense, or diagonal above 50 parameters at the default warm-up) on the pseudocoreset's exact weighted posterior, whitened and warm-started by the
           release's signed Gaussian (or the pseudocoreset's Laplace approximation). ``chains``
           chains of ``max(ceil(num_samples / chains), 1000)`` kept draws after ``num_warmup``
           warm-up steps each; the diagnostics use all of them, and ``num_samples`` draws are

@@ -1,4 +1,4 @@
-"""NUTS with dense mass-matrix adaptation (BlackJAX), warm-started from a Gaussian.
+"""NUTS with mass-matrix adaptation (BlackJAX; dense, or diagonal at large d), warm-started from a Gaussian.
 
 Why BlackJAX (issue 48): ``Release.sample()`` used a hand-written HMC (fixed 10 leapfrog steps,
 diagonal mass, no convergence check) that did not mix on correlated release posteriors (the
@@ -16,8 +16,18 @@ How it runs (all of it public post-processing of a release: it costs no privacy)
 
 * **Whitened coordinates.** The sampler moves ``z`` with ``theta = m + L z`` for the release's
   Gaussian ``N(m, L L^T)`` (the signed one, or the pseudocoreset's Laplace approximation), so the
-  posterior it sees is close to ``N(0, I)`` whatever the release's correlations; the dense mass
+  posterior it sees is close to ``N(0, I)`` whatever the release's correlations; the mass
   matrix is still adapted, in ``z``, for what the Gaussian misses (skew, heavier tails).
+* **Dense or diagonal mass matrix** (:func:`mass_matrix_is_dense`). Dense where the warm-up's last
+  slow window holds at least :data:`DENSE_DRAWS_PER_DIM` draws per dimension, diagonal below. A
+  dense ``d x d`` estimate from fewer draws is noisy (Marchenko-Pastur: its eigenvalues scatter
+  over ``(1 +- sqrt(d / n))^2``) or, below ``d`` draws, rank-deficient; then a few directions of
+  the dynamics barely move, trajectories never turn back and NUTS runs to its maximum tree depth
+  on every draw. Measured on an adult public-schema release (d = 106, 300 warm-up steps, last
+  window 100 draws): 965-989 leapfrog steps per draw and 80-86 s per run dense, 11-14 steps and
+  1-4 s diagonal, at the same agreement with a long reference
+  (``benchmarks/notebook/moment_match_stopping.md``, session 65). In whitened coordinates the
+  identity is already close, so the diagonal loses little.
 * **Warm start.** Chains start at independent draws of that Gaussian (``z ~ N(0, I)``), so they
   start over-dispersed relative to nothing and in the typical set, as R-hat assumes.
 * **Adaptation.** Stan's windowed warm-up (Hoffman & Gelman 2014 dual averaging of the step
@@ -50,17 +60,24 @@ MAX_TREE_DEPTH = 10
 #: Fewer warm-up steps than this leave Stan's adaptation windows too short to estimate a mass
 #: matrix; the sampler refuses rather than run a warm-up it knows is too short.
 MIN_WARMUP = 100
+#: A dense mass matrix is adapted only when the warm-up's last slow window holds at least this
+#: many draws per dimension (a condition number of the estimate's noise below about 4 needs
+#: n >= 9 d, Marchenko-Pastur); below it the adaptation is diagonal.
+DENSE_DRAWS_PER_DIM = 10
+MASS_MATRICES = ("auto", "dense", "diagonal")
 
 
 @dataclass(frozen=True)
 class NutsSettings:
-    """Chains, warm-up and kept draws per chain, target acceptance and tree depth."""
+    """Chains, warm-up and kept draws per chain, target acceptance, tree depth and the mass
+    matrix's form (``"auto"``: :func:`mass_matrix_is_dense`; ``"dense"``; ``"diagonal"``)."""
 
     chains: int = 4
     num_warmup: int = 1000
     draws_per_chain: int = 1000
     target_accept: float = TARGET_ACCEPT
     max_tree_depth: int = MAX_TREE_DEPTH
+    mass_matrix: str = "auto"
 
     def __post_init__(self) -> None:
         if self.chains < 1:
@@ -73,6 +90,33 @@ class NutsSettings:
             raise ValueError("target_accept must be in (0, 1)")
         if not 1 <= self.max_tree_depth <= 15:
             raise ValueError("max_tree_depth must be in [1, 15]")
+        if self.mass_matrix not in MASS_MATRICES:
+            raise ValueError(f"mass_matrix must be one of {', '.join(MASS_MATRICES)}")
+
+
+def last_window_draws(num_warmup: int) -> int:
+    """Draws in the last slow window of Stan's windowed warm-up (BlackJAX's schedule): the
+    window whose estimate becomes the sampling mass matrix."""
+    import jax
+    from blackjax.adaptation.window_adaptation import build_schedule
+
+    with jax.ensure_compile_time_eval():  # a function of the public warm-up length, also inside jit
+        schedule = np.asarray(build_schedule(num_warmup), dtype=bool)  # (step, [slow, window ends])
+    slow = np.flatnonzero(schedule[:, 0])
+    ends = np.flatnonzero(schedule[:, 1])
+    if ends.size == 0:
+        return 0
+    start = ends[-2] + 1 if ends.size > 1 else slow[0]
+    return int(ends[-1] - start + 1)
+
+
+def mass_matrix_is_dense(dim: int, settings: NutsSettings) -> bool:
+    """Whether ``settings`` adapt a dense mass matrix at dimension ``dim``: as asked, or with
+    ``"auto"`` when the last slow window holds at least ``DENSE_DRAWS_PER_DIM * dim`` draws
+    (module docstring). A function of public shapes only."""
+    if settings.mass_matrix != "auto":
+        return settings.mass_matrix == "dense"
+    return last_window_draws(settings.num_warmup) >= DENSE_DRAWS_PER_DIM * dim
 
 
 @dataclass(frozen=True)
@@ -117,7 +161,7 @@ def _nuts_chains(log_density_z: Callable[[Any], Any], key: Any, dim: int, settin
     k_start, k_adapt, k_draw = jax.random.split(key, 3)
     starts = jax.random.normal(k_start, (settings.chains, dim))
     adaptation = blackjax.window_adaptation(
-        blackjax.nuts, log_density_z, is_mass_matrix_diagonal=False,
+        blackjax.nuts, log_density_z, is_mass_matrix_diagonal=not mass_matrix_is_dense(dim, settings),
         target_acceptance_rate=settings.target_accept, max_num_doublings=settings.max_tree_depth)
 
     def one_chain(k_a: Any, k_d: Any, start: Any) -> Any:
