@@ -21,6 +21,13 @@ be compared on the same targets (paired): ``--code TREE`` imports ``dpsummary`` 
 checkout (``git worktree add /tmp/old COMMIT``). Appends the recorded agreement, iterations and
 seconds to ``results/moment_match.csv`` (notebook: ``moment_match_stopping.md``).
 
+``--sample-check A.json,B.json``: ``Release.sample()`` at its defaults (4 chains, 1,000 warm-up
+steps, 1,000 draws each), ``--seeds`` seeds from 1, on each artifact against a long BlackJAX
+run of the same posterior with a dense mass matrix (4 x 5,000 draws after 1,000 warm-up steps,
+seed 12345), so that two versions of the sampler can be compared on the same draws' seeds
+(``--code TREE`` as above); appends to ``results/sampling_mass_matrix.csv`` (notebook:
+``moment_match_stopping.md``, session 65).
+
 Run: ``python benchmarks/sampling.py --tables napsu_adult,adult --exporters`` (the timing table at
 d = 7 and d = 106), ``python benchmarks/sampling.py --suite`` (every suite table's first release);
 writes ``benchmarks/results/sampling.csv`` and ``sampling.md``.
@@ -209,13 +216,21 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--workdir", type=Path, default=Path(".cache/sampling"))
     ap.add_argument("--out", type=Path, default=RESULTS / "sampling.csv")
     ap.add_argument("--match", help="comma-separated artifacts: re-run moment matching on their signed Gaussians")
-    ap.add_argument("--code", type=Path, help="with --match: import dpsummary from this checkout")
+    ap.add_argument("--sample-check", help="comma-separated artifacts: sample() at its defaults against a long dense run")
+    ap.add_argument("--code", type=Path, help="with --match or --sample-check: import dpsummary from this checkout")
     args = ap.parse_args(argv)
     if args.match:
         if args.code:
             sys.path.insert(0, str(args.code.resolve()))
         bench_match([Path(a) for a in args.match.split(",")], args.seeds, RESULTS / "moment_match.csv",
                     version=calibration.code_version() if args.code is None else f"tree:{args.code}")
+        return
+    if args.sample_check:
+        if args.code:
+            sys.path.insert(0, str(args.code.resolve()))
+        bench_sample_defaults([Path(a) for a in args.sample_check.split(",")], args.seeds,
+                              RESULTS / "sampling_mass_matrix.csv",
+                              version=calibration.code_version() if args.code is None else f"tree:{args.code}")
         return
     tables = list(calibration.TABLES) if args.suite else args.tables.split(",")
     args.workdir.mkdir(parents=True, exist_ok=True)
@@ -233,6 +248,57 @@ def main(argv: list[str] | None = None) -> None:
         w.writerows(rows)
     with args.out.open(newline="") as fh:
         write_md(list(csv.DictReader(fh)), args.out.with_suffix(".md"))
+
+
+SAMPLE_CHECK_FIELDS = ["artifact", "d", "seed", "code", "mass_matrix", "mean_error_sd_max", "sd_ratio_min",
+                      "sd_ratio_max", "rhat_max", "ess_bulk_min", "ess_tail_min", "divergences", "mean_tree_steps",
+                      "seconds", "reference_ess_bulk_min"]
+
+
+def bench_sample_defaults(artifacts: list[Path], seeds: int, out: Path, *, version: str) -> None:
+    """``Release.sample()`` at its defaults against a long dense BlackJAX run (module docstring)."""
+    import dataclasses
+
+    import dpsummary
+    from dpsummary.analyst import load
+    from dpsummary.sampling import NutsSettings, sample_posterior
+
+    print(f"dpsummary from {Path(dpsummary.__file__).parent}", flush=True)
+    rows = []
+    for art in artifacts:
+        os.environ.setdefault("DPSUMMARY_HOME", str(art.parent / "home"))
+        rel = load(art, allow_unsigned=True)
+        target = rel.signed_gaussian()
+        points, weights = rel.nonzero()
+        ref_cfg = NutsSettings(num_warmup=1000, draws_per_chain=5000)
+        if any(f.name == "mass_matrix" for f in dataclasses.fields(NutsSettings)):
+            ref_cfg = dataclasses.replace(ref_cfg, mass_matrix="dense")
+        ref = sample_posterior(rel.model, points, weights, start=target, settings=ref_cfg, seed=12345)
+        flat = ref.flat()
+        mean, sd = flat.mean(0), flat.std(0, ddof=1)
+        try:
+            from dpsummary.sampling.nuts import mass_matrix_is_dense
+            form = "dense" if mass_matrix_is_dense(rel.dim, NutsSettings()) else "diagonal"
+        except ImportError:
+            form = "dense"
+        for seed in range(1, seeds + 1):
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                t0 = time.perf_counter()
+                drawn = rel.sample(4000, seed=seed, return_draws=True)
+                secs = time.perf_counter() - t0
+            row = {"artifact": art.name, "d": rel.dim, "seed": seed, "code": version, "mass_matrix": form,
+                   **compare(drawn.values, mean, sd), "divergences": drawn.diagnostics.divergences,
+                   "mean_tree_steps": round(drawn.mean_tree_steps, 1), "seconds": round(secs, 1),
+                   "reference_ess_bulk_min": round(float(np.nanmin(ref.diagnostics.ess_bulk)))}
+            print(row, flush=True)
+            rows.append(row)
+    new = not out.exists()
+    with out.open("a", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=SAMPLE_CHECK_FIELDS, extrasaction="ignore")
+        if new:
+            w.writeheader()
+        w.writerows(rows)
 
 
 MATCH_FIELDS = ["artifact", "d", "seed", "code", "iterations", "max_mean_error_sd", "sd_ratio_min", "sd_ratio_max",
