@@ -211,6 +211,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--epsilon", type=float, default=1.0)
     ap.add_argument("--mode", default="public")
     ap.add_argument("--seeds", type=int, default=5)
+    ap.add_argument("--first-seed", type=int, default=1, help="with --match: generator seeds first..first+seeds-1")
+    ap.add_argument("--reference", action="store_true",
+                    help="with --match: also measure each chosen pseudocoreset by a long dense NUTS run "
+                         "(results/moment_match_reference.csv)")
     ap.add_argument("--exporters", action="store_true")
     ap.add_argument("--artifact", type=Path, help="judge this artifact instead of releasing (with --tables ONE)")
     ap.add_argument("--workdir", type=Path, default=Path(".cache/sampling"))
@@ -222,8 +226,10 @@ def main(argv: list[str] | None = None) -> None:
     if args.match:
         if args.code:
             sys.path.insert(0, str(args.code.resolve()))
-        bench_match([Path(a) for a in args.match.split(",")], args.seeds, RESULTS / "moment_match.csv",
-                    version=calibration.code_version() if args.code is None else f"tree:{args.code}")
+        bench_match([Path(a) for a in args.match.split(",")], args.seeds,
+                    RESULTS / ("moment_match_reference.csv" if args.reference else "moment_match.csv"),
+                    version=calibration.code_version() if args.code is None else f"tree:{args.code}",
+                    first_seed=args.first_seed, reference=args.reference)
         return
     if args.sample_check:
         if args.code:
@@ -303,11 +309,41 @@ def bench_sample_defaults(artifacts: list[Path], seeds: int, out: Path, *, versi
 
 MATCH_FIELDS = ["artifact", "d", "seed", "code", "iterations", "max_mean_error_sd", "sd_ratio_min", "sd_ratio_max",
                 "agrees", "estimator", "seconds"]
+REFERENCE_FIELDS = ["reference_mean_error_sd", "reference_sd_ratio_min", "reference_sd_ratio_max",
+                    "reference_agrees", "reference_ess_bulk_min"]
+#: The common reference of ``--match --reference`` (notebook ``moment_match_stopping.md``, rule 2'):
+#: the same settings and seed in every arm, a dense mass matrix from a 500-draw last window.
+REFERENCE_WARMUP, REFERENCE_DRAWS_PER_CHAIN, REFERENCE_SEED = 1000, 10_000, 424242
 
 
-def bench_match(artifacts: list[Path], seeds: int, out: Path, *, version: str) -> None:
+def reference_agreement(model: Any, points: torch.Tensor, weights: torch.Tensor, target: Any) -> dict[str, Any]:
+    """A chosen pseudocoreset's exact posterior against its signed Gaussian, by the common
+    reference run (dense mass matrix wherever the code under test can be asked for one)."""
+    import dataclasses
+
+    from dpsummary.sampling import NutsSettings, sample_posterior
+
+    cfg = NutsSettings(num_warmup=REFERENCE_WARMUP, draws_per_chain=REFERENCE_DRAWS_PER_CHAIN)
+    if any(f.name == "mass_matrix" for f in dataclasses.fields(NutsSettings)):
+        cfg = dataclasses.replace(cfg, mass_matrix="dense")
+    drawn = sample_posterior(model, points, weights, start=target, settings=cfg, seed=REFERENCE_SEED)
+    flat = drawn.flat()
+    m = target.mean.detach().numpy()
+    sd = np.sqrt(np.diag(target.cov.detach().numpy()))
+    err = float(np.max(np.abs(flat.mean(0) - m) / sd))
+    ratio = flat.std(0, ddof=1) / sd
+    return {"reference_mean_error_sd": round(err, 4), "reference_sd_ratio_min": round(float(ratio.min()), 4),
+            "reference_sd_ratio_max": round(float(ratio.max()), 4),
+            "reference_agrees": err <= 0.05 and float(np.max(np.abs(ratio - 1.0))) <= 0.03,
+            "reference_ess_bulk_min": round(float(np.nanmin(drawn.diagnostics.ess_bulk)))}
+
+
+def bench_match(artifacts: list[Path], seeds: int, out: Path, *, version: str, first_seed: int = 1,
+                reference: bool = False) -> None:
     """Moment matching re-run on each artifact's signed Gaussian under the model's own prior (the
-    release's ``model_prior_scale``), with generator seeds ``1..seeds``; rows appended to ``out``."""
+    release's ``model_prior_scale``), with generator seeds ``first_seed..first_seed+seeds-1``;
+    with ``reference``, each chosen pseudocoreset also measured by :func:`reference_agreement`.
+    Rows appended to ``out``."""
     import dpsummary
     from dpsummary.analyst import load
     from dpsummary.constructors.moment_match import match_moments
@@ -327,7 +363,7 @@ def bench_match(artifacts: list[Path], seeds: int, out: Path, *, version: str) -
             spec["prior_scale"] = scale
         del spec["name"]
         model = type(rel.model)(spec.pop("num_features"), **spec)
-        for seed in range(1, seeds + 1):
+        for seed in range(first_seed, first_seed + seeds):
             start = time.perf_counter()
             m = match_moments(model, target, size=rel.summary.size, generator=torch.Generator().manual_seed(seed))
             if m is None:
@@ -337,11 +373,13 @@ def bench_match(artifacts: list[Path], seeds: int, out: Path, *, version: str) -
                    "iterations": m.iterations, "max_mean_error_sd": round(m.max_mean_error_sd, 4),
                    "sd_ratio_min": round(m.sd_ratio_min, 4), "sd_ratio_max": round(m.sd_ratio_max, 4),
                    "agrees": m.agrees, "estimator": m.estimator, "seconds": round(time.perf_counter() - start, 1)}
+            if reference:
+                row.update(reference_agreement(m.model, m.points, m.weights, target))
             print(row, flush=True)
             rows.append(row)
     new = not out.exists()
     with out.open("a", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=MATCH_FIELDS)
+        w = csv.DictWriter(fh, fieldnames=MATCH_FIELDS + (REFERENCE_FIELDS if reference else []))
         if new:
             w.writeheader()
         w.writerows(rows)
