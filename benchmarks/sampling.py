@@ -212,6 +212,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--mode", default="public")
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--first-seed", type=int, default=1, help="with --match: generator seeds first..first+seeds-1")
+    ap.add_argument("--judge-reference", nargs=2, metavar=("BEFORE", "AFTER"),
+                    help="rule 2' on results/moment_match_reference.csv: the two arms' `code` labels")
     ap.add_argument("--reference", action="store_true",
                     help="with --match: also measure each chosen pseudocoreset by a long dense NUTS run "
                          "(results/moment_match_reference.csv)")
@@ -223,6 +225,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--sample-check", help="comma-separated artifacts: sample() at its defaults against a long dense run")
     ap.add_argument("--code", type=Path, help="with --match or --sample-check: import dpsummary from this checkout")
     args = ap.parse_args(argv)
+    if args.judge_reference:
+        print(judge_reference(RESULTS / "moment_match_reference.csv", *args.judge_reference))
+        return
     if args.match:
         if args.code:
             sys.path.insert(0, str(args.code.resolve()))
@@ -336,6 +341,38 @@ def reference_agreement(model: Any, points: torch.Tensor, weights: torch.Tensor,
             "reference_sd_ratio_max": round(float(ratio.max()), 4),
             "reference_agrees": err <= 0.05 and float(np.max(np.abs(ratio - 1.0))) <= 0.03,
             "reference_ess_bulk_min": round(float(np.nanmin(drawn.diagnostics.ess_bulk)))}
+
+
+def judge_reference(path: Path, before: str, after: str) -> str:
+    """Rule 2' (notebook ``moment_match_stopping.md``) on the paired rows of ``path``: pairs are
+    (artifact, seed) present in both arms; the reference's figures decide."""
+    rows = list(csv.DictReader(path.open()))
+    arms = {code: {(r["artifact"], r["seed"]): r for r in rows if r["code"] == code} for code in (before, after)}
+    keys = sorted(set(arms[before]) & set(arms[after]))
+    if not keys:
+        return "no pairs"
+
+    def dev(r: dict[str, str]) -> float:
+        return max(abs(float(r["reference_sd_ratio_min"]) - 1.0), abs(float(r["reference_sd_ratio_max"]) - 1.0))
+
+    d_mean = [float(arms[after][k]["reference_mean_error_sd"]) - float(arms[before][k]["reference_mean_error_sd"])
+              for k in keys]
+    d_sd = [dev(arms[after][k]) - dev(arms[before][k]) for k in keys]
+    secs = {c: sum(float(arms[c][k]["seconds"]) for k in keys) for c in (before, after)}
+    within = {c: (sum(arms[c][k]["reference_agrees"] == "True" for k in keys),
+                  sum(arms[c][k]["agrees"] == "True" for k in keys)) for c in (before, after)}
+    a = float(np.mean(d_mean)) <= 0.01 and float(np.mean(d_sd)) <= 0.005
+    b = max(d_mean) <= 0.05 and max(d_sd) <= 0.02
+    c = secs[after] < secs[before]
+    lines = [f"{len(keys)} pairs",
+             f"a'. mean change: largest mean error {np.mean(d_mean):+.4f} sd (limit +0.01), largest sd deviation "
+             f"{np.mean(d_sd):+.4f} (limit +0.005): {'met' if a else 'FAILED'}",
+             f"b'. worst pair: {max(d_mean):+.4f} sd (limit +0.05), {max(d_sd):+.4f} (limit +0.02): "
+             f"{'met' if b else 'FAILED'}",
+             f"c'. seconds {secs[before]:.0f} -> {secs[after]:.0f}: {'met' if c else 'FAILED'}",
+             f"within the criterion (reference; recorded): before {within[before]}, after {within[after]}",
+             "ADOPTED (with d)" if a and b and c else "NOT ADOPTED"]
+    return "\n".join(lines)
 
 
 def bench_match(artifacts: list[Path], seeds: int, out: Path, *, version: str, first_seed: int = 1,

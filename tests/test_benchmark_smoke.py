@@ -869,3 +869,32 @@ def test_zero_config_paired_draws_the_range_histogram_from_its_own_stream(monkey
     fr = zp.ARMS["feature-range"](today)
     assert fr.feature_range == pytest.approx(0.05)
     assert sum(s + c for s, c in fr.rounds) + fr.feature_range == pytest.approx(1.0)
+
+
+def test_sampling_judge_reference_decides_on_the_common_reference_not_the_recorded_figures(tmp_path: Path) -> None:
+    """Rule 2' of ``moment_match_stopping.md``: the reference's figures decide (averaged change,
+    worst pair, seconds); the recorded ``agrees`` flags are only counted."""
+    sampling = _benchmark_module("sampling")
+    fields = sampling.MATCH_FIELDS + sampling.REFERENCE_FIELDS
+
+    def row(code: str, seed: int, ref_err: float, ref_hi: float, secs: float, agrees: bool) -> dict[str, Any]:
+        return {"artifact": "a.json", "d": 3, "seed": seed, "code": code, "iterations": 1, "max_mean_error_sd": 0.01,
+                "sd_ratio_min": 1.0, "sd_ratio_max": 1.0, "agrees": agrees, "estimator": "NUTS", "seconds": secs,
+                "reference_mean_error_sd": ref_err, "reference_sd_ratio_min": 0.99, "reference_sd_ratio_max": ref_hi,
+                "reference_agrees": ref_err <= 0.05, "reference_ess_bulk_min": 9000}
+
+    def judge(after_rows: list[dict[str, Any]]) -> str:
+        path = tmp_path / "ref.csv"
+        with path.open("w", newline="") as fh:
+            w = csv.DictWriter(fh, fieldnames=fields)
+            w.writeheader()
+            w.writerows([row("old", 1, 0.03, 1.02, 100.0, True), row("old", 2, 0.03, 1.02, 100.0, True)] + after_rows)
+        return str(sampling.judge_reference(path, "old", "new"))
+
+    # Recorded flags flip (outside), the reference barely moves: adopted.
+    out = judge([row("new", 1, 0.032, 1.022, 10.0, False), row("new", 2, 0.031, 1.021, 10.0, False)])
+    assert out.endswith("ADOPTED (with d)") and "before (2, 2), after (2, 0)" in out
+    # One pair 0.06 sd worse by the reference: b' fails (and a', on average +0.03).
+    assert judge([row("new", 1, 0.09, 1.02, 10.0, True), row("new", 2, 0.03, 1.02, 10.0, True)]).endswith("NOT ADOPTED")
+    # Slower: c' fails.
+    assert judge([row("new", 1, 0.03, 1.02, 150.0, True), row("new", 2, 0.03, 1.02, 150.0, True)]).endswith("NOT ADOPTED")
