@@ -64,7 +64,10 @@ MAX_ITERATIONS = 8
 #: the whitened start is already close, so a short warm-up suffices; 4 x 2,000 draws keep an sd
 #: estimate's error near 0.8%. Measured on german_credit (public, epsilon 1, d = 62): 5 iterations
 #: of 4,000 draws ended at 0.072 sd / sds 0.984-1.046x (outside), 8 of 8,000 at 0.045 sd /
-#: 0.987-1.026x (within), in 69 s.
+#: 0.987-1.026x (within), in 69 s. At this warm-up the sampler adapts a diagonal mass matrix from
+#: d = 11 on (its last window of 100 draws cannot estimate a dense one:
+#: :func:`dpsummary.sampling.nuts.mass_matrix_is_dense`); dense, at d = 106 every draw ran to the
+#: maximum tree depth and a run took 80-86 s instead of 1-4 s (session 65).
 MATCH_WARMUP = 300
 MATCH_DRAWS_PER_CHAIN = 2000
 #: Independent NUTS runs (of 8,000 draws each) that measure the chosen pseudocoreset's agreement
