@@ -41,6 +41,7 @@ import os
 import sys
 import time
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -266,25 +267,44 @@ SAMPLE_CHECK_FIELDS = ["artifact", "d", "seed", "code", "mass_matrix", "mean_err
                       "seconds", "reference_ess_bulk_min"]
 
 
-def bench_sample_defaults(artifacts: list[Path], seeds: int, out: Path, *, version: str) -> None:
-    """``Release.sample()`` at its defaults against a long dense BlackJAX run (module docstring)."""
+def dense_settings(num_warmup: int, draws_per_chain: int) -> Any:
+    """NUTS settings with a dense mass matrix in the code under test (a checkout from before the
+    ``mass_matrix`` setting adapts a dense one anyway)."""
     import dataclasses
 
+    from dpsummary.sampling import NutsSettings
+
+    cfg = NutsSettings(num_warmup=num_warmup, draws_per_chain=draws_per_chain)
+    if any(f.name == "mass_matrix" for f in dataclasses.fields(NutsSettings)):
+        cfg = dataclasses.replace(cfg, mass_matrix="dense")
+    return cfg
+
+
+def loaded_targets(artifacts: list[Path]) -> Iterator[tuple[Path, Any, Any]]:
+    """``(path, release, signed Gaussian)`` of each artifact (unsigned allowed), saying which
+    ``dpsummary`` is imported (``--code``); artifacts without a signed Gaussian are skipped."""
     import dpsummary
     from dpsummary.analyst import load
-    from dpsummary.sampling import NutsSettings, sample_posterior
 
     print(f"dpsummary from {Path(dpsummary.__file__).parent}", flush=True)
-    rows = []
     for art in artifacts:
         os.environ.setdefault("DPSUMMARY_HOME", str(art.parent / "home"))
         rel = load(art, allow_unsigned=True)
         target = rel.signed_gaussian()
+        if target is None:
+            print(f"{art.name}: no signed Gaussian", flush=True)
+            continue
+        yield art, rel, target
+
+
+def bench_sample_defaults(artifacts: list[Path], seeds: int, out: Path, *, version: str) -> None:
+    """``Release.sample()`` at its defaults against a long dense BlackJAX run (module docstring)."""
+    from dpsummary.sampling import NutsSettings, sample_posterior
+
+    rows = []
+    for art, rel, target in loaded_targets(artifacts):
         points, weights = rel.nonzero()
-        ref_cfg = NutsSettings(num_warmup=1000, draws_per_chain=5000)
-        if any(f.name == "mass_matrix" for f in dataclasses.fields(NutsSettings)):
-            ref_cfg = dataclasses.replace(ref_cfg, mass_matrix="dense")
-        ref = sample_posterior(rel.model, points, weights, start=target, settings=ref_cfg, seed=12345)
+        ref = sample_posterior(rel.model, points, weights, start=target, settings=dense_settings(1000, 5000), seed=12345)
         flat = ref.flat()
         mean, sd = flat.mean(0), flat.std(0, ddof=1)
         try:
@@ -324,14 +344,10 @@ REFERENCE_WARMUP, REFERENCE_DRAWS_PER_CHAIN, REFERENCE_SEED = 1000, 10_000, 4242
 def reference_agreement(model: Any, points: torch.Tensor, weights: torch.Tensor, target: Any) -> dict[str, Any]:
     """A chosen pseudocoreset's exact posterior against its signed Gaussian, by the common
     reference run (dense mass matrix wherever the code under test can be asked for one)."""
-    import dataclasses
+    from dpsummary.sampling import sample_posterior
 
-    from dpsummary.sampling import NutsSettings, sample_posterior
-
-    cfg = NutsSettings(num_warmup=REFERENCE_WARMUP, draws_per_chain=REFERENCE_DRAWS_PER_CHAIN)
-    if any(f.name == "mass_matrix" for f in dataclasses.fields(NutsSettings)):
-        cfg = dataclasses.replace(cfg, mass_matrix="dense")
-    drawn = sample_posterior(model, points, weights, start=target, settings=cfg, seed=REFERENCE_SEED)
+    drawn = sample_posterior(model, points, weights, start=target,
+                             settings=dense_settings(REFERENCE_WARMUP, REFERENCE_DRAWS_PER_CHAIN), seed=REFERENCE_SEED)
     flat = drawn.flat()
     m = target.mean.detach().numpy()
     sd = np.sqrt(np.diag(target.cov.detach().numpy()))
@@ -381,19 +397,10 @@ def bench_match(artifacts: list[Path], seeds: int, out: Path, *, version: str, f
     release's ``model_prior_scale``), with generator seeds ``first_seed..first_seed+seeds-1``;
     with ``reference``, each chosen pseudocoreset also measured by :func:`reference_agreement`.
     Rows appended to ``out``."""
-    import dpsummary
-    from dpsummary.analyst import load
     from dpsummary.constructors.moment_match import match_moments
 
-    print(f"dpsummary from {Path(dpsummary.__file__).parent}", flush=True)
     rows = []
-    for art in artifacts:
-        os.environ.setdefault("DPSUMMARY_HOME", str(art.parent / "home"))
-        rel = load(art, allow_unsigned=True)
-        target = rel.signed_gaussian()
-        if target is None:
-            print(f"{art.name}: no signed Gaussian to match", flush=True)
-            continue
+    for art, rel, target in loaded_targets(artifacts):
         spec = rel.model.spec()
         scale = ((rel.body.get("posterior") or {}).get("pseudocoreset_match") or {}).get("model_prior_scale")
         if scale is not None:
