@@ -373,11 +373,12 @@ class Release:
         ``method``:
         * ``"nuts"`` (the default for logistic and Poisson releases, and for any model without a
           closed form): NUTS with mass-matrix adaptation (BlackJAX, :mod:`dpsummary.sampling`;
-          dense, or diagonal above 50 parameters at the default warm-up) on the pseudocoreset's exact weighted posterior, whitened and warm-started by the
-          release's signed Gaussian (or the pseudocoreset's Laplace approximation). ``chains``
-          chains of ``max(ceil(num_samples / chains), 1000)`` kept draws after ``num_warmup``
-          warm-up steps each; the diagnostics use all of them, and ``num_samples`` draws are
-          returned, thinned evenly over the chains (chain after chain).
+          dense, or diagonal above 50 parameters at the default warm-up) on the pseudocoreset's
+          exact weighted posterior, whitened and warm-started by the release's signed Gaussian
+          (or the pseudocoreset's Laplace approximation). ``chains`` chains of
+          ``max(ceil(num_samples / chains), 1000)`` kept draws after ``num_warmup`` warm-up steps
+          each; the diagnostics use all of them, and ``num_samples`` draws are returned, thinned
+          evenly over the chains (chain after chain).
           Rank-normalised split R-hat, bulk and tail ESS and divergences are computed on every
           run; a :class:`~dpsummary.sampling.SamplingWarning` names any that fails (R-hat > 1.01,
           ESS < 400, a divergence) and the fix.

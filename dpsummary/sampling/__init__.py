@@ -4,8 +4,8 @@
 JAX log density (:mod:`.densities`), whitens it by a Gaussian (the release's signed Gaussian, or
 the pseudocoreset's Laplace approximation), runs NUTS with mass-matrix adaptation (dense, or
 diagonal where the warm-up is too short for a dense estimate, :mod:`.nuts`) and computes
-rank-normalised split R-hat, bulk and tail ESS and divergences (:mod:`.diagnostics`). Sampling is post-processing of a release: it costs no privacy, whatever
-the number of draws.
+rank-normalised split R-hat, bulk and tail ESS and divergences (:mod:`.diagnostics`). Sampling
+is post-processing of a release: it costs no privacy, whatever the number of draws.
 """
 
 from __future__ import annotations

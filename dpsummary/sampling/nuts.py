@@ -1,4 +1,4 @@
-"""NUTS with mass-matrix adaptation (BlackJAX; dense, or diagonal at large d), warm-started from a Gaussian.
+"""NUTS with an adapted mass matrix (BlackJAX; dense, diagonal at large d), warm-started from a Gaussian.
 
 Why BlackJAX (issue 48): ``Release.sample()`` used a hand-written HMC (fixed 10 leapfrog steps,
 diagonal mass, no convergence check) that did not mix on correlated release posteriors (the
@@ -48,7 +48,7 @@ import functools
 import secrets
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -64,7 +64,8 @@ MIN_WARMUP = 100
 #: many draws per dimension (a condition number of the estimate's noise below about 4 needs
 #: n >= 9 d, Marchenko-Pastur); below it the adaptation is diagonal.
 DENSE_DRAWS_PER_DIM = 10
-MASS_MATRICES = ("auto", "dense", "diagonal")
+MassMatrix = Literal["auto", "dense", "diagonal"]
+MASS_MATRICES: tuple[MassMatrix, ...] = ("auto", "dense", "diagonal")
 
 
 @dataclass(frozen=True)
@@ -77,7 +78,7 @@ class NutsSettings:
     draws_per_chain: int = 1000
     target_accept: float = TARGET_ACCEPT
     max_tree_depth: int = MAX_TREE_DEPTH
-    mass_matrix: str = "auto"
+    mass_matrix: MassMatrix = "auto"
 
     def __post_init__(self) -> None:
         if self.chains < 1:
