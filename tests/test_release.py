@@ -262,7 +262,7 @@ def test_default_release_is_the_prior_along_the_one_hot_relation(tmp_path: Path,
     so in its notes and lists the relation in its claim; along it the signed Gaussian is the
     prior's (variance 1, mean 0), as the full data's posterior is. The privacy noise is seeded
     (tests only): with OS noise, an exact relation is missed whenever its noise exceeds 3 sds
-    (``RELATION_Z``), one release in 740, and this test failed that often."""
+    (``RELATION_Z``), one release in 740, so unseeded this test would fail that often."""
     import dpsummary
 
     seeded_privacy_randomness(monkeypatch, 50)
