@@ -129,6 +129,90 @@ SCHEDULES: dict[str, Any] = {
 }
 
 
+#: Issue 50's objective-perturbation prototype (``notebook/objective_perturbation.md``): the
+#: share of epsilon the objective's Jacobian term may cost (it sets the ridge), and the output
+#: perturbation's multiplier on its sensitivity ``2 gamma / ridge`` (negligible noise, accounted).
+OP_JACOBIAN_SHARE = 0.05
+OP_OUTPUT_MULTIPLIER = 1000.0
+#: ``OP-last``: today's logistic placement rounds, then objective perturbation (ridge centred at
+#: their anchor) and a curvature at its output with the last round's (score, curvature) shares;
+#: ``OP-only``: no placement rounds, the ridge at the prior mean, the same split of the whole.
+OP_SCHEDULES = ("OP-last", "OP-only")
+
+
+def _fit_objective(model: Any, pts: torch.Tensor, fn: float, tb: float, epsilon: float, delta: float,
+                   schedule: str, randomness: Any = None) -> na.NoiseAwareFit:
+    """One release of an objective-perturbation arm (``OP_SCHEDULES``), calibrated under RDP to
+    the whole ``epsilon`` with the record count's Gaussian as a prior part, as :func:`_fit` calibrates
+    today's schedule: a single scale ``s`` with every Gaussian at ``s / sqrt(share)`` and the
+    perturbed objective's noise at ``s / sqrt(score share)`` (its RDP curve,
+    :func:`dpsummary.accounting.objective_perturbation_rdp`, with the Jacobian term
+    ``OP_JACOBIAN_SHARE * epsilon``), ``s`` bisected until the composed curve's epsilon meets the target.
+    Its last ``RoundRelease`` is the perturbed mode read as a Newton round at that point."""
+    import numpy as np
+
+    from dpsummary.noise_aware.rounds import init, step
+    from dpsummary.private.mechanism import SystemRandomness
+    from dpsummary.private.objective import noisy_curvature, perturbed_mode
+    from dpsummary.private.score_stats import noisy_score_statistics
+
+    if model.name != "logistic":
+        raise ValueError("the objective-perturbation arms are logistic only")
+    sched = na.Schedule.default(model)
+    placement = sched.rounds[:-1] if schedule == "OP-last" else ()
+    last = sched.rounds[-1]
+    op_share, curv_share = last if schedule == "OP-last" else (last[0] / sum(last), last[1] / sum(last))
+    design_norm = model.design_norm_bound(fn)
+    jacobian = OP_JACOBIAN_SHARE * epsilon
+    ridge = (design_norm**2 / 4.0) / -math.expm1(-jacobian)
+    count = acc.gaussian_rdp(acc.calibrate_part(target_epsilon=COUNT_SHARE * epsilon, delta=delta))
+    output = acc.gaussian_rdp(OP_OUTPUT_MULTIPLIER)
+
+    def eps_at(scale: float) -> float:
+        rdp = count + output + acc.objective_perturbation_rdp(noise_multiplier=scale / math.sqrt(op_share),
+                                                               jacobian_log_ratio=jacobian)
+        rdp = rdp + acc.gaussian_rdp(scale / math.sqrt(curv_share))
+        for s_share, c_share in placement:
+            rdp = rdp + acc.gaussian_rdp(scale / math.sqrt(s_share)) + acc.gaussian_rdp(scale / math.sqrt(c_share))
+        return acc.epsilon_of_rdp(rdp, delta)
+
+    lo, hi = 1e-2, 1e6
+    if eps_at(hi) > epsilon:
+        raise ValueError("objective perturbation cannot meet this epsilon")
+    while hi / lo > 1 + 1e-7:
+        mid = math.sqrt(lo * hi)
+        lo, hi = (mid, hi) if eps_at(mid) > epsilon else (lo, mid)
+    scale = hi
+    rnd = SystemRandomness() if randomness is None else randomness
+    bounds = na.public_bounds(model, feature_norm=fn, target_bound=tb)
+
+    def release(theta: torch.Tensor, sb: float, cb: float, sm: float, cm: float) -> tuple[torch.Tensor, torch.Tensor]:
+        st = noisy_score_statistics(pts, rnd, model, theta, score_bound=sb, curvature_bound=cb,
+                                    score_noise_multiplier=sm, curvature_noise_multiplier=cm)
+        return st.score, st.curvature
+
+    state = init(model)
+    multipliers = []
+    for shares in placement:
+        mult = (scale / math.sqrt(shares[0]), scale / math.sqrt(shares[1]))
+        state = step(state, model, release, bounds, mult, schedule=sched)
+        multipliers.append(mult)
+    mode = perturbed_mode(pts, rnd, model, feature_norm=fn, ridge=ridge, centre=state.anchor,
+                          noise_multiplier=scale / math.sqrt(op_share), output_multiplier=OP_OUTPUT_MULTIPLIER)
+    curvature_bound = bounds(mode.theta)[1]
+    curv_mult = scale / math.sqrt(curv_share)
+    curvature = noisy_curvature(pts, rnd, model, mode.theta, curvature_bound=curvature_bound,
+                                noise_multiplier=curv_mult)
+    final = na.RoundRelease(anchor=mode.theta, score=mode.score, curvature=curvature, score_bound=design_norm,
+                            curvature_bound=curvature_bound, score_noise_std=mode.score_noise_std,
+                            curvature_noise_std=curv_mult * curvature_bound)
+    multipliers.append((scale / math.sqrt(op_share), curv_mult))
+    posterior, raw = na.noise_aware_posterior(model, final)
+    assert bool(np.isfinite(posterior.mean.numpy()).all())
+    return na.NoiseAwareFit(posterior=posterior, raw_posterior=raw, rounds=[*state.rounds, final],
+                            noise_multipliers=multipliers, model=model, schedule=sched)
+
+
 def _with_feature_range(sched: na.Schedule, share: float) -> na.Schedule:
     factor = (1.0 - sched.count_range - share) / (1.0 - sched.count_range)
     return dataclasses.replace(sched, rounds=tuple((s * factor, c * factor) for s, c in sched.rounds),
@@ -144,6 +228,8 @@ def _fit(model: Any, pts: torch.Tensor, fn: float, tb: float, epsilon: float, de
     from dpsummary.private.mechanism import SystemRandomness
     from dpsummary.private.score_stats import noisy_score_statistics
 
+    if schedule in OP_SCHEDULES:
+        return _fit_objective(model, pts, fn, tb, epsilon, delta, schedule, randomness)
     sched = SCHEDULES[schedule](model)
     count = acc.gaussian_event(acc.calibrate_part(target_epsilon=COUNT_SHARE * epsilon, delta=delta))
     sigma, _ = na.calibrate(sched, target_epsilon=epsilon, delta=delta, prior_events=[count])
@@ -869,7 +955,7 @@ def main() -> None:
     p.add_argument("--epsilons", default="0.1,0.3,0.5,1")
     p.add_argument("--runs", type=int, default=12)
     p.add_argument("--out", type=Path, default=cal.RESULTS / "noise_aware_variants.csv")
-    p.add_argument("--schedules", default="default", help=f"comma-separated, of {', '.join(SCHEDULES)}")
+    p.add_argument("--schedules", default="default", help=f"comma-separated, of {', '.join([*SCHEDULES, *OP_SCHEDULES])}")
     p.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated, of {', '.join(VARIANTS)}, relations, support, support-expansion, support-expansion-gated")
     p.add_argument("--summary", action="store_true", help="only print the table of an existing --out")
     p.add_argument("--prior-scale", type=float, default=1.0, help="the model's prior sd (eighteenth rule)")

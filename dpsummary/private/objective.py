@@ -1,0 +1,169 @@
+"""Objective perturbation for logistic regression: the perturbed mode, and a curvature at it.
+
+Issue 50's next design (``benchmarks/notebook/objective_perturbation.md``): the Newton rounds'
+last expansion is read at an anchor the rounds leave short of the mode; objective perturbation
+(Chaudhuri, Monteleoni and Sarwate 2011; Kifer, Smith and Thakurta 2012, Gaussian noise) releases
+the minimiser of a randomly tilted objective instead, so the anchor is the mode up to the noise.
+**A prototype: no release path calls this module yet** (only ``benchmarks/objective_perturbation.py``).
+
+The mechanism (:func:`perturbed_mode`). With the records' design rows ``z_i = [1, x_i]`` projected
+to ``||x_i|| <= feature_norm`` (so ``||z_i|| <= L``), targets clamped to [0, 1] and non-finite
+entries set to 0 (a total per-record function), a public ridge ``lam > 0`` centred at a public
+``centre`` and ``b ~ N(0, (z L)^2 I_d)`` from the caller's privacy randomness, it minimises
+
+    J(theta) = - sum_i log p(y_i | z_i, theta) + lam / 2 ||theta - centre||^2 + b^T theta
+
+by damped Newton until the gradient's norm is at most ``GRADIENT_TOLERANCE * L`` (``gamma``),
+then adds ``N(0, (output_multiplier * 2 gamma / lam)^2 I_d)`` to the iterate: approximate minima
+perturbation (Iyengar, Near, Song, Thakkar, Thakurta and Wang 2019). ``J`` is ``lam``-strongly
+convex, so the iterate is within ``gamma / lam`` of the exact minimiser ``theta_P``; given
+``theta_P``, neighbours' iterates differ by at most ``2 gamma / lam``, so the released point is
+an adaptive composition of objective perturbation (releasing ``theta_P``) and a Gaussian mechanism
+of sensitivity ``2 gamma / lam`` and multiplier ``output_multiplier``, then post-processing.
+
+Privacy of ``theta_P`` (add/remove-one adjacency; :func:`dpsummary.accounting.objective_perturbation_rdp`).
+``b -> theta_P`` is a bijection (``b = -grad J_0(theta_P)`` for the strongly convex untilted ``J_0``),
+so ``theta_P`` has density ``phi(b_D(theta)) det(Hess J_0,D(theta))``. For ``D = D' + {z}`` at any
+``theta``: ``b_D' = b_D + c z`` with ``c = y - s(z^T theta)``, ``|c| <= 1``, and the Hessians differ by
+``s(1 - s) z z^T``, whose determinant ratio lies in ``[1, 1 + L^2 / (4 lam)]`` (every eigenvalue of
+the smaller Hessian is at least ``lam``). The privacy loss is therefore at most
+``log(1 + beta / lam) + (L |w| + L^2 / 2) / sigma^2`` with ``w = b^T z / ||z||`` ~ N(0, sigma^2) and
+``beta = L^2 / 4``; the other direction has the same bound without the determinant term. With
+``E exp(t |w|) = 2 exp(t^2 sigma^2 / 2) Phi(t sigma)`` the Renyi divergence of order ``alpha`` is at most
+
+    -log(1 - beta / lam) + alpha / (2 z^2) + log(2 Phi((alpha - 1) / z)) / (alpha - 1),   z = sigma / L,
+
+(``-log(1 - beta / lam) >= log(1 + beta / lam)``; the form of Redberg, Koskela and Wang 2023),
+checked against the exact divergence of a one-dimensional instance by numerical integration
+(``tests/private/test_objective.py``).
+
+Privacy caveats: ``feature_norm``, ``lam``, ``centre`` and the multipliers must be public
+(functions of the policy, the schema and earlier DP outputs). Nothing leaves this module but the
+released point (and :func:`noisy_curvature`'s matrix); the record count is never returned. The
+solver cannot fail in exact arithmetic (a strongly convex, smooth objective); if floating point
+stops it above its tolerance it raises :class:`~dpsummary.private.fixed_point.MechanismError`
+(a bug: the privacy argument needs the tolerance), never a silent result.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from ..models import DTYPE, Model
+
+if TYPE_CHECKING:
+    from .randomness import PrivacyRandomness
+
+#: The solver's stopping tolerance on the objective's gradient norm, as a fraction of the design
+#: norm bound ``L`` (public). Float64 sums of up to 10^8 records err far below it.
+GRADIENT_TOLERANCE = 1e-7
+#: Newton iterations before the solver gives up (a bug; see the module docstring).
+MAX_ITERATIONS = 500
+
+
+@dataclass(frozen=True)
+class PerturbedMode:
+    """The DP output of :func:`perturbed_mode` and the public values that read it.
+
+    ``score`` is ``lam (theta - centre)``: the log-likelihood's score at ``theta`` up to the noise
+    ``-b`` (sd ``score_noise_std``) and the output perturbation's tiny shift (sd
+    ``output_noise_std`` in ``theta``), i.e. what a Newton round at ``theta`` would release."""
+
+    theta: torch.Tensor
+    score: torch.Tensor
+    score_noise_std: float
+    output_noise_std: float
+    iterations: int
+
+
+def _design_and_target(points: torch.Tensor | np.ndarray, model: Model, feature_norm: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The total per-record map: non-finite entries to 0, features projected into the public
+    ball, targets clamped to [0, 1]."""
+    pts = torch.as_tensor(np.asarray(points, dtype=np.float64) if not isinstance(points, torch.Tensor) else points,
+                          dtype=DTYPE).clone()
+    pts = torch.where(torch.isfinite(pts), pts, torch.zeros_like(pts))
+    k = model.num_features
+    x = pts[:, :k]
+    norms = torch.linalg.vector_norm(x, dim=1, keepdim=True)
+    x = x * torch.clamp(feature_norm / torch.clamp(norms, min=1e-300), max=1.0)
+    y = pts[:, -1].clamp(0.0, 1.0)
+    return model.design(torch.cat([x, y[:, None]], 1)), y
+
+
+def perturbed_mode(points: torch.Tensor | np.ndarray, randomness: PrivacyRandomness, model: Model, *,
+                   feature_norm: float, ridge: float, centre: torch.Tensor, noise_multiplier: float,
+                   output_multiplier: float) -> PerturbedMode:
+    """Release the perturbed mode of logistic regression (see the module docstring).
+
+    Two mechanisms, composed adaptively: objective perturbation with multiplier
+    ``noise_multiplier`` (noise sd ``noise_multiplier * L``) and ridge ``ridge``
+    (:func:`dpsummary.accounting.objective_perturbation_rdp`), then a Gaussian of multiplier
+    ``output_multiplier`` on sensitivity ``2 gamma / ridge``."""
+    from .fixed_point import MechanismError
+
+    if getattr(model, "name", "") != "logistic":
+        raise MechanismError("objective perturbation is implemented for logistic regression only")
+    for name, value in (("feature_norm", feature_norm), ("ridge", ridge), ("noise_multiplier", noise_multiplier),
+                        ("output_multiplier", output_multiplier)):
+        if not (value > 0 and math.isfinite(value)):
+            raise MechanismError(f"{name} must be positive and finite")
+    design_norm = model.design_norm_bound(feature_norm)
+    z, y = _design_and_target(points, model, feature_norm)
+    d = z.shape[1]
+    centre = centre.detach().to(DTYPE)
+    b = torch.from_numpy(np.asarray(randomness.gaussian(np.zeros(d), noise_std=noise_multiplier * design_norm,
+                                                        clip_norm=design_norm), dtype=np.float64))
+    gamma = GRADIENT_TOLERANCE * design_norm
+
+    def objective(theta: torch.Tensor) -> float:
+        eta = z @ theta
+        nll = float(-model.log_lik_eta(y, eta).sum())
+        return nll + 0.5 * ridge * float((theta - centre) @ (theta - centre)) + float(b @ theta)
+
+    theta = centre.clone()
+    for iteration in range(MAX_ITERATIONS):
+        eta = z @ theta
+        s = torch.sigmoid(eta)
+        grad = -(z.T @ (y - s)) + ridge * (theta - centre) + b
+        if float(torch.linalg.vector_norm(grad)) <= gamma:
+            break
+        weight = s * torch.sigmoid(-eta)
+        hess = (z.T * weight) @ z + ridge * torch.eye(d, dtype=DTYPE)
+        direction = -torch.linalg.solve(hess, grad)
+        # Backtracking (Armijo) on the strongly convex objective: global convergence.
+        value, slope, step = objective(theta), float(grad @ direction), 1.0
+        while step > 1e-12 and objective(theta + step * direction) > value + 1e-4 * step * slope:
+            step *= 0.5
+        theta = theta + step * direction
+    else:
+        raise MechanismError("objective perturbation's solver did not reach its tolerance")
+    output_sd = output_multiplier * 2.0 * gamma / ridge
+    released = torch.from_numpy(np.asarray(randomness.gaussian(theta.numpy(), noise_std=output_sd,
+                                                               clip_norm=2.0 * gamma / ridge), dtype=np.float64))
+    return PerturbedMode(theta=released, score=ridge * (released - centre),
+                         score_noise_std=noise_multiplier * design_norm, output_noise_std=output_sd,
+                         iterations=iteration)
+
+
+def noisy_curvature(points: torch.Tensor | np.ndarray, randomness: PrivacyRandomness, model: Model,
+                    theta: torch.Tensor, *, curvature_bound: float, noise_multiplier: float) -> torch.Tensor:
+    """The noisy curvature sum at a public ``theta`` alone: the curvature half of
+    :func:`~dpsummary.private.score_stats.noisy_score_statistics` (the same kernel, clip, exact
+    sum and mirrored upper triangle), ``GaussianDpEvent(noise_multiplier)``."""
+    from . import kernel
+    from .score_stats import _check_positive, symmetric_from_upper
+
+    _check_positive(curvature_bound=curvature_bound, noise_multiplier=noise_multiplier)
+    d = model.param_dim
+    arr = points.detach().to(DTYPE).numpy() if isinstance(points, torch.Tensor) else np.asarray(points, dtype=np.float64)
+    # The score half is computed and discarded (its bound only sizes its own clip).
+    total = kernel.score_partial(np.ascontiguousarray(arr), model, theta.detach().to(DTYPE), score_bound=1.0,
+                                 curvature_bound=curvature_bound)
+    tri_sum = kernel.finish(total.curvature, curvature_bound)
+    noisy = randomness.gaussian(tri_sum, noise_std=noise_multiplier * curvature_bound, clip_norm=curvature_bound)
+    return symmetric_from_upper(torch.from_numpy(np.asarray(noisy, dtype=np.float64)), d)
