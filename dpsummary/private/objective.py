@@ -55,6 +55,7 @@ import numpy as np
 import torch
 
 from ..models import DTYPE, Model
+from ..models.glm import GLM
 
 if TYPE_CHECKING:
     from .randomness import PrivacyRandomness
@@ -81,7 +82,7 @@ class PerturbedMode:
     iterations: int
 
 
-def _design_and_target(points: torch.Tensor | np.ndarray, model: Model, feature_norm: float) -> tuple[torch.Tensor, torch.Tensor]:
+def _design_and_target(points: torch.Tensor | np.ndarray, model: GLM, feature_norm: float) -> tuple[torch.Tensor, torch.Tensor]:
     """The total per-record map: non-finite entries to 0, features projected into the public
     ball, targets clamped to [0, 1]."""
     pts = torch.as_tensor(np.asarray(points, dtype=np.float64) if not isinstance(points, torch.Tensor) else points,
@@ -95,7 +96,7 @@ def _design_and_target(points: torch.Tensor | np.ndarray, model: Model, feature_
     return model.design(torch.cat([x, y[:, None]], 1)), y
 
 
-def perturbed_mode(points: torch.Tensor | np.ndarray, randomness: PrivacyRandomness, model: Model, *,
+def perturbed_mode(points: torch.Tensor | np.ndarray, randomness: PrivacyRandomness, model: GLM, *,
                    feature_norm: float, ridge: float, centre: torch.Tensor, noise_multiplier: float,
                    output_multiplier: float) -> PerturbedMode:
     """Release the perturbed mode of logistic regression (see the module docstring).
@@ -127,9 +128,11 @@ def perturbed_mode(points: torch.Tensor | np.ndarray, randomness: PrivacyRandomn
     theta = centre.clone()
     grad, eta = gradient(theta)
     norm = float(torch.linalg.vector_norm(grad))
-    for iteration in range(MAX_ITERATIONS):
-        if norm <= gamma:
-            break
+    iterations = 0
+    while norm > gamma:
+        if iterations == MAX_ITERATIONS:
+            raise MechanismError("objective perturbation's solver did not reach its tolerance")
+        iterations += 1
         weight = torch.sigmoid(eta) * torch.sigmoid(-eta)
         hess = (z.T * weight) @ z + ridge * torch.eye(d, dtype=DTYPE)
         direction = -torch.linalg.solve(hess, grad)
@@ -146,14 +149,12 @@ def perturbed_mode(points: torch.Tensor | np.ndarray, randomness: PrivacyRandomn
                 break
             step *= 0.5
         theta, grad, eta, norm = trial, trial_grad, trial_eta, trial_norm
-    else:
-        raise MechanismError("objective perturbation's solver did not reach its tolerance")
     output_sd = output_multiplier * 2.0 * gamma / ridge
     released = torch.from_numpy(np.asarray(randomness.gaussian(theta.numpy(), noise_std=output_sd,
                                                                clip_norm=2.0 * gamma / ridge), dtype=np.float64))
     return PerturbedMode(theta=released, score=ridge * (released - centre),
                          score_noise_std=noise_multiplier * design_norm, output_noise_std=output_sd,
-                         iterations=iteration)
+                         iterations=iterations)
 
 
 def noisy_curvature(points: torch.Tensor | np.ndarray, randomness: PrivacyRandomness, model: Model,
