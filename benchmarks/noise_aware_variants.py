@@ -136,8 +136,10 @@ OP_JACOBIAN_SHARE = 0.05
 OP_OUTPUT_MULTIPLIER = 1000.0
 #: ``OP-last``: today's logistic placement rounds, then objective perturbation (ridge centred at
 #: their anchor) and a curvature at its output with the last round's (score, curvature) shares;
-#: ``OP-only``: no placement rounds, the ridge at the prior mean, the same split of the whole.
-OP_SCHEDULES = ("OP-last", "OP-only")
+#: ``OP-only``: no placement rounds, the ridge at the prior mean, the same split of the whole;
+#: ``OP-1``: today's first placement round only, the ridge at its anchor, the rest split as
+#: ``OP-only`` splits the whole.
+OP_SCHEDULES = ("OP-last", "OP-only", "OP-1")
 
 
 def _fit_objective(model: Any, pts: torch.Tensor, fn: float, tb: float, epsilon: float, delta: float,
@@ -159,9 +161,10 @@ def _fit_objective(model: Any, pts: torch.Tensor, fn: float, tb: float, epsilon:
     if model.name != "logistic":
         raise ValueError("the objective-perturbation arms are logistic only")
     sched = na.Schedule.default(model)
-    placement = sched.rounds[:-1] if schedule == "OP-last" else ()
+    placement = {"OP-last": sched.rounds[:-1], "OP-1": sched.rounds[:1]}.get(schedule, ())
     last = sched.rounds[-1]
-    op_share, curv_share = last if schedule == "OP-last" else (last[0] / sum(last), last[1] / sum(last))
+    rest = 1.0 - sum(sum(r) for r in placement)
+    op_share, curv_share = last if schedule == "OP-last" else (rest * last[0] / sum(last), rest * last[1] / sum(last))
     design_norm = model.design_norm_bound(fn)
     jacobian = OP_JACOBIAN_SHARE * epsilon
     ridge = (design_norm**2 / 4.0) / -math.expm1(-jacobian)
