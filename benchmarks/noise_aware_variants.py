@@ -142,6 +142,32 @@ OP_OUTPUT_MULTIPLIER = 1000.0
 OP_SCHEDULES = ("OP-last", "OP-only", "OP-1")
 
 
+def objective_epsilon(scale: float, delta: float, *, placement: tuple[tuple[float, float], ...],
+                      shares: tuple[float, float], jacobian: float, count_multiplier: float) -> float:
+    """Epsilon (RDP, converted at ``delta``) of an objective-perturbation arm at single scale
+    ``scale``: the record count's Gaussian, the placement rounds' Gaussians at ``scale /
+    sqrt(share)``, objective perturbation at ``scale / sqrt(shares[0])`` with Jacobian term
+    ``jacobian``, the curvature's Gaussian at ``scale / sqrt(shares[1])`` and the output
+    perturbation's at ``OP_OUTPUT_MULTIPLIER``."""
+    rdp = (acc.gaussian_rdp(count_multiplier) + acc.gaussian_rdp(OP_OUTPUT_MULTIPLIER)
+           + acc.objective_perturbation_rdp(noise_multiplier=scale / math.sqrt(shares[0]), jacobian_log_ratio=jacobian)
+           + acc.gaussian_rdp(scale / math.sqrt(shares[1])))
+    for s_share, c_share in placement:
+        rdp = rdp + acc.gaussian_rdp(scale / math.sqrt(s_share)) + acc.gaussian_rdp(scale / math.sqrt(c_share))
+    return acc.epsilon_of_rdp(rdp, delta)
+
+
+def objective_scale(epsilon: float, delta: float, **arm: Any) -> float:
+    """The smallest single scale (to 1e-7 relative) whose :func:`objective_epsilon` meets ``epsilon``."""
+    lo, hi = 1e-2, 1e6
+    if objective_epsilon(hi, delta, **arm) > epsilon:
+        raise ValueError("objective perturbation cannot meet this epsilon")
+    while hi / lo > 1 + 1e-7:
+        mid = math.sqrt(lo * hi)
+        lo, hi = (mid, hi) if objective_epsilon(mid, delta, **arm) > epsilon else (lo, mid)
+    return hi
+
+
 def _fit_objective(model: Any, pts: torch.Tensor, fn: float, tb: float, epsilon: float, delta: float,
                    schedule: str, randomness: Any = None) -> na.NoiseAwareFit:
     """One release of an objective-perturbation arm (``OP_SCHEDULES``), calibrated under RDP to
@@ -168,24 +194,9 @@ def _fit_objective(model: Any, pts: torch.Tensor, fn: float, tb: float, epsilon:
     design_norm = model.design_norm_bound(fn)
     jacobian = OP_JACOBIAN_SHARE * epsilon
     ridge = (design_norm**2 / 4.0) / -math.expm1(-jacobian)
-    count = acc.gaussian_rdp(acc.calibrate_part(target_epsilon=COUNT_SHARE * epsilon, delta=delta))
-    output = acc.gaussian_rdp(OP_OUTPUT_MULTIPLIER)
-
-    def eps_at(scale: float) -> float:
-        rdp = count + output + acc.objective_perturbation_rdp(noise_multiplier=scale / math.sqrt(op_share),
-                                                               jacobian_log_ratio=jacobian)
-        rdp = rdp + acc.gaussian_rdp(scale / math.sqrt(curv_share))
-        for s_share, c_share in placement:
-            rdp = rdp + acc.gaussian_rdp(scale / math.sqrt(s_share)) + acc.gaussian_rdp(scale / math.sqrt(c_share))
-        return acc.epsilon_of_rdp(rdp, delta)
-
-    lo, hi = 1e-2, 1e6
-    if eps_at(hi) > epsilon:
-        raise ValueError("objective perturbation cannot meet this epsilon")
-    while hi / lo > 1 + 1e-7:
-        mid = math.sqrt(lo * hi)
-        lo, hi = (mid, hi) if eps_at(mid) > epsilon else (lo, mid)
-    scale = hi
+    count = acc.calibrate_part(target_epsilon=COUNT_SHARE * epsilon, delta=delta)
+    scale = objective_scale(epsilon, delta, placement=placement, shares=(op_share, curv_share), jacobian=jacobian,
+                            count_multiplier=count)
     rnd = SystemRandomness() if randomness is None else randomness
     bounds = na.public_bounds(model, feature_norm=fn, target_bound=tb)
 
@@ -692,6 +703,9 @@ def cell_verdicts(rows: list[dict[str, str]], arm: str,
 
 #: Rule 4' (b): a pure narrowing must narrow the honest cells by at least 3% (geometric mean of
 #: plain width ratios) and widen none of them by more than 10%.
+#: Rule 4v (notebook/objective_perturbation.md): the effects-found gain that stands for a
+#: narrowing, as the 3% of :data:`NARROWING_GEOMEAN` stands for one of width.
+EFFECTS_GAIN = 1.03
 NARROWING_GEOMEAN = 0.97
 NARROWING_CELL_LIMIT = 1.10
 #: Rule 4'' (c''): a cell the candidate turns dishonest is forgiven as run noise only when it is at
@@ -749,6 +763,25 @@ class Comparison:
     acting_ratios: tuple[float, ...] = ()
     #: The baseline's wrong-sign total over the same cells (rule 1', the forty-fourth rule).
     baseline_wrong_total: float | None = None
+    #: Effects found over the set, each cell's median per release summed over the cells, under the
+    #: baseline and under the candidate (rule 4v, notebook/objective_perturbation.md).
+    effects_baseline: float = 0.0
+    effects_candidate: float = 0.0
+
+    @property
+    def finds_more_effects(self) -> bool:
+        """Rule 4v's alternative to a narrowing: at least :data:`EFFECTS_GAIN` times the baseline's
+        effects found, rule 2' met and no widening on average (its geometric mean from max(width,
+        floor, bound floor) over the cells honest under both at most 1)."""
+        return (self.effects_baseline > 0 and self.effects_candidate >= EFFECTS_GAIN * self.effects_baseline
+                and self.widths.ok and self.widths.geomean <= 1.0)
+
+    @property
+    def rule_4_v(self) -> bool:
+        """Rule 4v for the simulations (the forty-eighth rule): :attr:`rule_4_quadruple_prime`, or
+        no cell turned either way and :attr:`finds_more_effects`."""
+        moved = bool(self.gained or self.lost)
+        return self.rule_4_quadruple_prime or (not moved and self.finds_more_effects)
 
     @property
     def rule_1_prime(self) -> bool:
@@ -920,7 +953,8 @@ def compare(paths: list[Path], baseline: str, candidate: str,
                         widths, fewer, wrong, unknown, plain, tuple(lost_changes),
                         tuple(k for k in keys if base[k].width < below), tuple(k for k in keys if cand[k].width < below),
                         identical, acting,
-                        cal.suite_wrong_signs((base[k].wrong_signs, base[k].floor_wrong) for k in keys).total)
+                        cal.suite_wrong_signs((base[k].wrong_signs, base[k].floor_wrong) for k in keys).total,
+                        sum(base[k].effects for k in keys), sum(cand[k].effects for k in keys))
     print(f"honest: {baseline} {result.honest_baseline}, {candidate} {result.honest_candidate} of {len(keys)}; "
           f"turned dishonest {lost}; turned honest {gained}; wider than 25% {widths.wider}; lost effects {fewer}")
     if widths.ratios:
@@ -949,6 +983,10 @@ def compare(paths: list[Path], baseline: str, candidate: str,
         print(f"rule 4'''' (4''' with the narrowing judged where {candidate} acts: {len(acting)} cells honest under both, "
               f"geometric mean {geo:.3f}, largest {max(acting):.3f}; identical in every run on {list(identical)}): as the "
               f"simulations' check {'met' if result.rule_4_quadruple_prime else 'NOT met'}")
+    print(f"effects found (cell medians summed): {baseline} {result.effects_baseline:g}, {candidate} "
+          f"{result.effects_candidate:g}; rule 4v (4'''', or none turned either way, at least {EFFECTS_GAIN:g}x the "
+          f"effects found, rule 2' met and no widening on average): as the simulations' check "
+          f"{'met' if result.rule_4_v else 'NOT met'}")
     return result
 
 

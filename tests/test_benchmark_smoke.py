@@ -898,3 +898,58 @@ def test_sampling_judge_reference_decides_on_the_common_reference_not_the_record
     assert judge([row("new", 1, 0.09, 1.02, 10.0, True), row("new", 2, 0.03, 1.02, 10.0, True)]).endswith("NOT ADOPTED")
     # Slower: c' fails.
     assert judge([row("new", 1, 0.03, 1.02, 150.0, True), row("new", 2, 0.03, 1.02, 150.0, True)]).endswith("NOT ADOPTED")
+
+
+def test_objective_perturbation_arm_meets_its_epsilon_and_reads_as_a_round() -> None:
+    """Issue 50's objective-perturbation arms (`noise_aware_variants.py`, `OP_SCHEDULES`): the
+    calibrated scale meets the target epsilon under the composed RDP curve and a 1e-5 smaller one
+    does not; a fit on a small logistic table returns the perturbed mode as its last round (score
+    noise at the scale's multiplier times the design norm) after `OP-1`'s one placement round."""
+    import math
+
+    import torch
+
+    nv: Any = _benchmark_module("noise_aware_variants")
+    from dpsummary.models import DTYPE, LogisticRegression
+
+    arm = dict(placement=((0.02, 0.04),), shares=(0.705, 0.235), jacobian=0.05, count_multiplier=40.0)
+    scale = nv.objective_scale(1.0, 1e-6, **arm)
+    assert nv.objective_epsilon(scale, 1e-6, **arm) <= 1.0 < nv.objective_epsilon(scale * (1 - 1e-5), 1e-6, **arm)
+    g = torch.Generator().manual_seed(3)
+    x = torch.rand(3000, 2, generator=g, dtype=DTYPE) * 2 - 1
+    y = (torch.rand(3000, generator=g, dtype=DTYPE) < torch.sigmoid(1.5 * x[:, 0] - 0.5)).to(DTYPE)
+    pts = torch.cat([x, y[:, None]], 1)
+    model = LogisticRegression(2)
+    fit = nv._fit_objective(model, pts, math.sqrt(2.0), 1.0, 3.0, 1e-6, "OP-1", randomness=nv._SeededNoise(0))
+    assert len(fit.rounds) == 2
+    last = fit.rounds[-1]
+    op_mult = fit.noise_multipliers[-1][0]
+    assert last.score_noise_std == pytest.approx(op_mult * model.design_norm_bound(math.sqrt(2.0)))
+    assert torch.allclose(fit.posterior.mean, torch.tensor([-0.5, 1.5, 0.0], dtype=DTYPE), atol=0.6)
+
+
+def test_variants_compare_rule_4_v_counts_effects_found_at_no_width_cost(tmp_path: Path) -> None:
+    """Rule 4v (the forty-eighth rule): a candidate that turns no cell either way and does not
+    narrow passes by finding at least 3% more effects (cell medians summed) with no widening on
+    average; 2% more does not pass, nor does 10% more bought with a 2% widening."""
+    nv: Any = _benchmark_module("noise_aware_variants")
+
+    def write(name: str, effects: str, width: float) -> Path:
+        rows = []
+        for table in ("a", "b", "c", "d"):
+            base = _variant_rows(table, 1.0, "support", 10, coverage=1.0, wrong=0, width=1.5)
+            cand = _variant_rows(table, 1.0, "OP/support", 10, coverage=1.0, wrong=0, width=width)
+            for r in base:
+                r["effects_found"] = "25"
+            for r in cand:
+                r["effects_found"] = effects
+            rows += base + cand
+        return _write_rows(tmp_path / name, rows)
+
+    more = nv.compare([write("more.csv", "26", 1.5)], "support", "OP/support", floor_wrong={})
+    assert (more.effects_baseline, more.effects_candidate) == (100, 104)
+    assert not more.rule_4_quadruple_prime and more.finds_more_effects and more.rule_4_v
+    slight = nv.compare([write("slight.csv", "25.5", 1.5)], "support", "OP/support", floor_wrong={})
+    assert not slight.rule_4_v
+    wider = nv.compare([write("wider.csv", "27.5", 1.53)], "support", "OP/support", floor_wrong={})
+    assert wider.effects_candidate == 110 and not wider.rule_4_v
