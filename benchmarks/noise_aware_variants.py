@@ -180,7 +180,6 @@ def _fit_objective(model: Any, pts: torch.Tensor, fn: float, tb: float, epsilon:
     import numpy as np
 
     from dpsummary.noise_aware.rounds import init, step
-    from dpsummary.private.mechanism import SystemRandomness
     from dpsummary.private.objective import noisy_curvature, perturbed_mode
     from dpsummary.private.score_stats import noisy_score_statistics
 
@@ -197,7 +196,10 @@ def _fit_objective(model: Any, pts: torch.Tensor, fn: float, tb: float, epsilon:
     count = acc.calibrate_part(target_epsilon=COUNT_SHARE * epsilon, delta=delta)
     scale = objective_scale(epsilon, delta, placement=placement, shares=(op_share, curv_share), jacobian=jacobian,
                             count_multiplier=count)
-    rnd = SystemRandomness() if randomness is None else randomness
+    if randomness is None:
+        raise SystemExit("error: the objective-perturbation arms need --paired (a continuous seeded tilt; the "
+                         "release's discrete Gaussian is not one: dpsummary/private/objective.py)")
+    rnd = randomness
     bounds = na.public_bounds(model, feature_norm=fn, target_bound=tb)
 
     def release(theta: torch.Tensor, sb: float, cb: float, sm: float, cm: float) -> tuple[torch.Tensor, torch.Tensor]:

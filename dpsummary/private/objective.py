@@ -37,6 +37,14 @@ the smaller Hessian is at least ``lam``). The privacy loss is therefore at most
 checked against the exact divergence of a one-dimensional instance by numerical integration
 (``tests/private/test_objective.py``).
 
+**Not valid with the release's randomness yet.** The proof is a change of variables, so the tilt
+``b`` must have a Gaussian density; :class:`~dpsummary.private.mechanism.SystemRandomness` draws
+OpenDP's discrete Gaussian on a grid, under which the tilt that maps a neighbour to the same
+``theta`` lies off the grid and the argument fails. :func:`perturbed_mode` therefore refuses
+``SystemRandomness`` (a bug if a release reaches it); the benchmarks pass a seeded continuous
+stand-in. ``benchmarks/notebook/objective_perturbation.md`` ("What the release path needs") says
+what a release needs first.
+
 Privacy caveats: ``feature_norm``, ``lam``, ``centre`` and the multipliers must be public
 (functions of the policy, the schema and earlier DP outputs). Nothing leaves this module but the
 released point (and :func:`noisy_curvature`'s matrix); the record count is never returned. The
@@ -106,7 +114,11 @@ def perturbed_mode(points: torch.Tensor | np.ndarray, randomness: PrivacyRandomn
     (:func:`dpsummary.accounting.objective_perturbation_rdp`), then a Gaussian of multiplier
     ``output_multiplier`` on sensitivity ``2 gamma / ridge``."""
     from .fixed_point import MechanismError
+    from .mechanism import SystemRandomness
 
+    if isinstance(randomness, SystemRandomness):
+        raise MechanismError("objective perturbation needs a continuous tilt; the release's discrete Gaussian is not "
+                             "one (see the module docstring)")
     if getattr(model, "name", "") != "logistic":
         raise MechanismError("objective perturbation is implemented for logistic regression only")
     for name, value in (("feature_norm", feature_norm), ("ridge", ridge), ("noise_multiplier", noise_multiplier),

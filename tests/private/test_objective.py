@@ -153,3 +153,13 @@ def test_noisy_curvature_is_the_score_statistics_curvature() -> None:
     theirs = noisy_score_statistics(pts, FixedNoise(None, None), model, theta, score_bound=2.0, curvature_bound=cb,
                                     score_noise_multiplier=1.0, curvature_noise_multiplier=1.0).curvature
     assert torch.equal(mine, theirs)
+
+
+def test_the_releases_discrete_gaussian_is_refused() -> None:
+    """The proof needs a continuous tilt: OS-entropy randomness (OpenDP's discrete Gaussian) is
+    refused until a release path that settles it exists."""
+    from dpsummary.private.mechanism import SystemRandomness
+
+    with pytest.raises(MechanismError, match="continuous tilt"):
+        perturbed_mode(_data(10), SystemRandomness(), LogisticRegression(3), feature_norm=1.0, ridge=1.0,
+                       centre=torch.zeros(4, dtype=DTYPE), noise_multiplier=1.0, output_multiplier=1.0)
