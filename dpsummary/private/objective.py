@@ -4,7 +4,7 @@ Issue 50's next design (``benchmarks/notebook/objective_perturbation.md``): the 
 last expansion is read at an anchor the rounds leave short of the mode; objective perturbation
 (Chaudhuri, Monteleoni and Sarwate 2011; Kifer, Smith and Thakurta 2012, Gaussian noise) releases
 the minimiser of a randomly tilted objective instead, so the anchor is the mode up to the noise.
-**A prototype: no release path calls this module yet** (only ``benchmarks/objective_perturbation.py``).
+**A prototype: no release path calls this module yet** (only the arms of ``benchmarks/noise_aware_variants.py``).
 
 The mechanism (:func:`perturbed_mode`). With the records' design rows ``z_i = [1, x_i]`` projected
 to ``||x_i|| <= feature_norm`` (so ``||z_i|| <= L``), targets clamped to [0, 1] and non-finite
