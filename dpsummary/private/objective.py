@@ -35,7 +35,7 @@ the smaller Hessian is at least ``lam``). The privacy loss is therefore at most
 
 (``-log(1 - beta / lam) >= log(1 + beta / lam)``; the form of Redberg, Koskela and Wang 2023),
 checked against the exact divergence of a one-dimensional instance by numerical integration
-(``tests/private/test_objective.py``).
+(``tests/private/test_objective_perturbation.py``).
 
 **Not valid with the release's randomness yet.** The proof is a change of variables, so the tilt
 ``b`` must have a Gaussian density; :class:`~dpsummary.private.mechanism.SystemRandomness` draws
