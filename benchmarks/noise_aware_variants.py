@@ -53,6 +53,7 @@ import calibration as cal  # noqa: E402
 
 from dpsummary import accounting as acc  # noqa: E402
 from dpsummary import noise_aware as na  # noqa: E402
+from dpsummary import rdp_curves  # noqa: E402
 from dpsummary.gaussian import DTYPE, GaussianPosterior  # noqa: E402
 
 #: The packaged default's record-count share of a public-schema release (normalised without the
@@ -149,12 +150,12 @@ def objective_epsilon(scale: float, delta: float, *, placement: tuple[tuple[floa
     sqrt(share)``, objective perturbation at ``scale / sqrt(shares[0])`` with Jacobian term
     ``jacobian``, the curvature's Gaussian at ``scale / sqrt(shares[1])`` and the output
     perturbation's at ``OP_OUTPUT_MULTIPLIER``."""
-    rdp = (acc.gaussian_rdp(count_multiplier) + acc.gaussian_rdp(OP_OUTPUT_MULTIPLIER)
-           + acc.objective_perturbation_rdp(noise_multiplier=scale / math.sqrt(shares[0]), jacobian_log_ratio=jacobian)
-           + acc.gaussian_rdp(scale / math.sqrt(shares[1])))
+    rdp = (rdp_curves.gaussian_rdp(count_multiplier) + rdp_curves.gaussian_rdp(OP_OUTPUT_MULTIPLIER)
+           + rdp_curves.objective_perturbation_rdp(noise_multiplier=scale / math.sqrt(shares[0]), jacobian_log_ratio=jacobian)
+           + rdp_curves.gaussian_rdp(scale / math.sqrt(shares[1])))
     for s_share, c_share in placement:
-        rdp = rdp + acc.gaussian_rdp(scale / math.sqrt(s_share)) + acc.gaussian_rdp(scale / math.sqrt(c_share))
-    return acc.epsilon_of_rdp(rdp, delta)
+        rdp = rdp + rdp_curves.gaussian_rdp(scale / math.sqrt(s_share)) + rdp_curves.gaussian_rdp(scale / math.sqrt(c_share))
+    return rdp_curves.epsilon_of_rdp(rdp, delta)
 
 
 def objective_scale(epsilon: float, delta: float, **arm: Any) -> float:
@@ -174,7 +175,7 @@ def _fit_objective(model: Any, pts: torch.Tensor, fn: float, tb: float, epsilon:
     the whole ``epsilon`` with the record count's Gaussian as a prior part, as :func:`_fit` calibrates
     today's schedule: a single scale ``s`` with every Gaussian at ``s / sqrt(share)`` and the
     perturbed objective's noise at ``s / sqrt(score share)`` (its RDP curve,
-    :func:`dpsummary.accounting.objective_perturbation_rdp`, with the Jacobian term
+    :func:`dpsummary.rdp_curves.objective_perturbation_rdp`, with the Jacobian term
     ``OP_JACOBIAN_SHARE * epsilon``), ``s`` bisected until the composed curve's epsilon meets the target.
     Its last ``RoundRelease`` is the perturbed mode read as a Newton round at that point."""
     import numpy as np

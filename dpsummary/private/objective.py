@@ -21,7 +21,7 @@ convex, so the iterate is within ``gamma / lam`` of the exact minimiser ``theta_
 an adaptive composition of objective perturbation (releasing ``theta_P``) and a Gaussian mechanism
 of sensitivity ``2 gamma / lam`` and multiplier ``output_multiplier``, then post-processing.
 
-Privacy of ``theta_P`` (add/remove-one adjacency; :func:`dpsummary.accounting.objective_perturbation_rdp`).
+Privacy of ``theta_P`` (add/remove-one adjacency; :func:`dpsummary.rdp_curves.objective_perturbation_rdp`).
 ``b -> theta_P`` is a bijection (``b = -grad J_0(theta_P)`` for the strongly convex untilted ``J_0``),
 so ``theta_P`` has density ``phi(b_D(theta)) det(Hess J_0,D(theta))``. For ``D = D' + {z}`` at any
 ``theta``: ``b_D' = b_D + c z`` with ``c = y - s(z^T theta)``, ``|c| <= 1``, and the Hessians differ by
@@ -111,7 +111,7 @@ def perturbed_mode(points: torch.Tensor | np.ndarray, randomness: PrivacyRandomn
 
     Two mechanisms, composed adaptively: objective perturbation with multiplier
     ``noise_multiplier`` (noise sd ``noise_multiplier * L``) and ridge ``ridge``
-    (:func:`dpsummary.accounting.objective_perturbation_rdp`), then a Gaussian of multiplier
+    (:func:`dpsummary.rdp_curves.objective_perturbation_rdp`), then a Gaussian of multiplier
     ``output_multiplier`` on sensitivity ``2 gamma / ridge``."""
     from .fixed_point import MechanismError
     from .mechanism import SystemRandomness

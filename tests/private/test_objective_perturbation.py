@@ -13,6 +13,7 @@ from scipy import optimize
 from scipy.special import expit, logsumexp
 
 from dpsummary import accounting as acc
+from dpsummary import rdp_curves
 from dpsummary.models import DTYPE, LogisticRegression
 from dpsummary.private.fixed_point import MechanismError
 from dpsummary.private.objective import GRADIENT_TOLERANCE, noisy_curvature, perturbed_mode
@@ -59,8 +60,8 @@ def test_rdp_bound_holds_on_a_one_dimensional_instance(ridge: float, z: float, x
     log_q = _log_density(grid, base_x, base_y, ridge, sigma)
     assert abs(math.exp(logsumexp(log_p)) * dt - 1) < 1e-6 and abs(math.exp(logsumexp(log_q)) * dt - 1) < 1e-6
     orders = [1.5, 2.0, 4.0, 10.0, 32.0]
-    jac = acc.objective_perturbation_jacobian(curvature_bound=0.25, ridge=ridge)
-    bound = acc.objective_perturbation_rdp(noise_multiplier=z, jacobian_log_ratio=jac, orders=orders)
+    jac = rdp_curves.objective_perturbation_jacobian(curvature_bound=0.25, ridge=ridge)
+    bound = rdp_curves.objective_perturbation_rdp(noise_multiplier=z, jacobian_log_ratio=jac, orders=orders)
     for k, a in enumerate(orders):
         for lp, lq in ((log_p, log_q), (log_q, log_p)):
             exact = (logsumexp(a * lp + (1 - a) * lq) + math.log(dt)) / (a - 1)
@@ -73,10 +74,10 @@ def test_rdp_bound_holds_on_a_one_dimensional_instance(ridge: float, z: float, x
 def test_rdp_bound_exceeds_the_gaussian_mechanism_it_extends() -> None:
     """Without the Jacobian term the bound is the Gaussian mechanism's ``alpha / (2 z^2)`` plus a
     non-negative term that vanishes at large orders relative to it."""
-    g = acc.gaussian_rdp(2.0)
-    op = acc.objective_perturbation_rdp(noise_multiplier=2.0, jacobian_log_ratio=0.0)
+    g = rdp_curves.gaussian_rdp(2.0)
+    op = rdp_curves.objective_perturbation_rdp(noise_multiplier=2.0, jacobian_log_ratio=0.0)
     assert np.all(op >= g) and np.all(op - g <= math.log(2) / (np.asarray(acc.RDP_ORDERS) - 1) + 1e-12)
-    assert acc.epsilon_of_rdp(g, 1e-6) == pytest.approx(acc.epsilon_rdp([acc.gaussian_event(2.0)], 1e-6), rel=1e-12)
+    assert rdp_curves.epsilon_of_rdp(g, 1e-6) == pytest.approx(acc.epsilon_rdp([acc.gaussian_event(2.0)], 1e-6), rel=1e-12)
 
 
 def _data(n: int = 400, seed: int = 0) -> torch.Tensor:
@@ -138,7 +139,7 @@ def test_public_arguments_are_checked() -> None:
         perturbed_mode(_data(10), FixedNoise(), model, feature_norm=1.0, ridge=0.0, centre=torch.zeros(4, dtype=DTYPE),
                        noise_multiplier=1.0, output_multiplier=1.0)
     with pytest.raises(ValueError):
-        acc.objective_perturbation_jacobian(curvature_bound=1.0, ridge=0.5)
+        rdp_curves.objective_perturbation_jacobian(curvature_bound=1.0, ridge=0.5)
 
 
 def test_noisy_curvature_is_the_score_statistics_curvature() -> None:
