@@ -178,28 +178,28 @@ def _fit_objective(model: Any, pts: torch.Tensor, fn: float, tb: float, epsilon:
     :func:`dpsummary.rdp_curves.objective_perturbation_rdp`, with the Jacobian term
     ``OP_JACOBIAN_SHARE * epsilon``), ``s`` bisected until the composed curve's epsilon meets the target.
     Its last ``RoundRelease`` is the perturbed mode read as a Newton round at that point."""
-    import numpy as np
-
     from dpsummary.noise_aware.rounds import init, step
     from dpsummary.private.objective import noisy_curvature, perturbed_mode
     from dpsummary.private.score_stats import noisy_score_statistics
 
     if model.name != "logistic":
         raise ValueError("the objective-perturbation arms are logistic only")
+    if randomness is None:
+        raise SystemExit("error: the objective-perturbation arms need --paired (a continuous seeded tilt; the "
+                         "release's discrete Gaussian is not one: dpsummary/private/objective.py)")
     sched = na.Schedule.default(model)
     placement = {"OP-last": sched.rounds[:-1], "OP-1": sched.rounds[:1]}.get(schedule, ())
     last = sched.rounds[-1]
     rest = 1.0 - sum(sum(r) for r in placement)
     op_share, curv_share = last if schedule == "OP-last" else (rest * last[0] / sum(last), rest * last[1] / sum(last))
     design_norm = model.design_norm_bound(fn)
-    jacobian = OP_JACOBIAN_SHARE * epsilon
-    ridge = (design_norm**2 / 4.0) / -math.expm1(-jacobian)
+    # The ridge whose Jacobian term is OP_JACOBIAN_SHARE of epsilon; the accounted term is then
+    # derived from the ridge actually used.
+    ridge = (design_norm**2 / 4.0) / -math.expm1(-OP_JACOBIAN_SHARE * epsilon)
+    jacobian = rdp_curves.objective_perturbation_jacobian(curvature_bound=design_norm**2 / 4.0, ridge=ridge)
     count = acc.calibrate_part(target_epsilon=COUNT_SHARE * epsilon, delta=delta)
     scale = objective_scale(epsilon, delta, placement=placement, shares=(op_share, curv_share), jacobian=jacobian,
                             count_multiplier=count)
-    if randomness is None:
-        raise SystemExit("error: the objective-perturbation arms need --paired (a continuous seeded tilt; the "
-                         "release's discrete Gaussian is not one: dpsummary/private/objective.py)")
     rnd = randomness
     bounds = na.public_bounds(model, feature_norm=fn, target_bound=tb)
 
@@ -224,8 +224,7 @@ def _fit_objective(model: Any, pts: torch.Tensor, fn: float, tb: float, epsilon:
                             curvature_bound=curvature_bound, score_noise_std=mode.score_noise_std,
                             curvature_noise_std=curv_mult * curvature_bound)
     multipliers.append((scale / math.sqrt(op_share), curv_mult))
-    posterior, raw = na.noise_aware_posterior(model, final)
-    assert bool(np.isfinite(posterior.mean.numpy()).all())
+    posterior, raw = na.noise_aware_posterior(model, final)  # finite, or NonFiniteFit
     return na.NoiseAwareFit(posterior=posterior, raw_posterior=raw, rounds=[*state.rounds, final],
                             noise_multipliers=multipliers, model=model, schedule=sched)
 

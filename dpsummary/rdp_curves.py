@@ -58,7 +58,7 @@ def gaussian_rdp(noise_multiplier: float, orders: Sequence[float] = RDP_ORDERS) 
 
 def epsilon_of_rdp(rdp: Any, delta: float, orders: Sequence[float] = RDP_ORDERS) -> float:
     """Epsilon at ``delta`` of a composed RDP curve on ``orders``, by Opacus's RDP-to-DP conversion
-    (the one :func:`epsilon_rdp` uses)."""
+    (the one :func:`dpsummary.accounting.epsilon_rdp` uses)."""
     _check_delta(delta)
     privacy_analysis = opacus_rdp_analysis()
     with warnings.catch_warnings():
