@@ -144,14 +144,19 @@ OP_SCHEDULES = ("OP-last", "OP-only", "OP-1")
 
 
 def objective_epsilon(scale: float, delta: float, *, placement: tuple[tuple[float, float], ...],
-                      shares: tuple[float, float], jacobian: float, count_multiplier: float) -> float:
+                      shares: tuple[float, float], jacobian: float, count_multiplier: float, dim: int) -> float:
     """Epsilon (RDP, converted at ``delta``) of an objective-perturbation arm at single scale
     ``scale``: the record count's Gaussian, the placement rounds' Gaussians at ``scale /
     sqrt(share)``, objective perturbation at ``scale / sqrt(shares[0])`` with Jacobian term
-    ``jacobian``, the curvature's Gaussian at ``scale / sqrt(shares[1])`` and the output
-    perturbation's at ``OP_OUTPUT_MULTIPLIER``."""
+    ``jacobian`` (the curve of the release's dithered tilt in ``dim`` coordinates,
+    :func:`dpsummary.rdp_curves.dithered_objective_perturbation_rdp`, which also bounds the seeded
+    continuous tilt of ``--paired``), the curvature's Gaussian at ``scale / sqrt(shares[1])`` and
+    the output perturbation's at ``OP_OUTPUT_MULTIPLIER``."""
+    from dpsummary.private.noise import TILT_GRID_RATIO
+
     rdp = (rdp_curves.gaussian_rdp(count_multiplier) + rdp_curves.gaussian_rdp(OP_OUTPUT_MULTIPLIER)
-           + rdp_curves.objective_perturbation_rdp(noise_multiplier=scale / math.sqrt(shares[0]), jacobian_log_ratio=jacobian)
+           + rdp_curves.dithered_objective_perturbation_rdp(noise_multiplier=scale / math.sqrt(shares[0]),
+                                                            jacobian_log_ratio=jacobian, dim=dim, grid_ratio=TILT_GRID_RATIO)
            + rdp_curves.gaussian_rdp(scale / math.sqrt(shares[1])))
     for s_share, c_share in placement:
         rdp = rdp + rdp_curves.gaussian_rdp(scale / math.sqrt(s_share)) + rdp_curves.gaussian_rdp(scale / math.sqrt(c_share))
@@ -179,14 +184,12 @@ def _fit_objective(model: Any, pts: torch.Tensor, fn: float, tb: float, epsilon:
     ``OP_JACOBIAN_SHARE * epsilon``), ``s`` bisected until the composed curve's epsilon meets the target.
     Its last ``RoundRelease`` is the perturbed mode read as a Newton round at that point."""
     from dpsummary.noise_aware.rounds import init, step
+    from dpsummary.private.mechanism import SystemRandomness
     from dpsummary.private.objective import noisy_curvature, perturbed_mode
     from dpsummary.private.score_stats import noisy_score_statistics
 
     if model.name != "logistic":
         raise ValueError("the objective-perturbation arms are logistic only")
-    if randomness is None:
-        raise SystemExit("error: the objective-perturbation arms need --paired (a continuous seeded tilt; the "
-                         "release's discrete Gaussian is not one: dpsummary/private/objective.py)")
     sched = na.Schedule.default(model)
     placement = {"OP-last": sched.rounds[:-1], "OP-1": sched.rounds[:1]}.get(schedule, ())
     last = sched.rounds[-1]
@@ -199,8 +202,8 @@ def _fit_objective(model: Any, pts: torch.Tensor, fn: float, tb: float, epsilon:
     jacobian = rdp_curves.objective_perturbation_jacobian(curvature_bound=design_norm**2 / 4.0, ridge=ridge)
     count = acc.calibrate_part(target_epsilon=COUNT_SHARE * epsilon, delta=delta)
     scale = objective_scale(epsilon, delta, placement=placement, shares=(op_share, curv_share), jacobian=jacobian,
-                            count_multiplier=count)
-    rnd = randomness
+                            count_multiplier=count, dim=model.param_dim)
+    rnd = randomness if randomness is not None else SystemRandomness()
     bounds = na.public_bounds(model, feature_norm=fn, target_bound=tb)
 
     def release(theta: torch.Tensor, sb: float, cb: float, sm: float, cm: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -541,6 +544,11 @@ class _SeededNoise:
 
     def gaussian(self, values: Any, *, noise_std: float, clip_norm: float) -> Any:
         return values + noise_std * self.rng.standard_normal(len(values))
+
+    def tilt(self, dim: int, *, noise_std: float) -> Any:
+        """Objective perturbation's tilt: a seeded continuous Gaussian (the release draws the
+        dithered discrete Gaussian, whose accounted curve also bounds this one)."""
+        return noise_std * self.rng.standard_normal(dim)
 
 
 def paired_curvature_bound(table: str, epsilons: list[float], runs: int) -> None:

@@ -912,7 +912,7 @@ def test_objective_perturbation_arm_meets_its_epsilon_and_reads_as_a_round() -> 
     nv: Any = _benchmark_module("noise_aware_variants")
     from dpsummary.models import DTYPE, LogisticRegression
 
-    arm = dict(placement=((0.02, 0.04),), shares=(0.705, 0.235), jacobian=0.05, count_multiplier=40.0)
+    arm = dict(placement=((0.02, 0.04),), shares=(0.705, 0.235), jacobian=0.05, count_multiplier=40.0, dim=3)
     scale = nv.objective_scale(1.0, 1e-6, **arm)
     assert nv.objective_epsilon(scale, 1e-6, **arm) <= 1.0 < nv.objective_epsilon(scale * (1 - 1e-5), 1e-6, **arm)
     g = torch.Generator().manual_seed(3)

@@ -83,6 +83,9 @@ class SystemRandomness:
             return pool.add(values)
         return noise.add_gaussian_noise(values, noise_std=noise_std, clip_norm=clip_norm)
 
+    def tilt(self, dim: int, *, noise_std: float) -> np.ndarray:
+        return noise.dithered_gaussian(dim, noise_std=noise_std)
+
     def close(self) -> None:
         """Stop every pool; noise drawn but not used is discarded."""
         for pool in self._pools.values():

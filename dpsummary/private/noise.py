@@ -231,3 +231,64 @@ class GaussianNoisePool:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+#: Objective perturbation's tilt grid (:func:`dithered_gaussian`): 2^k with
+#: k = floor(log2(noise_std)) - TILT_GRID_BITS, so the discrete part's scale ``noise_std / 2^k``
+#: is at least 2^40 grid steps and the grid's ratio to the noise sd at most 2^-40
+#: (:data:`TILT_GRID_RATIO`, which the accounting uses).
+TILT_GRID_BITS = 40
+#: Public upper bound on ``grid / noise_std`` for every tilt (see :data:`TILT_GRID_BITS`).
+TILT_GRID_RATIO = 2.0**-TILT_GRID_BITS
+#: :func:`tilt_rounding_bound` holds on the event ``||b|| <= TILT_TAIL_SDS noise_std sqrt(dim)``.
+TILT_TAIL_SDS = 64.0
+
+
+def tilt_grid(noise_std: float) -> float:
+    """The grid of :func:`dithered_gaussian` for this noise sd (a power of two, public)."""
+    if not (noise_std > 0 and math.isfinite(noise_std)):
+        raise ValueError("noise_std must be positive and finite")
+    return 2.0 ** (math.floor(math.log2(noise_std)) - TILT_GRID_BITS)
+
+
+def dithered_gaussian(dim: int, *, noise_std: float) -> np.ndarray:
+    """A draw of ``g (K + U)``: objective perturbation's tilt (:mod:`dpsummary.private.objective`).
+
+    ``K`` has independent coordinates from OpenDP's discrete Gaussian of scale ``noise_std / g`` on
+    the integers (exact arithmetic, OS entropy: ``make_gaussian`` applied to zeros returns ``g K``
+    exactly, :class:`GaussianNoisePool`'s argument), ``U`` is uniform on ``[-1/2, 1/2)^dim`` with
+    53 bits per coordinate from ``os.urandom`` and ``g`` is :func:`tilt_grid`. Why not the
+    release's discrete Gaussian: objective perturbation's proof is a change of variables, so the
+    tilt needs a **density**; the dither gives ``K`` one, piecewise constant,
+    ``p(b) = P(K = round(b / g)) / g^dim``, for which :func:`dpsummary.rdp_curves.dithered_objective_perturbation_rdp`
+    is proved. A textbook float Gaussian would have a density only in exact arithmetic and is
+    open to the floating-point attacks this module exists to close.
+
+    What is returned differs from the ideal ``g (K + U_exact)`` (``U_exact`` continuous, coupled
+    to the 53-bit ``U`` by truncation) by the truncation and one float addition per coordinate:
+    at most :func:`tilt_rounding_bound` in L2 norm, on an event of probability at least
+    ``1 - exp(-991 dim)``. The mechanism absorbs that into its solver tolerance. Noise only: it
+    never sees data."""
+    if dim < 1:
+        raise ValueError("dim must be positive")
+    grid = tilt_grid(noise_std)
+    meas = _gaussian_measurement(int(dim), float(noise_std), math.floor(math.log2(grid)))
+    lattice = np.asarray(meas([0.0] * int(dim)), dtype=np.float64)
+    dither = secure_uniform(int(dim)) - 0.5
+    return lattice + grid * dither
+
+
+def tilt_rounding_bound(dim: int, noise_std: float) -> float:
+    """L2 bound on ``||returned - ideal||`` for :func:`dithered_gaussian` (see there).
+
+    Per coordinate the 53-bit truncation of ``U`` moves ``g U`` by less than ``g 2^-53``, and the
+    float addition (round to nearest) by at most ``2^-53 |b_j|``; ``g K`` and ``g U`` are exact
+    floats while ``|K| < 2^53``. So the error is at most ``2^-53 (g sqrt(dim) + ||b||)``, and
+    ``2^-52 sqrt(dim) (g + TILT_TAIL_SDS noise_std)`` with room to spare whenever
+    ``||b|| <= TILT_TAIL_SDS noise_std sqrt(dim)``. ``g K`` is sub-Gaussian with variance proxy
+    ``noise_std^2`` per coordinate (Canonne, Kamath and Steinke 2020), so
+    ``P(||g K|| > 63 noise_std sqrt(dim)) <= 2^(dim/2) exp(-63^2 dim / 4) < exp(-991 dim)``, and
+    ``||g U|| <= g sqrt(dim) / 2`` always; on that event ``|K| < 2^53`` too for ``dim < 16,000``."""
+    if dim < 1 or dim >= 16_000:
+        raise ValueError("dim must lie in [1, 16000)")
+    return math.ldexp(math.sqrt(dim) * (tilt_grid(noise_std) + TILT_TAIL_SDS * noise_std), -52)

@@ -4,7 +4,8 @@ Issue 50's next design (``benchmarks/notebook/objective_perturbation.md``): the 
 last expansion is read at an anchor the rounds leave short of the mode; objective perturbation
 (Chaudhuri, Monteleoni and Sarwate 2011; Kifer, Smith and Thakurta 2012, Gaussian noise) releases
 the minimiser of a randomly tilted objective instead, so the anchor is the mode up to the noise.
-**A prototype: no release path calls this module yet** (only the arms of ``benchmarks/noise_aware_variants.py``).
+**No release path calls this module yet** (only the arms of ``benchmarks/noise_aware_variants.py``):
+the ledger has no event for its RDP curve (``benchmarks/notebook/objective_perturbation.md``).
 
 The mechanism (:func:`perturbed_mode`). With the records' design rows ``z_i = [1, x_i]`` projected
 to ``||x_i|| <= feature_norm`` (so ``||z_i|| <= L``), targets clamped to [0, 1] and non-finite
@@ -13,8 +14,9 @@ entries set to 0 (a total per-record function), a public ridge ``lam > 0`` centr
 
     J(theta) = - sum_i log p(y_i | z_i, theta) + lam / 2 ||theta - centre||^2 + b^T theta
 
-by damped Newton until the gradient's norm is at most ``GRADIENT_TOLERANCE * L`` (``gamma``),
-then adds ``N(0, (output_multiplier * 2 gamma / lam)^2 I_d)`` to the iterate: approximate minima
+by damped Newton until the gradient's norm is at most ``GRADIENT_TOLERANCE * L``,
+then adds ``N(0, (output_multiplier * 2 gamma / lam)^2 I_d)`` to the iterate (``gamma`` that
+tolerance plus the tilt's float rounding, below): approximate minima
 perturbation (Iyengar, Near, Song, Thakkar, Thakurta and Wang 2019). ``J`` is ``lam``-strongly
 convex, so the iterate is within ``gamma / lam`` of the exact minimiser ``theta_P``; given
 ``theta_P``, neighbours' iterates differ by at most ``2 gamma / lam``, so the released point is
@@ -37,13 +39,21 @@ the smaller Hessian is at least ``lam``). The privacy loss is therefore at most
 checked against the exact divergence of a one-dimensional instance by numerical integration
 (``tests/private/test_objective_perturbation.py``).
 
-**Not valid with the release's randomness yet.** The proof is a change of variables, so the tilt
-``b`` must have a Gaussian density; :class:`~dpsummary.private.mechanism.SystemRandomness` draws
-OpenDP's discrete Gaussian on a grid, under which the tilt that maps a neighbour to the same
-``theta`` lies off the grid and the argument fails. :func:`perturbed_mode` therefore refuses
-``SystemRandomness`` (a bug if a release reaches it); the benchmarks pass a seeded continuous
-stand-in. ``benchmarks/notebook/objective_perturbation.md`` ("What the release path needs") says
-what a release needs first.
+**The tilt the release draws** (:meth:`~dpsummary.private.randomness.TiltRandomness.tilt`).
+The proof is a change of variables, so ``b`` needs a density; the release's discrete Gaussian has
+none (the tilt that maps a neighbour to the same ``theta`` lies off its grid), and a textbook float
+Gaussian has one only in exact arithmetic. :class:`~dpsummary.private.mechanism.SystemRandomness`
+draws ``g (K + U)`` instead (:func:`dpsummary.private.noise.dithered_gaussian`: OpenDP's exact
+discrete Gaussian on a grid ``g <= 2^-40 sigma``, plus a uniform dither from OS entropy), whose
+density is piecewise constant; :func:`dpsummary.rdp_curves.dithered_objective_perturbation_rdp`
+is the bound above proved for it (``L`` grows by ``g sqrt(d)`` and ``log(2 Phi)`` becomes
+``log 2``; the calibrated multipliers agree to about 1e-6). The float value differs from the ideal
+draw by at most :func:`dpsummary.private.noise.tilt_rounding_bound` (on an event of probability
+at least ``1 - exp(-991 d)``, which the conversion's delta absorbs), so the iterate is a
+``gamma``-approximate minimiser of the ideal tilt's objective with ``gamma`` = the solver's
+tolerance plus that bound, and the output perturbation is sized on that ``gamma`` (and on
+OpenDP's input rounding, :func:`dpsummary.private.noise.rounding_slack`). Seeded benchmark doubles
+draw a continuous Gaussian and account it with the same dithered curve.
 
 Privacy caveats: ``feature_norm``, ``lam``, ``centre`` and the multipliers must be public
 (functions of the policy, the schema and earlier DP outputs). Nothing leaves this module but the
@@ -66,7 +76,7 @@ from ..models import DTYPE, Model
 from ..models.glm import GLM
 
 if TYPE_CHECKING:
-    from .randomness import PrivacyRandomness
+    from .randomness import PrivacyRandomness, TiltRandomness
 
 #: The solver's stopping tolerance on the objective's gradient norm, as a fraction of the design
 #: norm bound ``L`` (public). Float64 sums of up to 10^8 records err far below it.
@@ -104,7 +114,7 @@ def _design_and_target(points: torch.Tensor | np.ndarray, model: GLM, feature_no
     return model.design(torch.cat([x, y[:, None]], 1)), y
 
 
-def perturbed_mode(points: torch.Tensor | np.ndarray, randomness: PrivacyRandomness, model: GLM, *,
+def perturbed_mode(points: torch.Tensor | np.ndarray, randomness: TiltRandomness, model: GLM, *,
                    feature_norm: float, ridge: float, centre: torch.Tensor, noise_multiplier: float,
                    output_multiplier: float) -> PerturbedMode:
     """Release the perturbed mode of logistic regression (see the module docstring).
@@ -114,11 +124,10 @@ def perturbed_mode(points: torch.Tensor | np.ndarray, randomness: PrivacyRandomn
     (:func:`dpsummary.rdp_curves.objective_perturbation_rdp`), then a Gaussian of multiplier
     ``output_multiplier`` on sensitivity ``2 gamma / ridge``."""
     from .fixed_point import MechanismError
-    from .mechanism import SystemRandomness
+    from .noise import rounding_slack, tilt_rounding_bound
 
-    if isinstance(randomness, SystemRandomness):
-        raise MechanismError("objective perturbation needs a continuous tilt; the release's discrete Gaussian is not "
-                             "one (see the module docstring)")
+    if getattr(randomness, "tilt", None) is None:
+        raise MechanismError("objective perturbation needs a tilt with a density (TiltRandomness.tilt)")
     if getattr(model, "name", "") != "logistic":
         raise MechanismError("objective perturbation is implemented for logistic regression only")
     for name, value in (("feature_norm", feature_norm), ("ridge", ridge), ("noise_multiplier", noise_multiplier),
@@ -129,9 +138,14 @@ def perturbed_mode(points: torch.Tensor | np.ndarray, randomness: PrivacyRandomn
     z, y = _design_and_target(points, model, feature_norm)
     d = z.shape[1]
     centre = centre.detach().to(DTYPE)
-    b = torch.from_numpy(np.asarray(randomness.gaussian(np.zeros(d), noise_std=noise_multiplier * design_norm,
-                                                        clip_norm=design_norm), dtype=np.float64))
-    gamma = GRADIENT_TOLERANCE * design_norm
+    tilt_sd = noise_multiplier * design_norm
+    b = torch.from_numpy(np.asarray(randomness.tilt(d, noise_std=tilt_sd), dtype=np.float64))
+    if b.shape != (d,) or not bool(torch.isfinite(b).all()):
+        raise MechanismError("the tilt has the wrong shape or is not finite")
+    tolerance = GRADIENT_TOLERANCE * design_norm
+    # gamma bounds the gradient of the IDEAL tilt's objective at the iterate: the solver's
+    # tolerance plus the float tilt's distance from the ideal draw (module docstring).
+    gamma = tolerance + tilt_rounding_bound(d, tilt_sd)
 
     def gradient(theta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         eta = z @ theta
@@ -141,7 +155,7 @@ def perturbed_mode(points: torch.Tensor | np.ndarray, randomness: PrivacyRandomn
     grad, eta = gradient(theta)
     norm = float(torch.linalg.vector_norm(grad))
     iterations = 0
-    while norm > gamma:
+    while norm > tolerance:
         if iterations == MAX_ITERATIONS:
             raise MechanismError("objective perturbation's solver did not reach its tolerance")
         iterations += 1
@@ -161,12 +175,15 @@ def perturbed_mode(points: torch.Tensor | np.ndarray, randomness: PrivacyRandomn
                 break
             step *= 0.5
         theta, grad, eta, norm = trial, trial_grad, trial_eta, trial_norm
-    output_sd = output_multiplier * 2.0 * gamma / ridge
+    # Neighbours' iterates lie within gamma / ridge of the same exact minimiser; OpenDP rounds
+    # its input to a grid, which can add rounding_slack more (noise.add_gaussian_noise).
+    spread = 2.0 * gamma / ridge
+    sensitivity = spread + rounding_slack(spread, d)
+    output_sd = output_multiplier * sensitivity
     released = torch.from_numpy(np.asarray(randomness.gaussian(theta.numpy(), noise_std=output_sd,
-                                                               clip_norm=2.0 * gamma / ridge), dtype=np.float64))
+                                                               clip_norm=sensitivity), dtype=np.float64))
     return PerturbedMode(theta=released, score=ridge * (released - centre),
-                         score_noise_std=noise_multiplier * design_norm, output_noise_std=output_sd,
-                         iterations=iterations)
+                         score_noise_std=tilt_sd, output_noise_std=output_sd, iterations=iterations)
 
 
 def noisy_curvature(points: torch.Tensor | np.ndarray, randomness: PrivacyRandomness, model: Model,

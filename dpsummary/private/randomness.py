@@ -36,3 +36,14 @@ class PrivacyRandomness(Protocol):
     def gaussian(self, values: np.ndarray, *, noise_std: float, clip_norm: float) -> np.ndarray:
         """``values`` plus independent N(0, noise_std^2) noise per coordinate."""
         ...
+
+
+class TiltRandomness(PrivacyRandomness, Protocol):
+    """A :class:`PrivacyRandomness` that can also draw objective perturbation's tilt
+    (:mod:`dpsummary.private.objective`, the only caller); a protocol of its own so that the
+    replay doubles of mechanisms that never perturb an objective need not implement it."""
+
+    def tilt(self, dim: int, *, noise_std: float) -> np.ndarray:
+        """A draw with a density, sd ``noise_std`` per coordinate
+        (:func:`dpsummary.private.noise.dithered_gaussian` in the release)."""
+        ...
