@@ -44,8 +44,9 @@ Modes:
   most favourable public schema, as the older grids used). The record count stays private.
 
 Mechanisms: ``noise-aware-newton`` (the default for GLMs), ``dp-psvi`` (the paper's mechanism;
-the artifact's default posterior is the calibrated one) and ``noise-aware-cells`` (opt-in; public
-mode on tables with a small discrete schema only).
+the artifact's default posterior is the calibrated one), ``noise-aware-cells`` (opt-in; public
+mode on tables with a small discrete schema only) and ``noise-aware-objective`` (opt-in; logistic
+tables only: issue 50's objective perturbation).
 
 Tables: ``suite_tables.py`` (its docstring lists each table and its settings; the registry
 :data:`TABLES`; ``python benchmarks/calibration.py tables`` lists them). Verdicts, report and
@@ -181,7 +182,7 @@ __all__ = [
 ]
 
 EPSILONS = (0.1, 0.3, 1.0, 3.0)
-MECHANISMS = ("noise-aware-newton", "dp-psvi", "noise-aware-cells", "default")
+MECHANISMS = ("noise-aware-newton", "dp-psvi", "noise-aware-cells", "noise-aware-objective", "default")
 MODES = ("zero-config", "public")
 
 

@@ -53,7 +53,7 @@ import calibration as cal  # noqa: E402
 
 from dpsummary import accounting as acc  # noqa: E402
 from dpsummary import noise_aware as na  # noqa: E402
-from dpsummary import rdp_curves  # noqa: E402
+from dpsummary import objective_event  # noqa: E402
 from dpsummary.gaussian import DTYPE, GaussianPosterior  # noqa: E402
 
 #: The packaged default's record-count share of a public-schema release (normalised without the
@@ -145,22 +145,30 @@ OP_SCHEDULES = ("OP-last", "OP-only", "OP-1")
 
 def objective_epsilon(scale: float, delta: float, *, placement: tuple[tuple[float, float], ...],
                       shares: tuple[float, float], jacobian: float, count_multiplier: float, dim: int) -> float:
-    """Epsilon (RDP, converted at ``delta``) of an objective-perturbation arm at single scale
-    ``scale``: the record count's Gaussian, the placement rounds' Gaussians at ``scale /
-    sqrt(share)``, objective perturbation at ``scale / sqrt(shares[0])`` with Jacobian term
-    ``jacobian`` (the curve of the release's dithered tilt in ``dim`` coordinates,
-    :func:`dpsummary.rdp_curves.dithered_objective_perturbation_rdp`, which also bounds the seeded
-    continuous tilt of ``--paired``), the curvature's Gaussian at ``scale / sqrt(shares[1])`` and
-    the output perturbation's at ``OP_OUTPUT_MULTIPLIER``."""
+    """Epsilon (the RDP accountant of record, at ``delta``) of an objective-perturbation arm at
+    single scale ``scale``, from the ledger events a release would record
+    (:func:`objective_events`)."""
+    return acc.epsilon(objective_events(scale, placement=placement, shares=shares, jacobian=jacobian,
+                                        count_multiplier=count_multiplier, dim=dim), delta, "rdp")
+
+
+def objective_events(scale: float, *, placement: tuple[tuple[float, float], ...], shares: tuple[float, float],
+                     jacobian: float, count_multiplier: float, dim: int) -> list[Any]:
+    """The events of an objective-perturbation arm: the record count's Gaussian, the placement
+    rounds' Gaussians at ``scale / sqrt(share)``, objective perturbation at ``scale /
+    sqrt(shares[0])`` with Jacobian term ``jacobian`` in ``dim`` coordinates
+    (:class:`dpsummary.objective_event.ObjectivePerturbationDpEvent`, the release's dithered tilt;
+    its curve also bounds the seeded continuous tilt of ``--paired``), the output perturbation's
+    Gaussian at ``OP_OUTPUT_MULTIPLIER`` and the curvature's at ``scale / sqrt(shares[1])``."""
+    from dpsummary.objective_event import ObjectivePerturbationDpEvent
     from dpsummary.private.noise import TILT_GRID_RATIO
 
-    rdp = (rdp_curves.gaussian_rdp(count_multiplier) + rdp_curves.gaussian_rdp(OP_OUTPUT_MULTIPLIER)
-           + rdp_curves.dithered_objective_perturbation_rdp(noise_multiplier=scale / math.sqrt(shares[0]),
-                                                            jacobian_log_ratio=jacobian, dim=dim, grid_ratio=TILT_GRID_RATIO)
-           + rdp_curves.gaussian_rdp(scale / math.sqrt(shares[1])))
+    events = [acc.gaussian_event(count_multiplier)]
     for s_share, c_share in placement:
-        rdp = rdp + rdp_curves.gaussian_rdp(scale / math.sqrt(s_share)) + rdp_curves.gaussian_rdp(scale / math.sqrt(c_share))
-    return rdp_curves.epsilon_of_rdp(rdp, delta)
+        events += [acc.gaussian_event(scale / math.sqrt(s_share)), acc.gaussian_event(scale / math.sqrt(c_share))]
+    return [*events, ObjectivePerturbationDpEvent(noise_multiplier=scale / math.sqrt(shares[0]), jacobian_log_ratio=jacobian,
+                                                  dim=dim, grid_ratio=TILT_GRID_RATIO),
+            acc.gaussian_event(OP_OUTPUT_MULTIPLIER), acc.gaussian_event(scale / math.sqrt(shares[1]))]
 
 
 def objective_scale(epsilon: float, delta: float, **arm: Any) -> float:
@@ -180,7 +188,7 @@ def _fit_objective(model: Any, pts: torch.Tensor, fn: float, tb: float, epsilon:
     the whole ``epsilon`` with the record count's Gaussian as a prior part, as :func:`_fit` calibrates
     today's schedule: a single scale ``s`` with every Gaussian at ``s / sqrt(share)`` and the
     perturbed objective's noise at ``s / sqrt(score share)`` (its RDP curve,
-    :func:`dpsummary.rdp_curves.objective_perturbation_rdp`, with the Jacobian term
+    :class:`dpsummary.objective_event.ObjectivePerturbationDpEvent`, with the Jacobian term
     ``OP_JACOBIAN_SHARE * epsilon``), ``s`` bisected until the composed curve's epsilon meets the target.
     Its last ``RoundRelease`` is the perturbed mode read as a Newton round at that point."""
     from dpsummary.noise_aware.rounds import init, step
@@ -190,6 +198,8 @@ def _fit_objective(model: Any, pts: torch.Tensor, fn: float, tb: float, epsilon:
 
     if model.name != "logistic":
         raise ValueError("the objective-perturbation arms are logistic only")
+    if schedule == "OP-1":
+        return _fit_objective_release(model, pts, fn, tb, epsilon, delta, randomness)
     sched = na.Schedule.default(model)
     placement = {"OP-last": sched.rounds[:-1], "OP-1": sched.rounds[:1]}.get(schedule, ())
     last = sched.rounds[-1]
@@ -199,7 +209,7 @@ def _fit_objective(model: Any, pts: torch.Tensor, fn: float, tb: float, epsilon:
     # The ridge whose Jacobian term is OP_JACOBIAN_SHARE of epsilon; the accounted term is then
     # derived from the ridge actually used.
     ridge = (design_norm**2 / 4.0) / -math.expm1(-OP_JACOBIAN_SHARE * epsilon)
-    jacobian = rdp_curves.objective_perturbation_jacobian(curvature_bound=design_norm**2 / 4.0, ridge=ridge)
+    jacobian = objective_event.objective_perturbation_jacobian(curvature_bound=design_norm**2 / 4.0, ridge=ridge)
     count = acc.calibrate_part(target_epsilon=COUNT_SHARE * epsilon, delta=delta)
     scale = objective_scale(epsilon, delta, placement=placement, shares=(op_share, curv_share), jacobian=jacobian,
                             count_multiplier=count, dim=model.param_dim)
@@ -230,6 +240,35 @@ def _fit_objective(model: Any, pts: torch.Tensor, fn: float, tb: float, epsilon:
     posterior, raw = na.noise_aware_posterior(model, final)  # finite, or NonFiniteFit
     return na.NoiseAwareFit(posterior=posterior, raw_posterior=raw, rounds=[*state.rounds, final],
                             noise_multipliers=multipliers, model=model, schedule=sched)
+
+
+def _fit_objective_release(model: Any, pts: torch.Tensor, fn: float, tb: float, epsilon: float, delta: float,
+                           randomness: Any = None) -> na.NoiseAwareFit:
+    """``OP-1`` through the release's own code (``--mechanism noise-aware-objective``): its plan
+    (:func:`dpsummary.noise_aware.objective.objective_schedule`), its calibration with the record
+    count's Gaussian as the prior part, its last round and :func:`dpsummary.noise_aware.fit` with
+    the release's schedule flags; the harness's variants then read its rounds as before."""
+    from dpsummary.noise_aware.objective import (
+        calibrate_objective,
+        objective_schedule,
+        records_round,
+    )
+    from dpsummary.private.mechanism import PrivateRecords
+
+    plan = objective_schedule(model, epsilon=epsilon, feature_norm=fn)
+    count = acc.gaussian_event(acc.calibrate_part(target_epsilon=COUNT_SHARE * epsilon, delta=delta))
+    sigma, _ = calibrate_objective(plan, target_epsilon=epsilon, delta=delta, prior_events=[count])
+    records = PrivateRecords(pts, randomness=randomness)
+    bounds = na.public_bounds(model, feature_norm=fn, target_bound=tb)
+
+    def release(theta: torch.Tensor, sb: float, cb: float, sm: float, cm: float) -> tuple[torch.Tensor, torch.Tensor]:
+        st = records.noisy_score_statistics(model, theta, score_bound=sb, curvature_bound=cb,
+                                            score_noise_multiplier=sm, curvature_noise_multiplier=cm)
+        return st.score, st.curvature
+
+    return na.fit(model, release, bounds, schedule=plan.schedule, sigma=sigma, feature_norm=fn, target_bound=tb,
+                  generator=torch.Generator().manual_seed(0), relations=None, support=None,
+                  last=records_round(plan, records, model, feature_norm=fn, bounds=bounds))
 
 
 def _with_feature_range(sched: na.Schedule, share: float) -> na.Schedule:

@@ -2,8 +2,8 @@
 
 Privacy model
 -------------
-Add/remove-one-record adjacency. Every mechanism in dpsummary is a (possibly Poisson-subsampled)
-Gaussian mechanism, so every privacy cost is described by a list of Opacus history triples
+Add/remove-one-record adjacency. Every mechanism in dpsummary but objective perturbation is a
+(possibly Poisson-subsampled) Gaussian mechanism, so every such privacy cost is described by a list of Opacus history triples
 ``(noise_multiplier, sample_rate, steps)``; a plain Gaussian mechanism (DP count, DP
 preprocessing) is the triple ``(sigma, 1.0, 1)``.
 
@@ -17,6 +17,9 @@ the Opacus accountants cannot account for it:
 * ``SelfComposedDpEvent(<supported>, count)``
 * ``ComposedDpEvent([<supported>, ...])``
 * ``NoOpDpEvent()`` (costs nothing)
+* ``dpsummary.objective_event.ObjectivePerturbationDpEvent`` (objective perturbation's perturbed
+  minimiser; **RDP only**: its curve is an RDP bound, so :func:`events_to_history`, which the PRV
+  and PLD accountants read, refuses it and :func:`events_to_rdp_parts` carries it apart)
 
 Composition of several releases on one data source is ONE accountant over the concatenated
 histories (:func:`epsilon` over the concatenated event list), never the sum of the per-release
@@ -49,6 +52,10 @@ from typing import Any, Literal
 
 # The event classes only: the command line defers dp_accounting's __init__ (cli.common.DEFERRED_PACKAGES).
 from dp_accounting import dp_event as dpa
+
+from .objective_event import ObjectivePerturbationDpEvent, objective_perturbation_rdp_event
+from .opacus_loader import opacus_accountants as opacus_accountants
+from .opacus_loader import opacus_rdp_analysis as opacus_rdp_analysis
 
 Accountant = Literal["rdp", "prv", "pld"]
 ACCOUNTANTS: tuple[Accountant, ...] = ("rdp", "prv", "pld")
@@ -83,6 +90,9 @@ _SUPPORTED = {
     "ComposedDpEvent": dpa.ComposedDpEvent,
     "NoOpDpEvent": dpa.NoOpDpEvent,
 }
+
+#: dpsummary's own event types, by (module, class): objective perturbation (RDP only).
+_OWN_EVENTS = {(ObjectivePerturbationDpEvent.__module__, "ObjectivePerturbationDpEvent"): ObjectivePerturbationDpEvent}
 
 
 class UnsupportedEventError(ValueError):
@@ -136,8 +146,21 @@ def _append_triple(history: list[Triple], triple: Triple) -> None:
         history.append(triple)
 
 
-def _flatten(event: dpa.DpEvent, mult: int, out: list[Triple]) -> None:
+#: An RDP-only event and how many times it composes (see :func:`events_to_rdp_parts`).
+Curve = tuple[ObjectivePerturbationDpEvent, int]
+
+
+def _flatten(event: dpa.DpEvent, mult: int, out: list[Triple], curves: list[Curve] | None = None) -> None:
     if isinstance(event, dpa.NoOpDpEvent):
+        return
+    if isinstance(event, ObjectivePerturbationDpEvent):
+        if curves is None:
+            raise UnsupportedEventError("objective perturbation is accounted by the RDP accountant only")
+        try:
+            objective_perturbation_rdp_event(event, RDP_ORDERS[:1])
+        except ValueError as exc:
+            raise UnsupportedEventError(f"objective perturbation event: {exc}") from None
+        curves.append((event, mult))
         return
     if isinstance(event, dpa.GaussianDpEvent):
         _append_triple(out, _check_triple(event.noise_multiplier, 1.0, mult))
@@ -157,13 +180,16 @@ def _flatten(event: dpa.DpEvent, mult: int, out: list[Triple]) -> None:
         if event.count == 0:
             return
         inner: list[Triple] = []
-        _flatten(event.event, 1, inner)
+        inner_curves: list[Curve] | None = None if curves is None else []
+        _flatten(event.event, 1, inner, inner_curves)
         # RDP/PRV/PLD composition is commutative: (A, B) x n accounts like (A x n, B x n).
         for s, q, t in inner:
             _append_triple(out, (s, q, t * event.count * mult))
+        if curves is not None and inner_curves:
+            curves.extend((e, t * event.count * mult) for e, t in inner_curves)
     elif isinstance(event, dpa.ComposedDpEvent):
         for e in event.events:
-            _flatten(e, mult, out)
+            _flatten(e, mult, out, curves)
     else:
         raise UnsupportedEventError(f"cannot account for {type(event).__name__}")
 
@@ -181,6 +207,32 @@ def events_to_history(events: Iterable[dpa.DpEvent]) -> list[Triple]:
             raise UnsupportedEventError(f"not a DpEvent: {type(e).__name__}")
         _flatten(e, 1, out)
     return out
+
+
+def events_to_rdp_parts(events: Iterable[dpa.DpEvent]) -> tuple[list[Triple], list[Curve]]:
+    """The history triples of :func:`events_to_history` and, apart, the RDP-only events
+    (objective perturbation, :mod:`dpsummary.objective_event`) with their composition counts:
+    what the RDP accountant composes. The PRV and PLD accountants use
+    :func:`events_to_history`, which refuses RDP-only events."""
+    out: list[Triple] = []
+    curves: list[Curve] = []
+    for e in events:
+        if not isinstance(e, dpa.DpEvent):
+            raise UnsupportedEventError(f"not a DpEvent: {type(e).__name__}")
+        _flatten(e, 1, out, curves)
+    return out, curves
+
+
+def rdp_only(events: Iterable[dpa.DpEvent]) -> bool:
+    """Whether any event can be composed by the RDP accountant alone (a public fact of the plan)."""
+    return bool(events_to_rdp_parts(events)[1])
+
+
+def composable(events: Sequence[dpa.DpEvent], accountants: Iterable[Accountant] = ACCOUNTANTS) -> tuple[Accountant, ...]:
+    """Those of ``accountants`` that can compose ``events``: all, or ``"rdp"`` alone when an
+    event is RDP only (:func:`rdp_only`)."""
+    only = rdp_only(events)
+    return tuple(a for a in accountants if a == "rdp" or not only)
 
 
 def event_to_triples(event: dpa.DpEvent) -> list[Triple]:
@@ -217,7 +269,7 @@ def event_to_json(event: dpa.DpEvent) -> dict[str, Any]:
     with nested events as nested dicts, lists for ``ComposedDpEvent.events``, noise multipliers and
     probabilities as floats and counts as ints. Unsupported event types are rejected.
     """
-    event_to_triples(event)  # validates the whole tree
+    events_to_rdp_parts([event])  # validates the whole tree
     return _normalise_json(_nt_to_json(event.to_named_tuple()))
 
 
@@ -228,7 +280,7 @@ def _normalise_json(d: Any) -> Any:
     if not isinstance(d, dict):
         return d
     out = {k: _normalise_json(v) for k, v in d.items()}
-    for k in ("noise_multiplier", "sampling_probability"):
+    for k in ("noise_multiplier", "sampling_probability", "jacobian_log_ratio", "grid_ratio"):
         if k in out:
             out[k] = float(out[k])
     return out
@@ -242,12 +294,14 @@ def _json_to_nt(d: Any, depth: int = 0) -> Any:
     if not isinstance(d, dict):
         return d
     module, cls = d.get("module_name"), d.get("class_name")
-    if module != _EVENT_MODULE or cls not in _SUPPORTED:
+    module, cls = str(module), str(cls)
+    known = _SUPPORTED.get(cls) if module == _EVENT_MODULE else _OWN_EVENTS.get((module, cls))
+    if known is None:
         # Never let ledger content choose a module to import (from_named_tuple imports it).
         raise UnsupportedEventError(f"unsupported event in JSON: {module!r}.{cls!r}")
     import attr
 
-    expected = {f.name for f in attr.fields(_SUPPORTED[cls])}
+    expected = {f.name for f in attr.fields(known)}
     fields = set(d) - {"module_name", "class_name"}
     if fields != expected:
         raise UnsupportedEventError(f"{cls} JSON has fields {sorted(fields)}, expected {sorted(expected)}")
@@ -266,7 +320,7 @@ def event_from_json(d: dict[str, Any]) -> dpa.DpEvent:
         raise
     except Exception as exc:  # attrs/type errors from malformed JSON
         raise UnsupportedEventError(f"malformed event JSON: {exc}") from None
-    event_to_triples(event)
+    events_to_rdp_parts([event])
     return event
 
 
@@ -288,76 +342,6 @@ def _check_delta(delta: float) -> None:
         raise ValueError(f"delta must lie in (0, 1), got {delta!r}")
 
 
-#: Name under which :func:`opacus_accountants` loads Opacus's ``accountants`` package when Opacus
-#: itself is not imported (see there).
-_OPACUS_MIRROR = "dpsummary._opacus_accountants"
-_OPACUS_MIRROR_LOCK = threading.Lock()  # the claim's accountants run on a second thread
-
-
-class _OpacusAccountantBase:
-    """What Opacus's RDP and PRV accountants use of their base class
-    ``opacus.accountants.accountant.IAccountant``: ``__init__`` starting an empty ``history``
-    (the rest of that class wires accountants to Opacus's DP optimiser, which is why importing
-    it imports the optimiser package)."""
-
-    def __init__(self) -> None:
-        self.history: list[Any] = []
-
-
-def opacus_accountants(submodule: str) -> Any:
-    """A module of Opacus's ``opacus.accountants`` package (``"prv"``, ``"rdp"``,
-    ``"analysis.rdp"``, ...), without ``import opacus``.
-
-    Importing any Opacus module the usual way runs ``opacus/__init__``, which imports the whole
-    privacy engine (DP optimisers, grad samplers, ``torch.distributed``): 0.65 s of a release's
-    wall time plus about 0.3 s of interpreter shutdown (issue 29's profile), for accountants that
-    are pure numpy/scipy. If Opacus is already imported (DP-VI, tests) its own modules are
-    returned. Otherwise the files of the installed ``opacus/accountants`` directory are executed
-    under the package name :data:`_OPACUS_MIRROR`, whose ``accountant`` module is
-    :class:`_OpacusAccountantBase` (the one base-class member the RDP and PRV accountants use);
-    every other module, relative import included, is Opacus's own file. Same code, same numbers:
-    tests/test_accounting.py checks that both routes agree bit for bit."""
-    import importlib
-    import sys
-
-    if "opacus.accountants" in sys.modules:
-        return importlib.import_module(f"opacus.accountants.{submodule}")
-    with _OPACUS_MIRROR_LOCK:
-        if _OPACUS_MIRROR not in sys.modules:
-            _install_opacus_mirror()
-    return importlib.import_module(f"{_OPACUS_MIRROR}.{submodule}")
-
-
-def _install_opacus_mirror() -> None:
-    """Register the :data:`_OPACUS_MIRROR` package (see :func:`opacus_accountants`)."""
-    import importlib.machinery
-    import importlib.util
-    import sys
-    import types
-    from pathlib import Path
-
-    package = importlib.util.find_spec("opacus")
-    if package is None or not package.submodule_search_locations:
-        raise ImportError("opacus is not installed")
-    location = str(Path(next(iter(package.submodule_search_locations))) / "accountants")
-    mirror = types.ModuleType(_OPACUS_MIRROR, "opacus/accountants loaded without opacus/__init__")
-    mirror.__spec__ = importlib.machinery.ModuleSpec(_OPACUS_MIRROR, None, is_package=True)
-    mirror.__spec__.submodule_search_locations = [location]
-    mirror.__path__ = [location]
-    mirror.__package__ = _OPACUS_MIRROR
-    base = types.ModuleType(f"{_OPACUS_MIRROR}.accountant")
-    base.IAccountant = _OpacusAccountantBase  # type: ignore[attr-defined]
-    sys.modules[f"{_OPACUS_MIRROR}.accountant"] = base
-    sys.modules[_OPACUS_MIRROR] = mirror
-
-
-def opacus_rdp_analysis() -> Any:
-    """Opacus's RDP analysis module (``opacus.accountants.analysis.rdp``), without ``import opacus``
-    (:func:`opacus_accountants`): pure numpy/scipy, four functions; the accountant of record is
-    unchanged (tests/test_accounting.py checks both routes agree bit for bit)."""
-    return opacus_accountants("analysis.rdp")
-
-
 def _rdp_one_step(sample_rate: float, noise_multiplier: float) -> Any:
     """Opacus's ``compute_rdp`` for one step on :data:`RDP_ORDERS` (cached; read-only array)."""
     privacy_analysis = opacus_rdp_analysis()
@@ -371,7 +355,8 @@ def _rdp_one_step(sample_rate: float, noise_multiplier: float) -> Any:
     return vec
 
 
-def _rdp_privacy_spent(history: Sequence[Triple], delta: float, *, reference: bool = False) -> tuple[float, float]:
+def _rdp_privacy_spent(history: Sequence[Triple], delta: float, *, reference: bool = False,
+                       curves: Sequence[Curve] = ()) -> tuple[float, float]:
     """``RDPAccountant(history).get_privacy_spent(delta, alphas=RDP_ORDERS)``: the one-step RDP
     vectors times their step counts, summed in history order, then Opacus's RDP-to-DP conversion.
 
@@ -383,7 +368,8 @@ def _rdp_privacy_spent(history: Sequence[Triple], delta: float, *, reference: bo
     privacy_analysis = opacus_rdp_analysis()
 
     one_step = _rdp_one_step if reference else _rdp_one_step_fast
-    rdp = sum([one_step(q, s) * t for (s, q, t) in history])
+    rdp = sum([one_step(q, s) * t for (s, q, t) in history]
+              + [objective_perturbation_rdp_event(e, RDP_ORDERS) * t for e, t in curves])
     with warnings.catch_warnings():
         # Opacus warns when the optimum is at the grid's edge; see rdp_optimal_order.
         warnings.simplefilter("ignore")
@@ -502,26 +488,27 @@ def epsilon_rdp(events: Sequence[dpa.DpEvent], delta: float) -> float:
     multipliers are calibrated so that :func:`epsilon_rdp_opacus` (the bit-exact loop) meets the
     target, and ``dpsummary audit`` recomputes with that loop."""
     _check_delta(delta)
-    history = events_to_history(events)
-    if not history:
+    history, curves = events_to_rdp_parts(events)
+    if not history and not curves:
         return 0.0
-    return _rdp_privacy_spent(history, delta)[0]
+    return _rdp_privacy_spent(history, delta, curves=curves)[0]
 
 
 def epsilon_rdp_opacus(events: Sequence[dpa.DpEvent], delta: float) -> float:
     """:func:`epsilon_rdp` computed by Opacus's own per-order loop: bit for bit what
     ``RDPAccountant`` returns (about 30-100 ms per distinct (q, sigma); cached)."""
     _check_delta(delta)
-    history = events_to_history(events)
-    if not history:
+    history, curves = events_to_rdp_parts(events)
+    if not history and not curves:
         return 0.0
-    return _rdp_privacy_spent(history, delta, reference=True)[0]
+    return _rdp_privacy_spent(history, delta, reference=True, curves=curves)[0]
 
 
 def rdp_optimal_order(events: Sequence[dpa.DpEvent], delta: float) -> float:
     """The RDP order at which :func:`epsilon_rdp` is attained (the grid edge means: extend it)."""
     _check_delta(delta)
-    return _rdp_privacy_spent(events_to_history(events), delta)[1]
+    history, curves = events_to_rdp_parts(events)
+    return _rdp_privacy_spent(history, delta, curves=curves)[1]
 
 
 def epsilon_prv(events: Sequence[dpa.DpEvent], delta: float) -> float:
@@ -604,6 +591,9 @@ class _AccountantWorker:
 _WORKER: _AccountantWorker | None = None
 
 
+_WORKER_LOCK = threading.Lock()  # the claim's accountants run on a second thread
+
+
 def start_accountant_worker() -> None:
     """Start (once per process) a child process that evaluates the PRV and PLD accountants for
     this one.
@@ -617,7 +607,7 @@ def start_accountant_worker() -> None:
     in this process: the same code and the same floats, only slower. The worker sees public
     values only (noise multipliers, sampling rates, step counts and delta), never a record."""
     global _WORKER
-    with _OPACUS_MIRROR_LOCK:
+    with _WORKER_LOCK:
         if _WORKER is not None:
             return
         import atexit

@@ -90,7 +90,9 @@ class SourceRow:
     reservations: int
     delta: float
     composed_rdp: float
-    composed_pld: float
+    #: None when the source's events include one only the RDP accountant composes (objective
+    #: perturbation, :mod:`dpsummary.objective_event`): PLD cannot, and the column says so ("-").
+    composed_pld: float | None
     naive_sum_rdp: float
     total_epsilon: float
     within_budget: bool  # under the policy's accountant of record
@@ -282,7 +284,8 @@ def audit(
                 if delta is None or not (0 < delta < 1):
                     raise ValueError("bad delta")
                 eps_rdp = acc.epsilon_rdp_opacus(events, float(delta))
-                eps_pld = acc.epsilon_pld(events, float(delta))
+                # RDP-only events (objective perturbation) have no PLD: the column shows "-".
+                eps_pld = None if acc.rdp_only(events) else acc.epsilon_pld(events, float(delta))
             except ValueError as exc:
                 flags.append(f"unaccountable ({exc})")
                 events = None
@@ -293,7 +296,12 @@ def audit(
                         continue
                     recomputed = {"rdp": eps_rdp, "pld": eps_pld}.get(name)
                     if recomputed is None:
-                        recomputed = acc.epsilon(events, float(delta), name)
+                        try:
+                            recomputed = acc.epsilon(events, float(delta), name)
+                        except acc.UnsupportedEventError:
+                            # A stored epsilon under an accountant that cannot compose these events.
+                            flags.append("stored-epsilon-malformed")
+                            continue
                     if abs(float(value) - recomputed) > EPS_MISMATCH_TOL:
                         flags.append("stored-epsilon-mismatch")
                         mismatches.append(
@@ -341,7 +349,15 @@ def audit(
                      f"{policy.total_delta:.3g}, so it was released under another policy; pass that policy "
                      "with --policy to compare with its budget")
         slack = acc.selection_slack(extra_list.get(s, []))
-        if d <= 0:
+        pld: float | None
+        if d > 0 and acc.rdp_only(ev) and policy.accountant != "rdp":
+            # Objective perturbation's events compose under RDP only: a policy whose accountant of
+            # record is another cannot have charged them, so the source is reported over budget.
+            rdp = acc.epsilon_rdp_opacus(ev, d) + slack
+            pld, of_record = None, float("inf")
+            basis = basis or (f"holds objective-perturbation events, which only the RDP accountant composes; the "
+                              f"policy's accountant of record is {policy.accountant}")
+        elif d <= 0:
             # The source's partition selection alone spent the policy's total_delta: no delta is
             # left to compose at, so it is over its delta budget (no epsilon is finite there).
             inf = float("inf")
@@ -354,7 +370,7 @@ def audit(
             # claim's computation); the two independent columns (Opacus RDP, dp-accounting PLD) add
             # the same slack to their own recomputation.
             rdp = acc.epsilon_rdp_opacus(ev, d) + slack
-            pld = acc.epsilon_pld(ev, d) + slack
+            pld = None if acc.rdp_only(ev) else acc.epsilon_pld(ev, d) + slack
             of_record = acc.composed_epsilon(ev, delta=d, extra_deltas=extra_list.get(s, []),
                                              accountant=policy.accountant)
         sources.append(

@@ -183,7 +183,8 @@ class LedgerState:
 @dataclass
 class Spent:
     """Budget spent by one source: composed epsilon per accountant (one accountant over all
-    charged events, at ``delta``), the naive sum of per-reservation epsilons, active holds."""
+    charged events, at ``delta``; only ``"rdp"`` when the events include objective perturbation's,
+    which no other accountant composes), the naive sum of per-reservation epsilons, active holds."""
 
     source_id: str
     delta: float
@@ -762,6 +763,12 @@ class Ledger:
             total_delta = policy.total_delta - sum(extras)
             if total_delta <= 0:
                 raise BudgetExceeded(f"delta budget of source {source_id!r} exhausted (total_delta {policy.total_delta:.3g})")
+            if accountant != "rdp" and acc.rdp_only([*charged, *events]):
+                # Objective perturbation's events (this reserve's or charged before) compose
+                # under RDP only; a public fact of the policy and the ledger, checked before charging.
+                raise LedgerError(f"source {source_id!r} would hold objective-perturbation events, which only the rdp "
+                                  f"accountant composes, but the policy's accountant is {accountant}: set accountant: "
+                                  "rdp in the policy")
             composed = acc.composed_epsilon([*charged, *events], delta=total_delta, extra_deltas=extras,
                                             accountant=accountant)
             holds = _active_holds(st.entries, source_id)
@@ -894,8 +901,10 @@ def _spent(
     extras = _charged_extra_deltas(entries, source_id)
     delta = max(delta - sum(extras), 1e-300)
     charged = _charged_events(entries, source_id)
+    # Objective perturbation's events compose under RDP only: the other accountants are left out.
     composed: dict[str, float] = {
-        a: acc.composed_epsilon(charged, delta=delta, extra_deltas=extras, accountant=a) for a in accountants
+        a: acc.composed_epsilon(charged, delta=delta, extra_deltas=extras, accountant=a)
+        for a in acc.composable(charged, accountants)
     }
     naive = sum(
         acc.epsilon(acc.events_from_json(e["events"]), float(e["delta"]), _accountant(e))

@@ -355,6 +355,13 @@ def plan_public(req: ReleaseRequest, say: NoticeFn) -> PublicPlan:
         pol.check_model(req.model)
     mechanism = REGISTRY[req.mechanism or ""]
     mechanism.check_public(req, None)  # the mechanism's refusals on the options alone
+    if req.engine not in mechanism.engines:
+        raise ReleaseError(f"--mechanism {mechanism.name} runs on --engine {' or '.join(mechanism.engines)} only",
+                           fix=f"pass --engine {mechanism.engines[0]}, or choose another --mechanism")
+    if accountant not in mechanism.accountants:
+        raise PolicyRefusal(f"--mechanism {mechanism.name} is accounted by the {' or '.join(mechanism.accountants)} "
+                            f"accountant only; the policy's accountant of record is {accountant}",
+                            fix=f"set accountant = \"{mechanism.accountants[0]}\" in the policy, or choose another --mechanism")
     if req.engine == "spark":
         from .spark.session import public_header
 
@@ -620,7 +627,9 @@ def run_stage2(
     mark = checkpoint or (lambda _name: None)
     pol = public.policy
     pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dpsummary-accounting")
-    claimed = pool.submit(acc.epsilons, [*public.stage1.events, *plan.events], public.delta)
+    events = [*public.stage1.events, *plan.events]
+    # Every accountant that can compose the events (objective perturbation's: RDP alone).
+    claimed = pool.submit(acc.epsilons, events, public.delta, acc.composable(events))
     pool.shutdown(wait=False)
     rules = pol.data_quality
     encoded = source.encode(plan.transform, missing_numeric=rules.missing_numeric,

@@ -114,3 +114,27 @@ def test_ledger_audit_and_accounting_agree_on_composed_epsilon(tmp_path):
     assert src.composed_of_record == expect
     assert src.composed_rdp == pytest.approx(expect, rel=1e-9)  # Opacus' own recomputation
     assert src.composed_pld == pytest.approx(spent.composed["pld"], rel=1e-12)
+
+
+def test_objective_perturbation_events_audit_under_rdp_alone(tmp_path):
+    """A reserve holding objective perturbation's event is accountable (no flag): the auditor's
+    RDP column recomputes it, the PLD columns say "-" (PLD cannot compose it), and a policy whose
+    accountant of record is not RDP reports the source over budget with the reason."""
+    from dpsummary.objective_event import ObjectivePerturbationDpEvent
+
+    info = keys.generate_keypair(tmp_path / "k")
+    led = L.Ledger(tmp_path / "l.jsonl", keys.load_private_key(info.private_path), info.keyid)
+    op = ObjectivePerturbationDpEvent(noise_multiplier=6.0, jacobian_log_ratio=0.02, dim=5, grid_ratio=2.0**-40)
+    events = [dpa.GaussianDpEvent(5.0), op]
+    led.reserve(source_id="s", events=events, delta=DELTA, policy=_policy(), release_id="r0").commit("sha256:" + "0" * 64)
+    rep = AU.audit(led.path, led.public_key, _policy())
+    assert rep.ok and not rep.mismatches
+    reserve = next(e for e in rep.entries if e.kind == "reserve")
+    assert reserve.flags == [] and reserve.epsilon_pld is None
+    assert reserve.epsilon_rdp == pytest.approx(A.epsilon_rdp(events, DELTA), rel=1e-9)
+    (src,) = rep.sources
+    assert src.composed_pld is None and src.composed_rdp == pytest.approx(A.epsilon_rdp(events, DELTA), rel=1e-9)
+    other = P.parse_policy({"total_epsilon": 10.0, "total_delta": DELTA, "max_epsilon_per_release": 5.0,
+                            "n_max": 10_000, "source_id": "s", "accountant": "pld"})
+    bad = AU.audit(led.path, led.public_key, other)
+    assert not bad.ok and "only the RDP accountant composes" in bad.render_text()

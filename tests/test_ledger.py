@@ -569,3 +569,23 @@ def test_entries_carry_no_content_id_and_legacy_ones_still_verify(tmp_path, key)
     assert [e.flags for e in rep.entries] == [["legacy-content-id"]] + [[]] * (len(entries) - 1)
     with pytest.raises(TypeError):
         led.reserve(source_id="s1", events=ev(), delta=DELTA, policy=pol, content_id=legacy_id)  # type: ignore[call-arg]
+
+
+def test_objective_perturbation_events_are_charged_under_rdp_only(tmp_path, key):
+    """An RDP-only event (objective perturbation) is charged and composed under the rdp
+    accountant, with the other accountants left out of the source's spending; a policy whose
+    accountant of record is another is refused before anything is written."""
+    from dpsummary.objective_event import ObjectivePerturbationDpEvent
+
+    op = ObjectivePerturbationDpEvent(noise_multiplier=6.0, jacobian_log_ratio=0.02, dim=5, grid_ratio=2.0**-40)
+    led = L.Ledger(tmp_path / "l.jsonl", *key)
+    led.reserve(source_id="s1", events=[*ev(), op], delta=DELTA, policy=make_policy(), release_id="r0").commit(None)
+    sp = led.spent("s1", delta=DELTA)
+    assert set(sp.composed) == {"rdp"}
+    assert sp.composed["rdp"] == pytest.approx(A.epsilon_rdp([*ev(), op], DELTA), rel=1e-12)
+    before = led.path.read_bytes()
+    for accountant in ("prv", "pld"):
+        with pytest.raises(L.LedgerError, match="only the rdp accountant"):
+            led.reserve(source_id="s1", events=ev(), delta=DELTA, policy=make_policy(accountant=accountant))
+    assert led.path.read_bytes() == before
+    assert L.verify_ledger(led.path, led.public_key) == []

@@ -14,6 +14,7 @@ from .dp_kd_tree import DpKdTree
 from .dp_psvi import DpPsvi
 from .noise_aware_cells import NoiseAwareCells
 from .noise_aware_newton import NoiseAwareNewton
+from .noise_aware_objective import NoiseAwareObjective
 
 #: Every mechanism by name. The first one that serves any model (``models`` empty) is the
 #: default of ``--mechanism``; a mechanism with ``models`` is chosen by ``--model``.
@@ -23,6 +24,7 @@ REGISTRY: dict[str, Mechanism] = {
     "dp-bb-psvi": DpBbPsvi(),
     "dp-kd-tree": DpKdTree(),
     "noise-aware-cells": NoiseAwareCells(),
+    "noise-aware-objective": NoiseAwareObjective(),
 }
 
 __all__ = ["REGISTRY", "Mechanism", "MechanismOutput", "MechanismPlan"]

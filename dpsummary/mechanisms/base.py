@@ -117,7 +117,8 @@ class Mechanism(Protocol):
     every model no family mechanism claims); ``options``, the :class:`ReleaseRequest` fields only
     it reads (refused with any other mechanism); ``uses_target``, whether stage 1's DP schema
     estimation looks for a target column; ``sampling``, what the claim says about sampling;
-    ``requires_public_schema`` (default False), whether it refuses without a public schema."""
+    ``requires_public_schema`` (default False), whether it refuses without a public schema;
+    ``engines`` and ``accountants`` (default: all), those it runs on and is accounted by."""
 
     name: ClassVar[str]
     models: ClassVar[frozenset[str]]
@@ -128,6 +129,11 @@ class Mechanism(Protocol):
     #: domain is read from it): the pipeline refuses a release without one before any
     #: reservation, with :meth:`check_public` given ``schema`` None.
     requires_public_schema: ClassVar[bool] = False
+    #: The ``--engine`` values it runs on; another is refused before any reservation.
+    engines: ClassVar[tuple[str, ...]] = ("local", "spark")
+    #: The accountants that can compose its events (objective perturbation's are RDP only); a
+    #: policy whose accountant of record is another is refused before any reservation.
+    accountants: ClassVar[tuple[str, ...]] = ("rdp", "prv", "pld")
 
     def check_public(self, req: ReleaseRequest, schema: Any | None) -> None:
         """Refuse (:class:`~dpsummary.errors.ReleaseError`) on public facts: called on the options

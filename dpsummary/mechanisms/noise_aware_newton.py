@@ -49,11 +49,16 @@ def noise_aware_summaries(plan: MechanismPlan, records: Any, size: int, generato
     first to go non-finite).
 
     Total: a fit that yields no finite Gaussian or no finite pseudocoreset (decided on DP outputs
-    and public values only) ends in a :class:`ChargedRefusal` (``non-finite-fit``)."""
+    and public values only) ends in a :class:`ChargedRefusal` (``non-finite-fit``).
+
+    With ``plan.settings["objective"]`` (:mod:`dpsummary.mechanisms.noise_aware_objective`) the
+    last round is objective perturbation (:func:`dpsummary.noise_aware.objective.objective_round`)."""
     from .. import noise_aware
     from .gaussian_summary import summary_of_gaussian
 
-    model, tf, schedule = plan.model, plan.transform, plan.settings["schedule"]
+    model, tf = plan.model, plan.transform
+    objective = plan.settings.get("objective")
+    schedule = plan.settings["schedule"] if objective is None else objective.schedule
     requested = size
     # A pseudocoreset of fewer points than parameters cannot carry a full-rank Gaussian (its
     # curvature has rank at most the number of points), so --size is a floor here: measured on the
@@ -84,13 +89,18 @@ def noise_aware_summaries(plan: MechanismPlan, records: Any, size: int, generato
                                             score_noise_multiplier=s_mult, curvature_noise_multiplier=c_mult)
         return st.score, st.curvature
 
+    last = None
+    if objective is not None:
+        from ..noise_aware.objective import records_round
+
+        last = records_round(objective, records, model, feature_norm=feature_norm, bounds=bounds)
     # Module docstring of noise_aware, 18.: the public one-hot support (None: no categorical column).
     support = noise_aware.curvature_support(tf, model) if schedule.support else None
     try:
         result = noise_aware.fit(model, release, bounds, schedule=schedule, sigma=plan.noise_multiplier,
                                  feature_norm=feature_norm, target_bound=target_bound, generator=generator,
                                  relations=noise_aware.model_relations(tf, model) if schedule.relations else None,
-                                 support=support)
+                                 support=support, last=last)
     except noise_aware.NonFiniteFit:
         raise ChargedRefusal(NON_FINITE_FIT_MESSAGE, fix=NON_FINITE_FIT_FIX) from None
     posterior = result.posterior
@@ -100,7 +110,7 @@ def noise_aware_summaries(plan: MechanismPlan, records: Any, size: int, generato
     # Issue 48: the pseudocoreset is built so that analysts' draws of its exact weighted
     # posterior have the signed Gaussian's moments (mechanisms/gaussian_summary.py).
     built = summary_of_gaussian(model, posterior, transform=tf, size=size, requested=requested,
-                                method=noise_aware.MECHANISM, generator=generator)
+                                method=noise_aware.MECHANISM if objective is None else plan.mechanism, generator=generator)
     summary, model = built.summary, built.model
     gaussians = {"noise_aware": {"mean": posterior.mean.tolist(), "cov": posterior.cov.tolist()}}
     notes = [*result.notes, *([] if ranges is None else ranges.notes()), *built.notes]
@@ -108,7 +118,7 @@ def noise_aware_summaries(plan: MechanismPlan, records: Any, size: int, generato
         "gaussians": gaussians, "notes": notes,
         "pseudocoreset_match": built.pseudocoreset_match,
         "noise_multipliers": [list(m) for m in result.noise_multipliers],
-        "schedule": (result.schedule or schedule).as_dict(), "bounds": {"feature_norm": feature_norm, "target_bound": target_bound},
+        "schedule": (result.schedule or schedule).as_dict() if objective is None else objective.as_dict(), "bounds": {"feature_norm": feature_norm, "target_bound": target_bound},
         "count_range": None if count_clip is None else count_clip.claim(),
         "feature_range": None if norm_clip is None else norm_clip.claim(),
         "prior_mean": model.prior_mean.tolist(),

@@ -38,6 +38,10 @@ class RoundRelease:
 ReleaseFn = Callable[[torch.Tensor, float, float, float, float], tuple[torch.Tensor, torch.Tensor]]
 #: Public bounds at an anchor: ``theta -> (score_bound, curvature_bound)``.
 BoundsFn = Callable[[torch.Tensor], tuple[float, float]]
+#: A last round released otherwise than by a Newton round (objective perturbation,
+#: :mod:`dpsummary.noise_aware.objective`): given the current anchor and the round's (score,
+#: curvature) noise multipliers, the release read as a Newton round at its own anchor.
+LastRoundFn = Callable[[torch.Tensor, tuple[float, float]], "RoundRelease"]
 
 
 class NonFiniteFit(ArithmeticError):

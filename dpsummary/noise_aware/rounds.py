@@ -19,7 +19,7 @@ from ..models import Model
 from .bounds import eta_change
 from .posterior import imputed_posterior, noise_aware_posterior, trace_kept_spectrum
 from .relations import exact_relations
-from .released import MECHANISM, BoundsFn, NonFiniteFit, ReleaseFn, RoundRelease
+from .released import MECHANISM, BoundsFn, LastRoundFn, NonFiniteFit, ReleaseFn, RoundRelease
 from .schedule import LAST_SPLITS, MERGE_RMS_ETA, Schedule
 from .support import CurvatureSupport
 from .variants import (
@@ -190,7 +190,7 @@ def step(state: State, model: Model, release: ReleaseFn, bounds: BoundsFn,
 def fit(model: Model, release: ReleaseFn, bounds: BoundsFn, *, schedule: Schedule, sigma: float,
         feature_norm: float | None = None, target_bound: float | None = None,
         generator: torch.Generator | None = None, relations: torch.Tensor | None = None,
-        support: CurvatureSupport | None = None) -> NoiseAwareFit:
+        support: CurvatureSupport | None = None, last: LastRoundFn | None = None) -> NoiseAwareFit:
     """Run every round of ``schedule`` at single-Gaussian calibration ``sigma`` and return the
     noise-aware posterior of the last round (earlier rounds only place the anchor).
 
@@ -200,8 +200,12 @@ def fit(model: Model, release: ReleaseFn, bounds: BoundsFn, *, schedule: Schedul
     public candidates, rows of ``(r, param_dim)``: :func:`~dpsummary.noise_aware.model_relations`;
     None: the design has none, i.e. no categorical column) by a schedule with ``relations``;
     ``support`` (public: :func:`~dpsummary.noise_aware.curvature_support`; None: no categorical
-    column) by a schedule with ``support``.
+    column) by a schedule with ``support``. ``last`` (None: a Newton round) releases the last
+    round instead, from the anchor the rounds before it placed (objective perturbation,
+    :mod:`dpsummary.noise_aware.objective`; not with ``last_split`` or ``merge_rounds``).
     Total: returns finite Gaussians or raises :class:`NonFiniteFit`."""
+    if last is not None and (schedule.last_split is not None or schedule.merge_rounds):
+        raise ValueError("a last round of its own cannot have its split chosen or rounds merged into it")
     state = init(model)
     extra_notes: list[str] = []
     left = list(schedule.rounds)  # the rounds still to run, as (score, curvature) shares of rho
@@ -220,8 +224,12 @@ def fit(model: Model, release: ReleaseFn, bounds: BoundsFn, *, schedule: Schedul
             extra_notes.append(f"the last round's share split {LAST_SPLITS[best]:.0%} score, {1 - LAST_SPLITS[best]:.0%} "
                                "curvature, chosen from the earlier rounds' released curvature (post-processing, no "
                                "privacy cost)")
-        state = step(state, model, release, bounds, mult, schedule=schedule, feature_norm=feature_norm,
-                     target_bound=target_bound)
+        if not left and last is not None:
+            final_release = last(state.anchor, mult)
+            state = State(anchor=final_release.anchor, rounds=(*state.rounds, final_release))
+        else:
+            state = step(state, model, release, bounds, mult, schedule=schedule, feature_norm=feature_norm,
+                         target_bound=target_bound)
         used.append(shares)
         multipliers.append(mult)
         if len(used) == 1 and schedule.prior_centre is not None:
@@ -272,6 +280,10 @@ def fit(model: Model, release: ReleaseFn, bounds: BoundsFn, *, schedule: Schedul
     notes = [
         f"{MECHANISM}: {len(multipliers)} round(s) of noisy score and curvature sums, noise-aware "
         "Gaussian posterior (Kulkarni et al. 2021 style) by post-processing",
+    ] if last is None else [
+        f"noise-aware-objective: {len(multipliers) - 1} round(s) of noisy score and curvature sums, then objective "
+        "perturbation's mode and a noisy curvature sum there, noise-aware Gaussian posterior (Kulkarni et al. 2021 "
+        "style) by post-processing",
     ]
     notes.extend(extra_notes)
     # The posterior is a quadratic expansion at the last anchor; if the last round still moved

@@ -22,7 +22,7 @@ interface exists.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -45,10 +45,13 @@ from .store import RecordStore
 
 if TYPE_CHECKING:
     from ..cells.domain import CellDomain
+    from ..models.glm import GLM
     from ..postprocess.marginals import NoisyMarginals
     from .cells import NoisyCells
     from .marginals import HistogramLayout
     from .moments import NoisyMoments, NoisyResiduals
+    from .objective import PerturbedMode
+    from .randomness import TiltRandomness
     from .score_stats import NoisyStatistics
 
 
@@ -217,6 +220,26 @@ class PrivateRecords:
     def noisy_count(self, *, noise_multiplier: float) -> float:
         """The record count plus N(0, noise_multiplier^2) (a Gaussian mechanism, sensitivity 1)."""
         return release_count(self._randomness, self._store.num_rows, noise_multiplier=noise_multiplier)
+
+    def perturbed_mode(self, model: GLM, *, feature_norm: float, ridge: float, centre: torch.Tensor,
+                       noise_multiplier: float, output_multiplier: float) -> PerturbedMode:
+        """Objective perturbation over ALL records (:func:`dpsummary.private.objective.perturbed_mode`):
+        ``ObjectivePerturbationDpEvent(noise_multiplier, ...)`` then ``GaussianDpEvent(output_multiplier)``.
+        Needs a randomness that draws a tilt with a density (:class:`SystemRandomness` does)."""
+        from .objective import perturbed_mode
+
+        return perturbed_mode(self._store, cast("TiltRandomness", self._randomness), model, feature_norm=feature_norm,
+                              ridge=ridge, centre=centre, noise_multiplier=noise_multiplier,
+                              output_multiplier=output_multiplier)
+
+    def noisy_curvature(self, model: Model, theta: torch.Tensor, *, curvature_bound: float,
+                        noise_multiplier: float) -> torch.Tensor:
+        """The clipped curvature sum over ALL records at public ``theta`` alone
+        (:func:`dpsummary.private.objective.noisy_curvature`): ``GaussianDpEvent(noise_multiplier)``."""
+        from .objective import noisy_curvature
+
+        return noisy_curvature(self._store, self._randomness, model, theta, curvature_bound=curvature_bound,
+                               noise_multiplier=noise_multiplier)
 
     def noisy_score_statistics(
         self,

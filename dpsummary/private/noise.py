@@ -260,7 +260,7 @@ def dithered_gaussian(dim: int, *, noise_std: float) -> np.ndarray:
     53 bits per coordinate from ``os.urandom`` and ``g`` is :func:`tilt_grid`. Why not the
     release's discrete Gaussian: objective perturbation's proof is a change of variables, so the
     tilt needs a **density**; the dither gives ``K`` one, piecewise constant,
-    ``p(b) = P(K = round(b / g)) / g^dim``, for which :func:`dpsummary.rdp_curves.dithered_objective_perturbation_rdp`
+    ``p(b) = P(K = round(b / g)) / g^dim``, for which :func:`dpsummary.objective_event.dithered_objective_perturbation_rdp`
     is proved. A textbook float Gaussian would have a density only in exact arithmetic and is
     open to the floating-point attacks this module exists to close.
 

@@ -4,8 +4,9 @@ Issue 50's next design (``benchmarks/notebook/objective_perturbation.md``): the 
 last expansion is read at an anchor the rounds leave short of the mode; objective perturbation
 (Chaudhuri, Monteleoni and Sarwate 2011; Kifer, Smith and Thakurta 2012, Gaussian noise) releases
 the minimiser of a randomly tilted objective instead, so the anchor is the mode up to the noise.
-**No release path calls this module yet** (only the arms of ``benchmarks/noise_aware_variants.py``):
-the ledger has no event for its RDP curve (``benchmarks/notebook/objective_perturbation.md``).
+**No release path calls this module yet** (only the arms of ``benchmarks/noise_aware_variants.py``);
+the ledger accounts for it (:class:`dpsummary.objective_event.ObjectivePerturbationDpEvent`, RDP
+only) and ``benchmarks/notebook/objective_perturbation.md`` says what a release needs still.
 
 The mechanism (:func:`perturbed_mode`). With the records' design rows ``z_i = [1, x_i]`` projected
 to ``||x_i|| <= feature_norm`` (so ``||z_i|| <= L``), targets clamped to [0, 1] and non-finite
@@ -45,7 +46,7 @@ none (the tilt that maps a neighbour to the same ``theta`` lies off its grid), a
 Gaussian has one only in exact arithmetic. :class:`~dpsummary.private.mechanism.SystemRandomness`
 draws ``g (K + U)`` instead (:func:`dpsummary.private.noise.dithered_gaussian`: OpenDP's exact
 discrete Gaussian on a grid ``g <= 2^-40 sigma``, plus a uniform dither from OS entropy), whose
-density is piecewise constant; :func:`dpsummary.rdp_curves.dithered_objective_perturbation_rdp`
+density is piecewise constant; :func:`dpsummary.objective_event.dithered_objective_perturbation_rdp`
 is the bound above proved for it (``L`` grows by ``g sqrt(d)`` and ``log(2 Phi)`` becomes
 ``log 2``; the calibrated multipliers agree to about 1e-6). The float value differs from the ideal
 draw by at most :func:`dpsummary.private.noise.tilt_rounding_bound` (on an event of probability
@@ -66,6 +67,7 @@ stops it above its tolerance it raises :class:`~dpsummary.private.fixed_point.Me
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -77,6 +79,7 @@ from ..models.glm import GLM
 
 if TYPE_CHECKING:
     from .randomness import PrivacyRandomness, TiltRandomness
+    from .store import RecordStore
 
 #: The solver's stopping tolerance on the objective's gradient norm, as a fraction of the design
 #: norm bound ``L`` (public). Float64 sums of up to 10^8 records err far below it.
@@ -114,15 +117,27 @@ def _design_and_target(points: torch.Tensor | np.ndarray, model: GLM, feature_no
     return model.design(torch.cat([x, y[:, None]], 1)), y
 
 
-def perturbed_mode(points: torch.Tensor | np.ndarray, randomness: TiltRandomness, model: GLM, *,
+def _chunks(points: torch.Tensor | np.ndarray | RecordStore) -> Iterator[torch.Tensor | np.ndarray]:
+    """Every record, in passes of bounded memory: a store's chunks, or the whole array at once."""
+    from .store import RecordStore
+
+    if isinstance(points, RecordStore):
+        yield from points.chunks()
+    else:
+        yield points
+
+
+def perturbed_mode(points: torch.Tensor | np.ndarray | RecordStore, randomness: TiltRandomness, model: GLM, *,
                    feature_norm: float, ridge: float, centre: torch.Tensor, noise_multiplier: float,
                    output_multiplier: float) -> PerturbedMode:
     """Release the perturbed mode of logistic regression (see the module docstring).
 
     Two mechanisms, composed adaptively: objective perturbation with multiplier
     ``noise_multiplier`` (noise sd ``noise_multiplier * L``) and ridge ``ridge``
-    (:func:`dpsummary.rdp_curves.objective_perturbation_rdp`), then a Gaussian of multiplier
-    ``output_multiplier`` on sensitivity ``2 gamma / ridge``."""
+    (:class:`dpsummary.objective_event.ObjectivePerturbationDpEvent` with the release's tilt), then
+    a Gaussian of multiplier ``output_multiplier`` on sensitivity ``2 gamma / ridge`` (plus
+    OpenDP's rounding slack). ``points``: the records (a :class:`~dpsummary.private.store.RecordStore`
+    is read in passes of bounded memory, one per gradient or Hessian the solver needs)."""
     from .fixed_point import MechanismError
     from .noise import rounding_slack, tilt_rounding_bound
 
@@ -135,8 +150,7 @@ def perturbed_mode(points: torch.Tensor | np.ndarray, randomness: TiltRandomness
         if not (value > 0 and math.isfinite(value)):
             raise MechanismError(f"{name} must be positive and finite")
     design_norm = model.design_norm_bound(feature_norm)
-    z, y = _design_and_target(points, model, feature_norm)
-    d = z.shape[1]
+    d = model.param_dim
     centre = centre.detach().to(DTYPE)
     tilt_sd = noise_multiplier * design_norm
     b = torch.from_numpy(np.asarray(randomness.tilt(d, noise_std=tilt_sd), dtype=np.float64))
@@ -147,20 +161,27 @@ def perturbed_mode(points: torch.Tensor | np.ndarray, randomness: TiltRandomness
     # tolerance plus the float tilt's distance from the ideal draw (module docstring).
     gamma = tolerance + tilt_rounding_bound(d, tilt_sd)
 
-    def gradient(theta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        eta = z @ theta
-        return -(z.T @ (y - torch.sigmoid(eta))) + ridge * (theta - centre) + b, eta
+    def gradient(theta: torch.Tensor, *, hessian: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The objective's gradient (and Hessian) at ``theta``: one pass over the records."""
+        grad = ridge * (theta - centre) + b
+        hess = ridge * torch.eye(d, dtype=DTYPE) if hessian else None
+        for chunk in _chunks(points):
+            z, y = _design_and_target(chunk, model, feature_norm)
+            eta = z @ theta
+            grad = grad - z.T @ (y - torch.sigmoid(eta))
+            if hess is not None:
+                hess = hess + (z.T * (torch.sigmoid(eta) * torch.sigmoid(-eta))) @ z
+        return grad, hess
 
     theta = centre.clone()
-    grad, eta = gradient(theta)
+    grad, hess = gradient(theta, hessian=True)
     norm = float(torch.linalg.vector_norm(grad))
     iterations = 0
     while norm > tolerance:
         if iterations == MAX_ITERATIONS:
             raise MechanismError("objective perturbation's solver did not reach its tolerance")
         iterations += 1
-        weight = torch.sigmoid(eta) * torch.sigmoid(-eta)
-        hess = (z.T * weight) @ z + ridge * torch.eye(d, dtype=DTYPE)
+        assert hess is not None
         direction = -torch.linalg.solve(hess, grad)
         # Damped Newton on the merit ||grad J||: the Newton direction descends it wherever the
         # Hessian (>= ridge I) is nonsingular, and its level sets are bounded (J is strongly
@@ -169,12 +190,14 @@ def perturbed_mode(points: torch.Tensor | np.ndarray, randomness: TiltRandomness
         step = 1.0
         while True:
             trial = theta + step * direction
-            trial_grad, trial_eta = gradient(trial)
+            trial_grad, _ = gradient(trial, hessian=False)
             trial_norm = float(torch.linalg.vector_norm(trial_grad))
             if trial_norm <= (1.0 - 1e-4 * step) * norm or step < 1e-10:
                 break
             step *= 0.5
-        theta, grad, eta, norm = trial, trial_grad, trial_eta, trial_norm
+        theta, grad, norm = trial, trial_grad, trial_norm
+        if norm > tolerance:
+            _, hess = gradient(theta, hessian=True)
     # Neighbours' iterates lie within gamma / ridge of the same exact minimiser; OpenDP rounds
     # its input to a grid, which can add rounding_slack more (noise.add_gaussian_noise).
     spread = 2.0 * gamma / ridge
@@ -186,7 +209,7 @@ def perturbed_mode(points: torch.Tensor | np.ndarray, randomness: TiltRandomness
                          score_noise_std=tilt_sd, output_noise_std=output_sd, iterations=iterations)
 
 
-def noisy_curvature(points: torch.Tensor | np.ndarray, randomness: PrivacyRandomness, model: Model,
+def noisy_curvature(points: torch.Tensor | np.ndarray | RecordStore, randomness: PrivacyRandomness, model: Model,
                     theta: torch.Tensor, *, curvature_bound: float, noise_multiplier: float) -> torch.Tensor:
     """The noisy curvature sum at a public ``theta`` alone: the curvature half of
     :func:`~dpsummary.private.score_stats.noisy_score_statistics` (the same kernel, clip, exact
@@ -196,10 +219,12 @@ def noisy_curvature(points: torch.Tensor | np.ndarray, randomness: PrivacyRandom
 
     _check_positive(curvature_bound=curvature_bound, noise_multiplier=noise_multiplier)
     d = model.param_dim
-    arr = points.detach().to(DTYPE).numpy() if isinstance(points, torch.Tensor) else np.asarray(points, dtype=np.float64)
-    # The score half is computed and discarded (its bound only sizes its own clip).
-    total = kernel.score_partial(np.ascontiguousarray(arr), model, theta.detach().to(DTYPE), score_bound=1.0,
-                                 curvature_bound=curvature_bound)
+    total = kernel.ScorePartial.zero(d)
+    for chunk in _chunks(points):
+        arr = chunk.detach().to(DTYPE).numpy() if isinstance(chunk, torch.Tensor) else np.asarray(chunk, dtype=np.float64)
+        # The score half is computed and discarded (its bound only sizes its own clip).
+        total = total + kernel.score_partial(np.ascontiguousarray(arr), model, theta.detach().to(DTYPE), score_bound=1.0,
+                                             curvature_bound=curvature_bound)
     tri_sum = kernel.finish(total.curvature, curvature_bound)
     noisy = randomness.gaussian(tri_sum, noise_std=noise_multiplier * curvature_bound, clip_norm=curvature_bound)
     return symmetric_from_upper(torch.from_numpy(np.asarray(noisy, dtype=np.float64)), d)

@@ -75,6 +75,9 @@ CASES: dict[str, Case] = {
     # Its own public refusal: the test schema's x1 is continuous (not a discrete domain).
     "noise-aware-cells": Case({"mechanism": "noise-aware-cells"}, {"mechanism": "noise-aware-cells"}, "binary",
                               "needs discrete features", policy={"x1_integer": True}),
+    "noise-aware-objective": Case({"mechanism": "noise-aware-objective", "model": "logistic"},
+                                  {"mechanism": "noise-aware-objective", "model": "poisson"}, "count",
+                                  "is for logistic regression"),
 }
 NAMES = list(REGISTRY)
 
@@ -162,11 +165,22 @@ class CoupledRandomness:
     mechanism asks to be noised with the sensitivity it declares for it (``clip_norm``). With
     ``outputs`` (a first run's noisy vectors) it hands those back instead of noise, so a
     neighbour's run takes exactly the first run's path whenever its decisions read only the
-    noisy outputs."""
+    noisy outputs.
 
-    def __init__(self, shared: int, outputs: list[np.ndarray] | None = None) -> None:
+    Objective perturbation's tilt (:meth:`tilt`) is no sum, so it is coupled as its proof couples
+    it: the first run draws it; a neighbour's run takes ``coupled_tilt(first tilt)``, the tilt
+    that makes the first run's iterate the neighbour's minimiser too (the change of variables of
+    :mod:`dpsummary.private.objective`). The iterate then moves by at most its declared
+    sensitivity, the output perturbation's ``2 gamma / ridge``, like any other release."""
+
+    def __init__(self, shared: int, outputs: list[np.ndarray] | None = None,
+                 coupled_tilt: Any = None) -> None:
         self.shared = shared
         self.outputs = outputs
+        self.coupled_tilt = coupled_tilt
+        self.tilts: list[np.ndarray] = []
+        #: The index in ``given`` of the first release after each tilt (the perturbed iterate).
+        self.after_tilt: list[int] = []
         self._coins = np.random.default_rng(11)
         self._noise = np.random.default_rng(12)
         self.given: list[np.ndarray] = []
@@ -192,6 +206,14 @@ class CoupledRandomness:
             out = values + noise_std * self._noise.standard_normal(values.shape)
         self.returned.append(np.array(out))
         return out
+
+    def tilt(self, dim: int, *, noise_std: float) -> np.ndarray:
+        self.after_tilt.append(len(self.given))
+        k = len(self.tilts)
+        b = (noise_std * self._noise.standard_normal(dim) if self.coupled_tilt is None
+             else np.asarray(self.coupled_tilt(k), dtype=np.float64))
+        self.tilts.append(b)
+        return b
 
 
 def _model_space(req: ReleaseRequest, transform: Any) -> torch.Tensor:
@@ -220,7 +242,18 @@ def test_neighbour_replay_moves_each_noised_vector_by_at_most_its_sensitivity(tm
 
     first = CoupledRandomness(shared=table.shape[0])
     mech.run(public, plan, PrivateRecords(table, randomness=first), record_count=float(N))
-    second = CoupledRandomness(shared=table.shape[0], outputs=first.returned)
+
+    def coupled_tilt(k: int) -> np.ndarray:
+        """The tilt under which the first run's k-th iterate also zeroes the neighbour's gradient:
+        the first tilt plus the added record's log-likelihood score there (its total map applied)."""
+        from dpsummary import noise_aware
+        from dpsummary.private.objective import _design_and_target
+
+        iterate = torch.from_numpy(first.given[first.after_tilt[k]])
+        z, y = _design_and_target(extreme, plan.model, noise_aware.schema_bounds(plan.transform)[0])
+        return first.tilts[k] + float(y[0] - torch.sigmoid(z[0] @ iterate)) * z[0].numpy()
+
+    second = CoupledRandomness(shared=table.shape[0], outputs=first.returned, coupled_tilt=coupled_tilt)
     mech.run(public, plan, PrivateRecords(neighbour, randomness=second), record_count=float(N))
 
     assert first.given, "the mechanism released nothing"

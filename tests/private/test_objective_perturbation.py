@@ -13,7 +13,7 @@ from scipy import optimize
 from scipy.special import expit, logsumexp
 
 from dpsummary import accounting as acc
-from dpsummary import rdp_curves
+from dpsummary import objective_event, rdp_curves
 from dpsummary.models import DTYPE, LogisticRegression
 from dpsummary.private.fixed_point import MechanismError
 from dpsummary.private.noise import TILT_GRID_RATIO, rounding_slack, tilt_grid, tilt_rounding_bound
@@ -64,7 +64,7 @@ def test_rdp_bound_holds_on_a_one_dimensional_instance(ridge: float, z: float, x
     log_q = _log_density(grid, base_x, base_y, ridge, sigma)
     assert abs(math.exp(logsumexp(log_p)) * dt - 1) < 1e-6 and abs(math.exp(logsumexp(log_q)) * dt - 1) < 1e-6
     orders = [1.5, 2.0, 4.0, 10.0, 32.0]
-    jac = rdp_curves.objective_perturbation_jacobian(curvature_bound=0.25, ridge=ridge)
+    jac = objective_event.objective_perturbation_jacobian(curvature_bound=0.25, ridge=ridge)
     bound = rdp_curves.objective_perturbation_rdp(noise_multiplier=z, jacobian_log_ratio=jac, orders=orders)
     for k, a in enumerate(orders):
         for lp, lq in ((log_p, log_q), (log_q, log_p)):
@@ -144,7 +144,7 @@ def test_public_arguments_are_checked() -> None:
         perturbed_mode(_data(10), FixedNoise(), model, feature_norm=1.0, ridge=0.0, centre=torch.zeros(4, dtype=DTYPE),
                        noise_multiplier=1.0, output_multiplier=1.0)
     with pytest.raises(ValueError):
-        rdp_curves.objective_perturbation_jacobian(curvature_bound=1.0, ridge=0.5)
+        objective_event.objective_perturbation_jacobian(curvature_bound=1.0, ridge=0.5)
 
 
 def test_noisy_curvature_is_the_score_statistics_curvature() -> None:
@@ -194,8 +194,8 @@ def test_dithered_rdp_bound_holds_on_a_one_dimensional_instance(ridge: float, z:
     log_q = _log_density_dithered(theta, base_x, base_y, ridge, sigma, grid_step)
     assert abs(math.exp(logsumexp(log_p)) * dt - 1) < 1e-4 and abs(math.exp(logsumexp(log_q)) * dt - 1) < 1e-4
     orders = [1.5, 2.0, 4.0, 10.0, 32.0]
-    jac = rdp_curves.objective_perturbation_jacobian(curvature_bound=0.25, ridge=ridge)
-    bound = rdp_curves.dithered_objective_perturbation_rdp(noise_multiplier=z, jacobian_log_ratio=jac, dim=1,
+    jac = objective_event.objective_perturbation_jacobian(curvature_bound=0.25, ridge=ridge)
+    bound = objective_event.dithered_objective_perturbation_rdp(noise_multiplier=z, jacobian_log_ratio=jac, dim=1,
                                                            grid_ratio=grid_step / sigma, orders=orders)
     for k, a in enumerate(orders):
         for lp, lq in ((log_p, log_q), (log_q, log_p)):
@@ -217,14 +217,15 @@ def test_dithered_bound_is_the_continuous_one_at_the_releases_grid() -> None:
 
     for z in (0.5, 2.0, 20.0):
         cont = rdp_curves.objective_perturbation_rdp(noise_multiplier=z, jacobian_log_ratio=0.01)
-        dith = rdp_curves.dithered_objective_perturbation_rdp(noise_multiplier=z, jacobian_log_ratio=0.01, dim=60,
-                                                              grid_ratio=TILT_GRID_RATIO)
+        dith = objective_event.dithered_objective_perturbation_rdp(noise_multiplier=z, jacobian_log_ratio=0.01, dim=60,
+                                                                   grid_ratio=TILT_GRID_RATIO, orders=acc.RDP_ORDERS)
         assert np.all(dith >= cont)
     def multiplier(eps: float, dithered: bool) -> float:
         def curve(z: float):
             if dithered:
-                return rdp_curves.dithered_objective_perturbation_rdp(noise_multiplier=z, jacobian_log_ratio=0.05 * eps,
-                                                                      dim=60, grid_ratio=TILT_GRID_RATIO)
+                return objective_event.dithered_objective_perturbation_rdp(
+                    noise_multiplier=z, jacobian_log_ratio=0.05 * eps, dim=60, grid_ratio=TILT_GRID_RATIO,
+                    orders=acc.RDP_ORDERS)
             return rdp_curves.objective_perturbation_rdp(noise_multiplier=z, jacobian_log_ratio=0.05 * eps)
 
         return brentq(lambda z: rdp_curves.epsilon_of_rdp(curve(z), 1e-6) - eps, 0.05, 1e4, rtol=1e-12)
