@@ -194,8 +194,30 @@ def _cells_rows(mech: dict[str, Any]) -> list[Row]:
     return rows
 
 
+def _objective_rows(mech: dict[str, Any]) -> list[Row]:
+    """``noise-aware-objective``: the default's rows, with the last round read as what it was
+    (objective perturbation's tilt, its output perturbation and the curvature at its output)."""
+    rows = _noise_aware_rows(mech)
+    rounds = mech.get("rounds") or []
+    sigmas = mech.get("noise_multipliers") or []
+    op = (mech.get("schedule") or {}).get("objective_perturbation") or {}
+    rows[0] = ("mechanism", f"noise-aware-objective: {max(len(rounds) - 1, 0)} Newton round(s) (as the default's), "
+                            "then objective perturbation over every record: the minimiser of the negative "
+                            "log-likelihood plus a ridge plus a random tilt, and a noisy curvature sum at it")
+    if rounds and len(sigmas) == len(rounds):
+        last = f"round {len(rounds)}"
+        tilt, curvature = (list(sigmas[-1]) + [None, None])[:2]
+        text = (f"tilt: {_gaussian(tilt, rounds[-1].get('score_bound'))} (ridge {_num(op.get('ridge'))}, Jacobian term "
+                f"{_num(op.get('jacobian_log_ratio'))}; output perturbation at multiplier "
+                f"{_num(op.get('output_multiplier'))} of the solver's tolerance); curvature at its output: "
+                f"{_gaussian(curvature, rounds[-1].get('curvature_bound'))}; accounted by RDP only")
+        rows = [("objective perturbation", text) if label == last else (label, value) for label, value in rows]
+    return rows
+
+
 _MECHANISM_ROWS = {
     "noise-aware-newton": _noise_aware_rows,
+    "noise-aware-objective": _objective_rows,
     "dp-psvi": _dp_psvi_rows,
     "dp-bb-psvi": _dp_bb_psvi_rows,
     "dp-kd-tree": _kd_tree_rows,

@@ -249,6 +249,16 @@ from .linear import (
     residual_posterior,
     square_scale,
 )
+from .objective import (
+    OP_JACOBIAN_SHARE,
+    OP_OUTPUT_MULTIPLIER,
+    TILT_GRID_RATIO,
+    ObjectiveSchedule,
+    calibrate_objective,
+    objective_round,
+    objective_schedule,
+    records_round,
+)
 from .posterior import (
     IMPUTATIONS,
     imputed_posterior,
@@ -323,6 +333,14 @@ from .variants import (
 )
 
 __all__ = [
+    "OP_JACOBIAN_SHARE",
+    "OP_OUTPUT_MULTIPLIER",
+    "TILT_GRID_RATIO",
+    "ObjectiveSchedule",
+    "calibrate_objective",
+    "objective_round",
+    "objective_schedule",
+    "records_round",
     "BoundsFn",
     "COUNT_RANGE_SHARE",
     "CurvatureSupport",

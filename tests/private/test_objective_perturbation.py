@@ -40,13 +40,19 @@ def _log_density(theta: np.ndarray, xs: list[float], ys: list[float], ridge: flo
     """Log density of the exact perturbed minimiser in one dimension (no intercept): the noise
     that maps to ``theta``, ``b = sum_i (y_i - s(x_i theta)) x_i - ridge theta``, at its Gaussian
     density, times the objective's curvature (the Jacobian of ``theta -> b``)."""
+    b, curv = _tilt_and_curvature(theta, xs, ys, ridge)
+    return -0.5 * (b / sigma) ** 2 - 0.5 * math.log(2 * math.pi * sigma**2) + np.log(curv)
+
+
+def _tilt_and_curvature(theta: np.ndarray, xs: list[float], ys: list[float], ridge: float) -> tuple[np.ndarray, np.ndarray]:
+    """The tilt ``b`` whose perturbed minimiser is ``theta`` and the objective's curvature there."""
     b = -ridge * theta
     curv = np.full_like(theta, ridge)
     for x, y in zip(xs, ys, strict=True):
         s = expit(x * theta)
         b = b + (y - s) * x
         curv = curv + s * (1 - s) * x * x
-    return -0.5 * (b / sigma) ** 2 - 0.5 * math.log(2 * math.pi * sigma**2) + np.log(curv)
+    return b, curv
 
 
 @pytest.mark.parametrize(("ridge", "z", "x", "y"), [(0.3, 1.0, 1.0, 1.0), (0.3, 1.0, 1.0, 0.0), (1.0, 3.0, 1.0, 1.0),
@@ -165,12 +171,7 @@ def _log_density_dithered(theta: np.ndarray, xs: list[float], ys: list[float], r
                           grid: float) -> np.ndarray:
     """As :func:`_log_density`, with the tilt's density that of ``grid (K + U)``: the discrete
     Gaussian's mass at ``round(b / grid)`` over the cell's width."""
-    b = -ridge * theta
-    curv = np.full_like(theta, ridge)
-    for x, y in zip(xs, ys, strict=True):
-        s = expit(x * theta)
-        b = b + (y - s) * x
-        curv = curv + s * (1 - s) * x * x
+    b, curv = _tilt_and_curvature(theta, xs, ys, ridge)
     scale = sigma / grid
     lattice = np.arange(-int(60 * scale) - 10, int(60 * scale) + 11)
     log_norm = logsumexp(-0.5 * (lattice / scale) ** 2)
