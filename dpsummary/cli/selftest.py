@@ -34,6 +34,7 @@ def selftest(
     newton: Annotated[bool, typer.Option(help="Also audit the noise-aware mechanism's score release (the default release mechanism).")] = True,
     cells: Annotated[bool, typer.Option(help="Also audit noise-aware-cells' release (cell counts and T in one Gaussian mechanism).")] = True,
     ranges: Annotated[bool, typer.Option(help="Also audit the data-range histogram (the count's and the feature norm's clip bounds of the default mechanisms).")] = True,
+    objective: Annotated[bool, typer.Option(help="Also audit noise-aware-objective's perturbed mode (objective perturbation; with --accountant rdp only).")] = True,
     csv_lines: Annotated[bool, typer.Option(help="Also audit the record count under the CSV line neighbours (unclosed quotes, bare CR).")] = True,
     bnn: Annotated[bool, typer.Option(help="Also check the BNN mechanism (dp-bb-psvi): noise scale, accountant reproduction, gray-box replay.")] = True,
     mixture: Annotated[bool, typer.Option(help="Also check the mixture mechanism (dp-kd-tree): noise scale, accountant reproduction, coupled neighbour replay.")] = True,
@@ -57,13 +58,13 @@ def selftest(
             one_run_canaries=one_run_canaries, replay=replay, bnn=bnn, mixture=mixture, bootstrap=bootstrap,
             scenarios=("dirac", "swap") + (("histogram",) if histogram else ()) + (("quality",) if quality else ())
             + (("newton",) if newton else ()) + (("csv-lines",) if csv_lines else ()) + (("cells",) if cells else ())
-            + (("ranges",) if ranges else ()),
+            + (("ranges",) if ranges else ()) + (("objective",) if objective else ()),
         ).validated()
     except ValueError as exc:
         raise UserError(str(exc)) from None
     err = Console(stderr=True)
     labels = {"pilot": "pilot runs", "main": "main runs", "histogram": "histogram audit", "quality": "quality audit", "newton": "newton audit", "csv-lines": "CSV line audit", "cells": "cells audit", "ranges": "ranges audit",
-              "one-run": "one-run audit",
+              "objective": "objective audit", "one-run": "one-run audit",
               "replay": "gray-box replay", "bnn": "BNN mechanism checks"}
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TimeElapsedColumn(), console=err, transient=True, disable=json_output) as bar:

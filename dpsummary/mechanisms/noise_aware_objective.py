@@ -106,7 +106,12 @@ class NoiseAwareObjective(NoiseAwareNewton):
         }
 
     def selftest_scenarios(self) -> tuple[SelftestScenario, ...]:
-        """None yet: the Newton audit (:func:`dpsummary.selftest.newton.newton_audit`) audits the
-        score release, not the perturbed mode, and an audit of objective perturbation (neighbouring
-        data sets under a replayed tilt) is not written (issue 50's notebook says so)."""
-        return ()
+        """``objective``: the white-box audit of the perturbed mode
+        (:func:`dpsummary.selftest.objective.objective_audit`), under the RDP accountant only (its
+        event is RDP only). The placement round is the default's, audited by its ``newton``."""
+        from ..selftest.config import SelftestScenario
+        from ..selftest.objective import objective_audit
+
+        return (SelftestScenario("objective", self.name, "audits",
+                                 lambda cfg: "objective" in cfg.scenarios and cfg.accountant == "rdp",
+                                 lambda cfg, ctx, progress: [objective_audit(cfg, ctx.alpha, progress)]),)

@@ -95,9 +95,9 @@ def objective_schedule(model: Model, *, epsilon: float, feature_norm: float) -> 
     shares = (rest * last[0] / sum(last), rest * last[1] / sum(last))
     schedule = dataclasses.replace(base, rounds=(first, shares))
     design_norm = model.design_norm_bound(feature_norm)  # type: ignore[attr-defined]
-    beta = design_norm**2 / 4.0  # one record's curvature bound, s(1 - s) <= 1/4
-    ridge = beta / -math.expm1(-OP_JACOBIAN_SHARE * epsilon)
-    jacobian = objective_perturbation_jacobian(curvature_bound=beta, ridge=ridge)
+    ridge = ridge_for(design_norm, epsilon)
+    # Derived from the ridge used (one record's curvature bound, s(1 - s) <= 1/4), not stated beside it.
+    jacobian = objective_perturbation_jacobian(curvature_bound=design_norm**2 / 4.0, ridge=ridge)
     return ObjectiveSchedule(schedule=schedule, ridge=ridge, jacobian=jacobian, dim=model.param_dim,
                              design_norm=design_norm)
 
@@ -105,16 +105,26 @@ def objective_schedule(model: Model, *, epsilon: float, feature_norm: float) -> 
 def calibrate_objective(plan: ObjectiveSchedule, *, target_epsilon: float, delta: float,
                         prior_events: Sequence[Any] = (), accountant: acc.Accountant = "rdp",
                         rel_tol: float = 1e-6) -> tuple[float, list[Any]]:
-    """The smallest single scale ``sigma`` (to ``rel_tol``) whose events, after ``prior_events``,
-    compose to at most ``target_epsilon`` under RDP, confirmed with Opacus's own loop for the
-    Gaussian parts (:func:`dpsummary.accounting.epsilon_rdp_opacus`); ``ValueError`` when the
-    target cannot be met or the accountant is not RDP."""
+    """The smallest single scale ``sigma`` (to ``rel_tol``) whose events (:meth:`ObjectiveSchedule.events`),
+    after ``prior_events``, compose to at most ``target_epsilon`` (:func:`calibrate_rdp_scale`)."""
+    return calibrate_rdp_scale(plan.events, target_epsilon=target_epsilon, delta=delta, prior_events=prior_events,
+                               accountant=accountant, rel_tol=rel_tol)
+
+
+def calibrate_rdp_scale(events_of: Callable[[float], list[Any]], *, target_epsilon: float, delta: float,
+                        prior_events: Sequence[Any] = (), accountant: acc.Accountant = "rdp",
+                        rel_tol: float = 1e-6) -> tuple[float, list[Any]]:
+    """The smallest scale ``sigma`` (to ``rel_tol``) with ``events_of(sigma)`` after
+    ``prior_events`` composing to at most ``target_epsilon`` under RDP (every event's noise grows
+    with ``sigma``), bisected on the vectorised series and confirmed with Opacus's own loop for
+    the Gaussian parts (:func:`dpsummary.accounting.epsilon_rdp_opacus`); ``ValueError`` when the
+    target cannot be met or the accountant is not RDP (objective perturbation's event is RDP only)."""
     if accountant != "rdp":
         raise ValueError("objective perturbation is accounted by the RDP accountant only")
     prior = list(prior_events)
 
     def eps(sigma: float, exact: bool = False) -> float:
-        events = [*prior, *plan.events(sigma)]
+        events = [*prior, *events_of(sigma)]
         return acc.epsilon_rdp_opacus(events, delta) if exact else acc.epsilon(events, delta, "rdp")
 
     lo, hi = 1e-3, acc.MAX_SIGMA
@@ -125,9 +135,15 @@ def calibrate_objective(plan: ObjectiveSchedule, *, target_epsilon: float, delta
         lo, hi = (mid, hi) if eps(mid) > target_epsilon else (lo, mid)
     for _ in range(50):
         if eps(hi, exact=True) <= target_epsilon:
-            return hi, plan.events(hi)
+            return hi, events_of(hi)
         hi *= 1.0 + rel_tol
     raise RuntimeError("the objective perturbation's calibration could not be confirmed by the accountant")
+
+
+def ridge_for(design_norm: float, epsilon: float) -> float:
+    """The ridge whose Jacobian term is :data:`OP_JACOBIAN_SHARE` of ``epsilon`` for records of
+    design norm at most ``design_norm`` (one record's curvature at most ``design_norm^2 / 4``)."""
+    return (design_norm**2 / 4.0) / -math.expm1(-OP_JACOBIAN_SHARE * epsilon)
 
 
 def objective_round(plan: ObjectiveSchedule, perturb: PerturbFn, curvature: CurvatureFn,

@@ -11,8 +11,9 @@ from typing import Any, Literal
 from ..accounting import Accountant
 from .randomness import INJECTIONS, NOISE_PATHS, Injection, NoisePath
 
-Scenario = Literal["dirac", "swap", "histogram", "quality", "newton", "csv-lines", "cells", "ranges"]
-SCENARIOS: tuple[Scenario, ...] = ("dirac", "swap", "histogram", "quality", "newton", "csv-lines", "cells", "ranges")
+Scenario = Literal["dirac", "swap", "histogram", "quality", "newton", "csv-lines", "cells", "ranges", "objective"]
+SCENARIOS: tuple[Scenario, ...] = ("dirac", "swap", "histogram", "quality", "newton", "csv-lines", "cells", "ranges",
+                                   "objective")
 #: Scenarios that audit ``noisy_clipped_sum`` (batched runs); "histogram" audits ``noisy_marginals``.
 SUM_SCENARIOS: tuple[Scenario, ...] = ("dirac", "swap")
 

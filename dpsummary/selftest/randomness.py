@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 import numpy as np
 import torch
@@ -19,6 +19,11 @@ from ..private import noise
 from ..private.marginals import HistogramLayout
 from ..private.mechanism import PrivacyRandomness, PrivateRecords, SystemRandomness
 from ..private.sampling import poisson_indices
+
+if TYPE_CHECKING:
+    from ..models.glm import GLM
+    from ..private.objective import PerturbedMode
+    from ..private.randomness import TiltRandomness
 
 Injection = Literal["none", "no-clip", "half-noise", "fixed-size", "fixed-seed", "no-scale", "refuse-invalid",
                     "multiline-csv", "strict-utf8"]
@@ -47,6 +52,10 @@ class NumpyGaussianRandomness:
         values = np.asarray(values, dtype=np.float64)
         return values + noise_std * self._rng.standard_normal(values.shape[0])
 
+    def tilt(self, dim: int, *, noise_std: float) -> np.ndarray:
+        """A float Gaussian tilt (the fast path's; the product draws the dithered discrete one)."""
+        return noise_std * self._rng.standard_normal(dim)
+
 
 class HalfNoiseRandomness:
     """Bug: the noise standard deviation is halved (coins and noise sampler otherwise unchanged)."""
@@ -62,6 +71,9 @@ class HalfNoiseRandomness:
 
     def gaussian(self, values: np.ndarray, *, noise_std: float, clip_norm: float) -> np.ndarray:
         return self.base.gaussian(values, noise_std=noise_std / 2, clip_norm=clip_norm)
+
+    def tilt(self, dim: int, *, noise_std: float) -> np.ndarray:
+        return cast("TiltRandomness", self.base).tilt(dim, noise_std=noise_std / 2)
 
 
 class FixedSizeRandomness:
@@ -96,6 +108,9 @@ class FixedSizeRandomness:
     def gaussian(self, values: np.ndarray, *, noise_std: float, clip_norm: float) -> np.ndarray:
         return self.base.gaussian(values, noise_std=noise_std, clip_norm=clip_norm)
 
+    def tilt(self, dim: int, *, noise_std: float) -> np.ndarray:
+        return cast("TiltRandomness", self.base).tilt(dim, noise_std=noise_std)
+
 
 class FixedSeedRandomness:
     """Bug: the noise generator is re-created from one constant seed at every call, so every step
@@ -123,6 +138,9 @@ class FixedSeedRandomness:
         z = np.random.default_rng(self.SEED).standard_normal(dim)
         return values + noise_std * np.tile(z, values.shape[0] // dim)
 
+    def tilt(self, dim: int, *, noise_std: float) -> np.ndarray:
+        return noise_std * np.random.default_rng(self.SEED + 1).standard_normal(dim)
+
 
 class NoClipRecords(PrivateRecords):
     """Bug: clipping disabled. The product's method is called with the clip norm inflated by
@@ -131,6 +149,9 @@ class NoClipRecords(PrivateRecords):
 
     __slots__ = ()
     INFLATION = 1e6
+    #: Objective perturbation's inflation (:meth:`perturbed_mode`): its solver's tolerance grows
+    #: with the bound, so a modest factor.
+    OBJECTIVE_INFLATION = 100.0
 
     def noisy_clipped_sum(
         self, model: Model, theta: torch.Tensor, *, sample_rate: float, clip_norm: float, noise_multiplier: float
@@ -149,6 +170,19 @@ class NoClipRecords(PrivateRecords):
             score_noise_multiplier=score_noise_multiplier / self.INFLATION,
             curvature_noise_multiplier=curvature_noise_multiplier / self.INFLATION,
         )
+
+    def perturbed_mode(self, model: GLM, *, feature_norm: float, ridge: float, centre: torch.Tensor,
+                       noise_multiplier: float, output_multiplier: float) -> PerturbedMode:
+        """Objective perturbation without the projection into the public ball: the feature norm
+        inflated :attr:`OBJECTIVE_INFLATION` times (enough for the audits' canaries, 10x the
+        bound), both multipliers deflated so the tilt's and the output noise's sds (each its
+        multiplier times a bound proportional to the design norm bound) are unchanged; the ridge
+        as the product's."""
+        inflated = feature_norm * self.OBJECTIVE_INFLATION
+        scale = model.design_norm_bound(feature_norm) / model.design_norm_bound(inflated)
+        return super().perturbed_mode(model, feature_norm=inflated, ridge=ridge, centre=centre,
+                                      noise_multiplier=noise_multiplier * scale,
+                                      output_multiplier=output_multiplier * scale)
 
 
 @dataclass(frozen=True)
