@@ -133,14 +133,15 @@ SCHEDULES: dict[str, Any] = {
 #: Issue 50's objective-perturbation prototype (``notebook/objective_perturbation.md``): the
 #: share of epsilon the objective's Jacobian term may cost (it sets the ridge), and the output
 #: perturbation's multiplier on its sensitivity ``2 gamma / ridge`` (negligible noise, accounted).
-OP_JACOBIAN_SHARE = 0.05
-OP_OUTPUT_MULTIPLIER = 1000.0
+from dpsummary.noise_aware.objective import OP_JACOBIAN_SHARE, OP_OUTPUT_MULTIPLIER  # noqa: E402 (the release's)
 #: ``OP-last``: today's logistic placement rounds, then objective perturbation (ridge centred at
 #: their anchor) and a curvature at its output with the last round's (score, curvature) shares;
 #: ``OP-only``: no placement rounds, the ridge at the prior mean, the same split of the whole;
 #: ``OP-1``: today's first placement round only, the ridge at its anchor, the rest split as
 #: ``OP-only`` splits the whole.
-OP_SCHEDULES = ("OP-last", "OP-only", "OP-1")
+OP_SCHEDULES = ("OP-last", "OP-only", "OP-1", "OP-1j")
+#: ``OP-1j`` (the fiftieth rule): ``OP-1`` with this Jacobian share (a ridge with four times the room).
+OP_1J_JACOBIAN_SHARE = 0.2
 
 
 def objective_epsilon(scale: float, delta: float, *, placement: tuple[tuple[float, float], ...],
@@ -198,8 +199,9 @@ def _fit_objective(model: Any, pts: torch.Tensor, fn: float, tb: float, epsilon:
 
     if model.name != "logistic":
         raise ValueError("the objective-perturbation arms are logistic only")
-    if schedule == "OP-1":
-        return _fit_objective_release(model, pts, fn, tb, epsilon, delta, randomness)
+    if schedule in ("OP-1", "OP-1j"):
+        return _fit_objective_release(model, pts, fn, tb, epsilon, delta, randomness,
+                                      jacobian_share=OP_1J_JACOBIAN_SHARE if schedule == "OP-1j" else OP_JACOBIAN_SHARE)
     sched = na.Schedule.default(model)
     placement = {"OP-last": sched.rounds[:-1], "OP-1": sched.rounds[:1]}.get(schedule, ())
     last = sched.rounds[-1]
@@ -243,7 +245,7 @@ def _fit_objective(model: Any, pts: torch.Tensor, fn: float, tb: float, epsilon:
 
 
 def _fit_objective_release(model: Any, pts: torch.Tensor, fn: float, tb: float, epsilon: float, delta: float,
-                           randomness: Any = None) -> na.NoiseAwareFit:
+                           randomness: Any = None, *, jacobian_share: float = OP_JACOBIAN_SHARE) -> na.NoiseAwareFit:
     """``OP-1`` through the release's own code (``--mechanism noise-aware-objective``): its plan
     (:func:`dpsummary.noise_aware.objective.objective_schedule`), its calibration with the record
     count's Gaussian as the prior part, its last round and :func:`dpsummary.noise_aware.fit` with
@@ -255,7 +257,7 @@ def _fit_objective_release(model: Any, pts: torch.Tensor, fn: float, tb: float, 
     )
     from dpsummary.private.mechanism import PrivateRecords
 
-    plan = objective_schedule(model, epsilon=epsilon, feature_norm=fn)
+    plan = objective_schedule(model, epsilon=epsilon, feature_norm=fn, jacobian_share=jacobian_share)
     count = acc.gaussian_event(acc.calibrate_part(target_epsilon=COUNT_SHARE * epsilon, delta=delta))
     sigma, _ = calibrate_objective(plan, target_epsilon=epsilon, delta=delta, prior_events=[count])
     records = PrivateRecords(pts, randomness=randomness)

@@ -82,9 +82,11 @@ class ObjectiveSchedule:
             "tilt": "OpenDP discrete Gaussian on a grid of at most 2^-40 sd plus a uniform dither, from OS entropy"}}
 
 
-def objective_schedule(model: Model, *, epsilon: float, feature_norm: float) -> ObjectiveSchedule:
+def objective_schedule(model: Model, *, epsilon: float, feature_norm: float,
+                       jacobian_share: float = OP_JACOBIAN_SHARE) -> ObjectiveSchedule:
     """The plan for logistic ``model`` at the release's ``epsilon`` and the public feature norm
-    (see the module docstring). Public arithmetic only."""
+    (see the module docstring); ``jacobian_share`` (public) sets the ridge (:func:`ridge_for`).
+    Public arithmetic only."""
     if getattr(model, "name", "") != "logistic":
         raise ValueError("objective perturbation is implemented for logistic regression only")
     if not (epsilon > 0 and math.isfinite(epsilon)):
@@ -95,7 +97,7 @@ def objective_schedule(model: Model, *, epsilon: float, feature_norm: float) -> 
     shares = (rest * last[0] / sum(last), rest * last[1] / sum(last))
     schedule = dataclasses.replace(base, rounds=(first, shares))
     design_norm = model.design_norm_bound(feature_norm)  # type: ignore[attr-defined]
-    ridge = ridge_for(design_norm, epsilon)
+    ridge = ridge_for(design_norm, epsilon, jacobian_share)
     # Derived from the ridge used (one record's curvature bound, s(1 - s) <= 1/4), not stated beside it.
     jacobian = objective_perturbation_jacobian(curvature_bound=design_norm**2 / 4.0, ridge=ridge)
     return ObjectiveSchedule(schedule=schedule, ridge=ridge, jacobian=jacobian, dim=model.param_dim,
@@ -140,10 +142,13 @@ def calibrate_rdp_scale(events_of: Callable[[float], list[Any]], *, target_epsil
     raise RuntimeError("the objective perturbation's calibration could not be confirmed by the accountant")
 
 
-def ridge_for(design_norm: float, epsilon: float) -> float:
-    """The ridge whose Jacobian term is :data:`OP_JACOBIAN_SHARE` of ``epsilon`` for records of
-    design norm at most ``design_norm`` (one record's curvature at most ``design_norm^2 / 4``)."""
-    return (design_norm**2 / 4.0) / -math.expm1(-OP_JACOBIAN_SHARE * epsilon)
+def ridge_for(design_norm: float, epsilon: float, jacobian_share: float = OP_JACOBIAN_SHARE) -> float:
+    """The ridge whose Jacobian term is ``jacobian_share`` (default :data:`OP_JACOBIAN_SHARE`) of
+    ``epsilon`` for records of design norm at most ``design_norm`` (one record's curvature at most
+    ``design_norm^2 / 4``)."""
+    if not 0 < jacobian_share < 1:
+        raise ValueError("the Jacobian share must lie in (0, 1)")
+    return (design_norm**2 / 4.0) / -math.expm1(-jacobian_share * epsilon)
 
 
 def objective_round(plan: ObjectiveSchedule, perturb: PerturbFn, curvature: CurvatureFn,
