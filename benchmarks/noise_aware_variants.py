@@ -55,6 +55,7 @@ from dpsummary import accounting as acc  # noqa: E402
 from dpsummary import noise_aware as na  # noqa: E402
 from dpsummary import objective_event  # noqa: E402
 from dpsummary.gaussian import DTYPE, GaussianPosterior  # noqa: E402
+from dpsummary.noise_aware.objective import OP_JACOBIAN_SHARE, OP_OUTPUT_MULTIPLIER  # noqa: E402
 
 #: The packaged default's record-count share of a public-schema release (normalised without the
 #: schema and initialisation shares: count 0.10 of count + quality + optimisation).
@@ -130,10 +131,8 @@ SCHEDULES: dict[str, Any] = {
 }
 
 
-#: Issue 50's objective-perturbation prototype (``notebook/objective_perturbation.md``): the
-#: share of epsilon the objective's Jacobian term may cost (it sets the ridge), and the output
-#: perturbation's multiplier on its sensitivity ``2 gamma / ridge`` (negligible noise, accounted).
-from dpsummary.noise_aware.objective import OP_JACOBIAN_SHARE, OP_OUTPUT_MULTIPLIER  # noqa: E402 (the release's)
+# Issue 50's objective perturbation (``notebook/objective_perturbation.md``): OP_JACOBIAN_SHARE
+# and OP_OUTPUT_MULTIPLIER are the release's (dpsummary.noise_aware.objective, imported above).
 #: ``OP-last``: today's logistic placement rounds, then objective perturbation (ridge centred at
 #: their anchor) and a curvature at its output with the last round's (score, curvature) shares;
 #: ``OP-only``: no placement rounds, the ridge at the prior mean, the same split of the whole;
