@@ -255,9 +255,11 @@ from .objective import (
     TILT_GRID_RATIO,
     ObjectiveSchedule,
     calibrate_objective,
+    calibrate_rdp_scale,
     objective_round,
     objective_schedule,
     records_round,
+    ridge_for,
 )
 from .posterior import (
     IMPUTATIONS,
@@ -338,9 +340,11 @@ __all__ = [
     "TILT_GRID_RATIO",
     "ObjectiveSchedule",
     "calibrate_objective",
+    "calibrate_rdp_scale",
     "objective_round",
     "objective_schedule",
     "records_round",
+    "ridge_for",
     "BoundsFn",
     "COUNT_RANGE_SHARE",
     "CurvatureSupport",
