@@ -100,7 +100,6 @@ class PerturbedMode:
     score: torch.Tensor
     score_noise_std: float
     output_noise_std: float
-    iterations: int
 
 
 def _design_and_target(points: torch.Tensor | np.ndarray, model: GLM, feature_norm: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -176,6 +175,7 @@ def perturbed_mode(points: torch.Tensor | np.ndarray | RecordStore, randomness: 
     theta = centre.clone()
     grad, hess = gradient(theta, hessian=True)
     norm = float(torch.linalg.vector_norm(grad))
+    # The iteration count depends on the records: it is counted here and never returned.
     iterations = 0
     while norm > tolerance:
         if iterations == MAX_ITERATIONS:
@@ -206,7 +206,7 @@ def perturbed_mode(points: torch.Tensor | np.ndarray | RecordStore, randomness: 
     released = torch.from_numpy(np.asarray(randomness.gaussian(theta.numpy(), noise_std=output_sd,
                                                                clip_norm=sensitivity), dtype=np.float64))
     return PerturbedMode(theta=released, score=ridge * (released - centre),
-                         score_noise_std=tilt_sd, output_noise_std=output_sd, iterations=iterations)
+                         score_noise_std=tilt_sd, output_noise_std=output_sd)
 
 
 def noisy_curvature(points: torch.Tensor | np.ndarray | RecordStore, randomness: PrivacyRandomness, model: Model,
