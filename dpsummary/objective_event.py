@@ -18,6 +18,12 @@ from typing import Any
 import attr
 from dp_accounting import dp_event as dpa
 
+#: Objective perturbation's tilt grid (:func:`dpsummary.private.noise.dithered_gaussian`): 2^k with
+#: k = floor(log2(noise sd)) - TILT_GRID_BITS, so the grid is at most :data:`TILT_GRID_RATIO` of the
+#: tilt's sd, the public bound the event records and the RDP curve uses.
+TILT_GRID_BITS = 40
+TILT_GRID_RATIO = 2.0**-TILT_GRID_BITS
+
 
 @attr.s(frozen=True, slots=True, auto_attribs=True)
 class ObjectivePerturbationDpEvent(dpa.DpEvent):

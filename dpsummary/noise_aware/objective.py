@@ -33,7 +33,11 @@ import torch
 
 from .. import accounting as acc
 from ..models import Model
-from ..objective_event import ObjectivePerturbationDpEvent, objective_perturbation_jacobian
+from ..objective_event import (
+    TILT_GRID_RATIO,
+    ObjectivePerturbationDpEvent,
+    objective_perturbation_jacobian,
+)
 from .released import BoundsFn, LastRoundFn, RoundRelease
 from .schedule import Schedule
 
@@ -43,9 +47,6 @@ OP_JACOBIAN_SHARE = 0.05
 #: The output perturbation's noise multiplier on its sensitivity ``2 gamma / ridge`` (the solver's
 #: tolerance is tiny, so large multipliers cost almost nothing and add almost no noise).
 OP_OUTPUT_MULTIPLIER = 1000.0
-#: Public upper bound on the tilt grid's ratio to its sd (:data:`dpsummary.private.noise.TILT_GRID_RATIO`,
-#: which a test checks equals this; the event records it).
-TILT_GRID_RATIO = 2.0**-40
 
 #: ``(centre, ridge, noise multiplier, output multiplier) -> (theta, score, score noise sd)``:
 #: the perturbed mode (PrivateRecords.perturbed_mode's, read as a round).

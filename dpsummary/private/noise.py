@@ -22,6 +22,9 @@ from typing import Any
 
 import numpy as np
 
+from ..objective_event import TILT_GRID_BITS as TILT_GRID_BITS
+from ..objective_event import TILT_GRID_RATIO as TILT_GRID_RATIO
+
 #: Sample rates are multiples of 2^-32 so that the coin ``u32 < rate * 2^32`` has exactly the
 #: inclusion probability the accountant is told.
 RATE_RESOLUTION_BITS = 32
@@ -233,13 +236,9 @@ class GaussianNoisePool:
         self.close()
 
 
-#: Objective perturbation's tilt grid (:func:`dithered_gaussian`): 2^k with
-#: k = floor(log2(noise_std)) - TILT_GRID_BITS, so the discrete part's scale ``noise_std / 2^k``
-#: is at least 2^40 grid steps and the grid's ratio to the noise sd at most 2^-40
-#: (:data:`TILT_GRID_RATIO`, which the accounting uses).
-TILT_GRID_BITS = 40
-#: Public upper bound on ``grid / noise_std`` for every tilt (see :data:`TILT_GRID_BITS`).
-TILT_GRID_RATIO = 2.0**-TILT_GRID_BITS
+# Objective perturbation's tilt grid (:func:`dithered_gaussian`) is TILT_GRID_BITS below the noise
+# sd, so the discrete part's scale is at least 2^40 grid steps; the bound TILT_GRID_RATIO on the
+# grid's ratio to the sd is the event's (dpsummary.objective_event, the one definition; imported above).
 #: :func:`tilt_rounding_bound` holds on the event ``||b|| <= TILT_TAIL_SDS noise_std sqrt(dim)``.
 TILT_TAIL_SDS = 64.0
 

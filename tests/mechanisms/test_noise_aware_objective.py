@@ -38,12 +38,6 @@ def _request(tmp: Path, *, accountant: str = "rdp", **kw: object) -> ReleaseRequ
                           ledger=tmp / "ledger.jsonl", **options)  # type: ignore[arg-type]
 
 
-def test_the_grid_ratio_the_event_records_is_the_samplers() -> None:
-    from dpsummary.private.noise import TILT_GRID_RATIO as SAMPLER
-
-    assert TILT_GRID_RATIO == SAMPLER
-
-
 def test_the_plan_sizes_the_ridge_from_epsilon_and_calibrates_to_it() -> None:
     """The ridge's Jacobian term is OP_JACOBIAN_SHARE of epsilon; the shares are today's first
     round, then the rest split as today's last round; the calibrated scale meets the target under
