@@ -31,7 +31,7 @@ class ObjectivePerturbationDpEvent(dpa.DpEvent):
     minimiser under add/remove adjacency: tilt sd ``noise_multiplier`` times the score bound
     ``L``, Jacobian term ``jacobian_log_ratio`` (:func:`objective_perturbation_jacobian` of the
     public ridge), ``dim`` coordinates, and tilt grid at most ``grid_ratio`` of the tilt sd
-    (:data:`dpsummary.private.noise.TILT_GRID_RATIO`). The output perturbation that accounts for
+    (:data:`TILT_GRID_RATIO`). The output perturbation that accounts for
     the solver's tolerance is a separate ``GaussianDpEvent`` composed with it."""
 
     noise_multiplier: float
