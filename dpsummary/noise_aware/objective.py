@@ -33,6 +33,7 @@ import torch
 
 from .. import accounting as acc
 from ..models import Model
+from ..models.glm import GLM
 from ..objective_event import (
     TILT_GRID_RATIO,
     ObjectivePerturbationDpEvent,
@@ -97,7 +98,8 @@ def objective_schedule(model: Model, *, epsilon: float, feature_norm: float,
     rest = 1.0 - sum(first)
     shares = (rest * last[0] / sum(last), rest * last[1] / sum(last))
     schedule = dataclasses.replace(base, rounds=(first, shares))
-    design_norm = model.design_norm_bound(feature_norm)  # type: ignore[attr-defined]
+    assert isinstance(model, GLM)  # logistic, checked above
+    design_norm = model.design_norm_bound(feature_norm)
     ridge = ridge_for(design_norm, epsilon, jacobian_share)
     # Derived from the ridge used (one record's curvature bound, s(1 - s) <= 1/4), not stated beside it.
     jacobian = objective_perturbation_jacobian(curvature_bound=design_norm**2 / 4.0, ridge=ridge)

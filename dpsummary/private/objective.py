@@ -4,9 +4,10 @@ Issue 50's next design (``benchmarks/notebook/objective_perturbation.md``): the 
 last expansion is read at an anchor the rounds leave short of the mode; objective perturbation
 (Chaudhuri, Monteleoni and Sarwate 2011; Kifer, Smith and Thakurta 2012, Gaussian noise) releases
 the minimiser of a randomly tilted objective instead, so the anchor is the mode up to the noise.
-**No release path calls this module yet** (only the arms of ``benchmarks/noise_aware_variants.py``);
-the ledger accounts for it (:class:`dpsummary.objective_event.ObjectivePerturbationDpEvent`, RDP
-only) and ``benchmarks/notebook/objective_perturbation.md`` says what a release needs still.
+Called by the release option ``--mechanism noise-aware-objective`` (through
+:class:`~dpsummary.private.mechanism.PrivateRecords`) and by the arms of
+``benchmarks/noise_aware_variants.py``; the ledger accounts for it
+(:class:`dpsummary.objective_event.ObjectivePerturbationDpEvent`, RDP only).
 
 The mechanism (:func:`perturbed_mode`). With the records' design rows ``z_i = [1, x_i]`` projected
 to ``||x_i|| <= feature_norm`` (so ``||z_i|| <= L``), targets clamped to [0, 1] and non-finite
