@@ -18,7 +18,10 @@ order until the arms' statistics differ.
 
 An arm is today's :meth:`dpsummary.noise_aware.Schedule.default` with one change
 (:data:`ARMS`), patched for this process the way ``calibration.py run --censor-counts`` patches
-its arm. Each release is judged by its signed Gaussian (what ``sample()`` draws, issue 48) in its
+its arm, or another mechanism with today's schedule (:data:`ARM_MECHANISMS`: ``objective`` is
+the opt-in ``noise-aware-objective``, whose tilt is drawn from a seeded stream of its own, a
+continuous Gaussian standing in for the dithered one, the convention of the seeded doubles in
+:mod:`dpsummary.private.objective`). Each release is judged by its signed Gaussian (what ``sample()`` draws, issue 48) in its
 own model space against the full-data posterior and the idealised floor
 (:func:`calibration.artifact_reference`), and written in ``noise_aware_variants.py``'s CSV form
 (``schedule`` = the arm, ``variant`` = ``signed``), so its ``--compare signed
@@ -88,7 +91,17 @@ ARMS: dict[str, Callable[[Any], Any]] = {
     "expansion-gated": _expansion_gated,
     "six-rounds": _six_rounds,
     "feature-range": _feature_range,
+    "objective": lambda sched: sched,
 }
+
+#: Arms that release through another mechanism than the default's (with today's schedule):
+#: ``objective`` is the opt-in ``noise-aware-objective`` (issue 50's objective perturbation;
+#: logistic tables only). Stage 1 comes before the mechanism, so it is paired as for any arm.
+ARM_MECHANISMS: dict[str, str] = {"objective": "noise-aware-objective"}
+DEFAULT_MECHANISM = "noise-aware-newton"
+#: The objective arm's tilt (``noise.dithered_gaussian``) draws from its own seeded stream, offset
+#: from the run's seed like the data-range histogram's, so its draws never shift the main stream's.
+TILT_SEED_OFFSET = 7_000_000
 
 
 @contextlib.contextmanager
@@ -100,12 +113,18 @@ def seeded_release(seed: int, arm: str) -> Iterator[None]:
     from dpsummary.private import noise, preprocess
     from dpsummary.private.mechanism import PrivateRecords
 
-    streams = {"main": np.random.default_rng(seed), "range": np.random.default_rng(seed + nv.RANGE_SEED_OFFSET)}
+    streams = {"main": np.random.default_rng(seed), "range": np.random.default_rng(seed + nv.RANGE_SEED_OFFSET),
+               "tilt": np.random.default_rng(seed + TILT_SEED_OFFSET)}
     current = ["main"]
 
     def gaussian(values: np.ndarray, *, noise_std: float, clip_norm: float) -> np.ndarray:
         v = np.asarray(values, dtype=np.float64)
         return v + noise_std * streams[current[0]].standard_normal(v.shape)
+
+    def tilt(dim: int, *, noise_std: float) -> np.ndarray:
+        # A continuous Gaussian standing in for the dithered discrete one (the seeded doubles'
+        # convention, dpsummary.private.objective's docstring).
+        return noise_std * streams["tilt"].standard_normal(dim)
 
     marginals = PrivateRecords.noisy_marginals
 
@@ -124,14 +143,17 @@ def seeded_release(seed: int, arm: str) -> Iterator[None]:
         return change(today(model))
 
     saved = (noise.add_gaussian_noise, preprocess.add_gaussian_noise)
+    saved_tilt = noise.dithered_gaussian
     noise.add_gaussian_noise = gaussian  # type: ignore[assignment]
     preprocess.add_gaussian_noise = gaussian  # type: ignore[assignment]
+    noise.dithered_gaussian = tilt  # type: ignore[assignment]
     na.Schedule.default = classmethod(default)  # type: ignore[method-assign, assignment]
     PrivateRecords.noisy_marginals = range_marginals  # type: ignore[method-assign]
     try:
         yield
     finally:
         noise.add_gaussian_noise, preprocess.add_gaussian_noise = saved  # type: ignore[assignment]
+        noise.dithered_gaussian = saved_tilt  # type: ignore[assignment]
         na.Schedule.default = today  # type: ignore[method-assign]
         PrivateRecords.noisy_marginals = marginals  # type: ignore[method-assign]
 
@@ -170,8 +192,8 @@ def run(tables: list[str], epsilons: list[float], runs: int, arms: list[str], se
                     for arm in arms:
                         try:
                             with seeded_release(seed, arm):
-                                art = C.release(spec, data, "zero-config", eps, "noise-aware-newton", r,
-                                                Path(tmp) / table)
+                                art = C.release(spec, data, "zero-config", eps,
+                                                ARM_MECHANISMS.get(arm, DEFAULT_MECHANISM), r, Path(tmp) / table)
                         except Exception as exc:  # noqa: BLE001 - a refusal leaves the run out of both arms
                             print(f"{table} eps {eps:g} run {r} {arm}: {type(exc).__name__}: {exc}", file=sys.stderr)
                             break
@@ -206,8 +228,11 @@ def main() -> None:
     arms = C._names(a.arms, ARMS, "arm")
     if "default" not in arms:
         raise SystemExit("error: --arms must include default (the baseline)")
+    tables = C._names(a.tables, C.TABLES, "table")
+    if "objective" in arms and any(C.TABLES[t].model != "logistic" for t in tables):
+        raise SystemExit("error: the objective arm is for logistic tables only; drop the others from --tables")
     torch.set_num_threads(1)
-    run(C._names(a.tables, C.TABLES, "table"), [float(e) for e in a.epsilons.split(",")], a.runs, arms,
+    run(tables, [float(e) for e in a.epsilons.split(",")], a.runs, arms,
         a.seed_offset, a.out)
 
 
