@@ -871,6 +871,43 @@ def test_zero_config_paired_draws_the_range_histogram_from_its_own_stream(monkey
     assert sum(s + c for s, c in fr.rounds) + fr.feature_range == pytest.approx(1.0)
 
 
+def test_zero_config_paired_objective_arm_draws_its_tilt_from_its_own_stream(monkeypatch: pytest.MonkeyPatch,
+                                                                            tmp_path: Path) -> None:
+    """The fifty-third rule's pairing: the ``objective`` arm releases through
+    ``noise-aware-objective`` with today's schedule; inside ``seeded_release`` its tilt
+    (``noise.dithered_gaussian``) is a seeded continuous Gaussian of the asked sd from a stream of
+    its own, so drawing it leaves the main stream's normals unchanged; on exit the product's
+    OS-entropy tilt is back. The arm is refused for a table that is not logistic."""
+    import numpy as np
+
+    from dpsummary import noise_aware as na
+    from dpsummary.models import LogisticRegression
+    from dpsummary.private import noise
+
+    zp: Any = _benchmark_module("zero_config_paired")
+    product_tilt = noise.dithered_gaussian
+    today = na.Schedule.default(LogisticRegression(2))
+    assert zp.ARM_MECHANISMS["objective"] == "noise-aware-objective"
+    assert zp.ARMS["objective"](today) == today
+    with zp.seeded_release(13, "default"):
+        plain = noise.add_gaussian_noise(np.zeros(3), noise_std=1.0, clip_norm=1.0)
+    tilts = []
+    for _ in range(2):
+        with zp.seeded_release(13, "objective"):
+            tilts.append(noise.dithered_gaussian(4000, noise_std=3.0))
+            after = noise.add_gaussian_noise(np.zeros(3), noise_std=1.0, clip_norm=1.0)
+        np.testing.assert_array_equal(plain, after)
+    np.testing.assert_array_equal(tilts[0], tilts[1])
+    # sd 3 from 4,000 normals: the sample sd is within 5% of it except with probability < 1e-10.
+    assert float(np.std(tilts[0])) == pytest.approx(3.0, rel=0.05)
+    assert noise.dithered_gaussian is product_tilt
+    monkeypatch.setattr(sys, "argv", ["zero_config_paired.py", "--tables", "azpro", "--arms", "default,objective",
+                                      "--seed-offset", "0", "--out", str(tmp_path / "x.csv")])
+    with pytest.raises(SystemExit, match="logistic tables only"):
+        zp.main()
+    assert not (tmp_path / "x.csv").exists()
+
+
 def test_sampling_judge_reference_decides_on_the_common_reference_not_the_recorded_figures(tmp_path: Path) -> None:
     """Rule 2' of ``moment_match_stopping.md``: the reference's figures decide (averaged change,
     worst pair, seconds); the recorded ``agrees`` flags are only counted."""
