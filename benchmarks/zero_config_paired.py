@@ -21,12 +21,14 @@ An arm is today's :meth:`dpsummary.noise_aware.Schedule.default` with one change
 its arm, or another mechanism with today's schedule (:data:`ARM_MECHANISMS`: ``objective`` is
 the opt-in ``noise-aware-objective``, whose tilt is drawn from a seeded stream of its own, a
 continuous Gaussian standing in for the dithered one, the convention of the seeded doubles in
-:mod:`dpsummary.private.objective`). Each release is judged by its signed Gaussian (what ``sample()`` draws, issue 48) in its
-own model space against the full-data posterior and the idealised floor
-(:func:`calibration.artifact_reference`), and written in ``noise_aware_variants.py``'s CSV form
-(``schedule`` = the arm, ``variant`` = ``signed``), so its ``--compare signed
-ARM/signed`` applies issue 50's rules (the floor's width stands in for the bound floor's: rule 2
-as written, the stricter). A run refused in either arm is left out of both and counted.
+:mod:`dpsummary.private.objective`). Each release is judged in its own model space against the
+full-data posterior and the idealised floor (:func:`calibration.artifact_reference`) by its
+signed Gaussian (the posterior ``sample()``'s pseudocoreset is matched to, issue 48) and, with
+``--sampled``, also by what analysts get, ``Release.sample()``'s draws. Rows are in
+``noise_aware_variants.py``'s CSV form (``schedule`` = the arm, ``variant`` = ``signed`` or
+``sampled``), so its ``--compare signed ARM/signed`` (or ``sampled ARM/sampled``) applies issue
+50's rules (the floor's width stands in for the bound floor's: rule 2 as written, the stricter).
+A run refused in either arm is left out of both and counted.
 
     python benchmarks/zero_config_paired.py --tables sim_onehot_correlated --epsilons 0.3,1,3 \\
         --runs 10 --arms default,expansion-data --seed-offset S --out CSV
@@ -158,9 +160,19 @@ def seeded_release(seed: int, arm: str) -> Iterator[None]:
         PrivateRecords.noisy_marginals = marginals  # type: ignore[method-assign]
 
 
-def judged(art: Path, data: Path, epsilon: float) -> dict[str, Any]:
-    """The release's signed Gaussian judged in its own model space (module docstring)."""
+#: What each release's rows judge: ``signed`` (always) the Gaussian the release signs;
+#: ``sampled`` (with ``--sampled``) what analysts get, ``Release.sample()``'s default draws with
+#: their quantile intervals, judged as the suite judges them (:func:`calibration.judge_artifact`).
+VARIANTS = ("signed", "sampled")
+
+
+def judged(art: Path, data: Path, epsilon: float, *, sampled: bool = False) -> dict[str, dict[str, Any]]:
+    """The release judged in its own model space (module docstring), one row per variant
+    (:data:`VARIANTS`): the floor's figures are the reference's, shared by both."""
+    import warnings
+
     from dpsummary.gaussian import GaussianPosterior
+    from dpsummary.metrics import draws_report
 
     rel, ref = C.artifact_reference(art, data, epsilon)
     g = rel.body["posterior"]["gaussians"][rel.body["posterior"]["default"]]
@@ -170,13 +182,22 @@ def judged(art: Path, data: Path, epsilon: float) -> dict[str, Any]:
     j = C.judge(gauss, ref)
     keys = ("coverage", "width_ratio", "floor_width_ratio", "floor_coverage", "effects_found", "floor_effects_found",
             "effects_wrong_sign", "mean_error_sd_max", "floor_wrong_sign")
-    out = {k: j[k] for k in keys}
-    out["bound_floor_width_ratio"] = j["floor_width_ratio"]
-    out["param_dim"] = int(ref.full.mean.shape[0])
+    signed = {k: j[k] for k in keys}
+    signed["bound_floor_width_ratio"] = j["floor_width_ratio"]
+    signed["param_dim"] = int(ref.full.mean.shape[0])
+    out = {"signed": signed}
+    if sampled:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the suite records the sampler's diagnostics; here only the intervals
+            draws = rel.sample(C.SAMPLED_DRAWS, seed=0)
+        d = draws_report(np.asarray(draws), ref.full, floor=ref.floor)
+        out["sampled"] = {**signed, **{k: d[k] for k in ("coverage", "width_ratio", "effects_found",
+                                                         "effects_wrong_sign", "mean_error_sd_max")}}
     return out
 
 
-def run(tables: list[str], epsilons: list[float], runs: int, arms: list[str], seed_offset: int, out: Path) -> None:
+def run(tables: list[str], epsilons: list[float], runs: int, arms: list[str], seed_offset: int, out: Path, *,
+        sampled: bool = False) -> None:
     rows: list[dict[str, Any]] = []
     refused = 0
     with tempfile.TemporaryDirectory() as tmp:
@@ -188,7 +209,7 @@ def run(tables: list[str], epsilons: list[float], runs: int, arms: list[str], se
             for eps in epsilons:
                 for r in range(runs):
                     seed = seed_offset + 10_000 * r + int(1000 * eps)
-                    got: dict[str, dict[str, Any]] = {}
+                    got: dict[str, dict[str, dict[str, Any]]] = {}
                     for arm in arms:
                         try:
                             with seeded_release(seed, arm):
@@ -197,17 +218,18 @@ def run(tables: list[str], epsilons: list[float], runs: int, arms: list[str], se
                         except Exception as exc:  # noqa: BLE001 - a refusal leaves the run out of both arms
                             print(f"{table} eps {eps:g} run {r} {arm}: {type(exc).__name__}: {exc}", file=sys.stderr)
                             break
-                        got[arm] = judged(art, data, eps)
+                        got[arm] = judged(art, data, eps, sampled=sampled)
                         art.unlink(missing_ok=True)
                     if len(got) != len(arms):
                         refused += 1
                         continue
                     for arm in arms:
-                        rows.append({"table": table, "epsilon": eps, "run": r, "schedule": arm, "variant": "signed",
-                                     **got[arm]})
+                        for variant, judgement in got[arm].items():
+                            rows.append({"table": table, "epsilon": eps, "run": r, "schedule": arm, "variant": variant,
+                                         **judgement})
                     print(f"{table} eps {eps:g} run {r}: " + ", ".join(
-                        f"{a} cov {got[a]['coverage']:.2f} w {got[a]['width_ratio']:.2f}" for a in arms),
-                        file=sys.stderr, flush=True)
+                        f"{a} {v} cov {j['coverage']:.2f} w {j['width_ratio']:.2f}" for a in arms
+                        for v, j in got[a].items()), file=sys.stderr, flush=True)
     out.parent.mkdir(parents=True, exist_ok=True)
     with out.open("w", newline="") as fh:
         writer = csv.DictWriter(fh, fieldnames=list(rows[0]) if rows else ["table"])
@@ -224,6 +246,8 @@ def main() -> None:
     ap.add_argument("--arms", default="default,expansion-data")
     ap.add_argument("--seed-offset", type=int, required=True)
     ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--sampled", action="store_true",
+                    help="also judge Release.sample()'s draws (rows with variant 'sampled'; NUTS per release)")
     a = ap.parse_args()
     arms = C._names(a.arms, ARMS, "arm")
     if "default" not in arms:
@@ -232,8 +256,7 @@ def main() -> None:
     if "objective" in arms and any(C.TABLES[t].model != "logistic" for t in tables):
         raise SystemExit("error: the objective arm is for logistic tables only; drop the others from --tables")
     torch.set_num_threads(1)
-    run(tables, [float(e) for e in a.epsilons.split(",")], a.runs, arms,
-        a.seed_offset, a.out)
+    run(tables, [float(e) for e in a.epsilons.split(",")], a.runs, arms, a.seed_offset, a.out, sampled=a.sampled)
 
 
 if __name__ == "__main__":

@@ -908,6 +908,33 @@ def test_zero_config_paired_objective_arm_draws_its_tilt_from_its_own_stream(mon
     assert not (tmp_path / "x.csv").exists()
 
 
+def test_zero_config_paired_runs_both_arms_on_the_same_noise_and_judges_the_analysts_draws(tmp_path: Path) -> None:
+    """End to end on the tiny simulated table: ``--sampled`` gives each arm's release a ``signed``
+    and a ``sampled`` row (``Release.sample()``'s draws), the same seed offset gives the same rows
+    (every privacy draw of both arms, the objective arm's tilt included, comes from the seeded
+    streams: an OS-entropy draw left anywhere would make the two runs differ), and
+    ``noise_aware_variants.py --compare sampled objective/sampled`` reads them."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    script = str(ROOT / "benchmarks" / "zero_config_paired.py")
+    outs = [tmp_path / "a.csv", tmp_path / "b.csv"]
+    for out in outs:
+        proc = subprocess.run([sys.executable, script, "--tables", "sim_tiny", "--epsilons", "3", "--runs", "1",
+                               "--arms", "default,objective", "--seed-offset", "5", "--sampled", "--out", str(out)],
+                              capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [list(csv.DictReader(out.open(newline=""))) for out in outs]
+    assert rows[0] == rows[1]
+    assert [(r["schedule"], r["variant"]) for r in rows[0]] == [
+        ("default", "signed"), ("default", "sampled"), ("objective", "signed"), ("objective", "sampled")]
+    for r in rows[0]:
+        assert 0.0 <= float(r["coverage"]) <= 1.0 and float(r["width_ratio"]) > 0
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "noise_aware_variants.py"), "--compare", "sampled",
+                           "objective/sampled", "--out", str(outs[0])],
+                          capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "sim_tiny" in proc.stdout and "rule 2" in proc.stdout
+
+
 def test_sampling_judge_reference_decides_on_the_common_reference_not_the_recorded_figures(tmp_path: Path) -> None:
     """Rule 2' of ``moment_match_stopping.md``: the reference's figures decide (averaged change,
     worst pair, seconds); the recorded ``agrees`` flags are only counted."""
