@@ -371,6 +371,15 @@ def test_calibration_cell_is_honest_only_through_all_three_posteriors(tmp_path: 
     line = _report_line(cal, fields, rows, tmp_path, "Cells not honest through the pseudocoreset")
     assert "sim_rare public eps 0.1 noise-aware-newton (Laplace 0.85, Gaussian 0.95, sample() 0.95)" in line
     assert "sim_exact" not in line and "sim_tiny" not in line
+    # A cell whose Laplace posterior is honest fails through the others, never "by wrong signs".
+    line = _report_line(cal, fields, rows, tmp_path, "Cells whose pseudocoreset's Laplace posterior is honest")
+    assert "sim_exact public eps 0.1 noise-aware-newton (Gaussian; Gaussian 0.95, sample() 0.95" not in line
+    assert "sim_exact public eps 0.1 noise-aware-newton (Gaussian; Gaussian 0.85, sample() 0.95 with 0 wrong-sign, " \
+           "against 0.90)" in line
+    assert "sim_large public eps 0.1 noise-aware-newton (sample(); Gaussian 0.95, sample() 0.85" in line
+    assert "sim_rare" not in line and "sim_tiny" not in line
+    md = tmp_path / "c.md"
+    assert not any(x.startswith("Cells dishonest by wrong-sign effects alone") for x in md.read_text().splitlines())
 
 
 def test_calibration_report_lists_cells_narrower_than_the_full_data(tmp_path: Path) -> None:
