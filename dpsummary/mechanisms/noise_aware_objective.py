@@ -10,7 +10,8 @@ default mechanism's (:func:`dpsummary.mechanisms.noise_aware_newton.noise_aware_
 Judged (``benchmarks/notebook/objective_perturbation.md``): on the variants harness it passed
 the forty-eighth rule; through the calibration suite, in the public schema (the forty-ninth
 rule, every posterior analysts get including ``sample()``) and in zero configuration (the
-fifty-first and fifty-second), it did not pass, so it stays an option.
+fifty-first and fifty-second, unpaired, and the fifty-third, on releases paired with the
+default's through stage 1), it did not pass, so it stays an option.
 
 Public refusals (before any reservation): a model other than logistic, ``--engine spark`` (the
 solver needs several passes over the records; the Spark engine has no such mechanism), and a
