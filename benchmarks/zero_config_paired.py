@@ -28,7 +28,9 @@ signed Gaussian (the posterior ``sample()``'s pseudocoreset is matched to, issue
 ``noise_aware_variants.py``'s CSV form (``schedule`` = the arm, ``variant`` = ``signed`` or
 ``sampled``), so its ``--compare signed ARM/signed`` (or ``sampled ARM/sampled``) applies issue
 50's rules (the floor's width stands in for the bound floor's: rule 2 as written, the stricter).
-A run refused in either arm is left out of both and counted.
+A run refused in either arm is left out of both and counted. ``--mode public`` runs the same
+pairing through the suite's public schema (no stage 1; the rounds' draws are paired as above),
+for a candidate judged through the release path in both modes.
 
     python benchmarks/zero_config_paired.py --tables sim_onehot_correlated --epsilons 0.3,1,3 \\
         --runs 10 --arms default,expansion-data --seed-offset S --out CSV
@@ -197,7 +199,7 @@ def judged(art: Path, data: Path, epsilon: float, *, sampled: bool = False) -> d
 
 
 def run(tables: list[str], epsilons: list[float], runs: int, arms: list[str], seed_offset: int, out: Path, *,
-        sampled: bool = False) -> None:
+        sampled: bool = False, mode: str = "zero-config") -> None:
     rows: list[dict[str, Any]] = []
     refused = 0
     with tempfile.TemporaryDirectory() as tmp:
@@ -213,7 +215,7 @@ def run(tables: list[str], epsilons: list[float], runs: int, arms: list[str], se
                     for arm in arms:
                         try:
                             with seeded_release(seed, arm):
-                                art = C.release(spec, data, "zero-config", eps,
+                                art = C.release(spec, data, mode, eps,
                                                 ARM_MECHANISMS.get(arm, DEFAULT_MECHANISM), r, Path(tmp) / table)
                         except Exception as exc:  # noqa: BLE001 - a refusal leaves the run out of both arms
                             print(f"{table} eps {eps:g} run {r} {arm}: {type(exc).__name__}: {exc}", file=sys.stderr)
@@ -225,8 +227,8 @@ def run(tables: list[str], epsilons: list[float], runs: int, arms: list[str], se
                         continue
                     for arm in arms:
                         for variant, judgement in got[arm].items():
-                            rows.append({"table": table, "epsilon": eps, "run": r, "schedule": arm, "variant": variant,
-                                         **judgement})
+                            rows.append({"table": table, "mode": mode, "epsilon": eps, "run": r, "schedule": arm,
+                                         "variant": variant, **judgement})
                     print(f"{table} eps {eps:g} run {r}: " + ", ".join(
                         f"{a} {v} cov {j['coverage']:.2f} w {j['width_ratio']:.2f}" for a in arms
                         for v, j in got[a].items()), file=sys.stderr, flush=True)
@@ -246,6 +248,8 @@ def main() -> None:
     ap.add_argument("--arms", default="default,expansion-data")
     ap.add_argument("--seed-offset", type=int, required=True)
     ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--mode", choices=("zero-config", "public"), default="zero-config",
+                    help="the schema the releases use (default: zero configuration, stage 1 paired)")
     ap.add_argument("--sampled", action="store_true",
                     help="also judge Release.sample()'s draws (rows with variant 'sampled'; NUTS per release)")
     a = ap.parse_args()
@@ -256,7 +260,8 @@ def main() -> None:
     if "objective" in arms and any(C.TABLES[t].model != "logistic" for t in tables):
         raise SystemExit("error: the objective arm is for logistic tables only; drop the others from --tables")
     torch.set_num_threads(1)
-    run(tables, [float(e) for e in a.epsilons.split(",")], a.runs, arms, a.seed_offset, a.out, sampled=a.sampled)
+    run(tables, [float(e) for e in a.epsilons.split(",")], a.runs, arms, a.seed_offset, a.out, sampled=a.sampled,
+        mode=a.mode)
 
 
 if __name__ == "__main__":

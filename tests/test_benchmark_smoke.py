@@ -915,6 +915,21 @@ def test_zero_config_paired_objective_arm_draws_its_tilt_from_its_own_stream(mon
     with pytest.raises(SystemExit, match="logistic tables only"):
         zp.main()
     assert not (tmp_path / "x.csv").exists()
+    # --mode public releases through the public schema, each arm through its own mechanism.
+    calls: list[tuple[str, str]] = []
+
+    def refuse(spec: Any, data: Any, mode: str, eps: float, mechanism: str, run: int, workdir: Any) -> Any:
+        calls.append((mode, mechanism))
+        raise RuntimeError("refused")
+
+    monkeypatch.setenv("DPSUMMARY_HOME", str(tmp_path / "home"))  # run() sets it; restored after the test
+    monkeypatch.setattr(zp.C, "release", refuse)
+    monkeypatch.setattr(zp.C, "table_csv", lambda spec: tmp_path / "t.csv")
+    monkeypatch.setattr(sys, "argv", ["zero_config_paired.py", "--tables", "sim_tiny", "--epsilons", "1", "--runs", "1",
+                                      "--arms", "objective,default", "--mode", "public", "--seed-offset", "0",
+                                      "--out", str(tmp_path / "y.csv")])
+    zp.main()
+    assert calls == [("public", "noise-aware-objective")]  # the first arm refused: the run is left out of both
 
 
 def test_zero_config_paired_runs_both_arms_on_the_same_noise_and_judges_the_analysts_draws(tmp_path: Path) -> None:
@@ -933,6 +948,7 @@ def test_zero_config_paired_runs_both_arms_on_the_same_noise_and_judges_the_anal
         assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [list(csv.DictReader(out.open(newline=""))) for out in outs]
     assert rows[0] == rows[1]
+    assert {r["mode"] for r in rows[0]} == {"zero-config"}
     assert [(r["schedule"], r["variant"]) for r in rows[0]] == [
         ("default", "signed"), ("default", "sampled"), ("objective", "signed"), ("objective", "sampled")]
     for r in rows[0]:
