@@ -11,7 +11,7 @@ import dataclasses
 import math
 import statistics
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -241,6 +241,16 @@ def _order(key: CellKey) -> tuple[int, str, str, float, str]:
     return (kind, key[0], key[2], key[3], key[4])
 
 
+def _cell_list(title: str, cells: Iterable[Cell], detail: Callable[[Cell], str]) -> list[str]:
+    """A report paragraph: ``title`` then each cell (in report order) with ``detail(cell)`` in
+    brackets; nothing when no cell qualifies."""
+    chosen = sorted(cells, key=lambda c: _order(c.key))
+    if not chosen:
+        return []
+    return ["", title + ", ".join(f"{c.key[0]} {c.key[2]} eps {c.key[3]:g} {c.key[4]} ({detail(c)})"
+                                  for c in chosen) + "."]
+
+
 def load_frontier(path: Path) -> dict[tuple[str, str, float], dict[str, str]]:
     """The rows of ``benchmarks/frontier.py``'s CSV by ``(table, mode, epsilon)`` (empty when absent)."""
     if not path.exists():
@@ -310,67 +320,55 @@ def report(results: Path, target: Path, plot: Path | None = None, note: str = ""
                          f"wrong-sign effects {sum(c.wrong_sign for c in sel)}; median width / floor "
                          f"{_f(statistics.median(widths) if widths else None)}; effects found {found:.1f} of the "
                          f"floor's {floor_found:.1f} (sums of cell medians).")
-    floor_judged = sorted((c for c in cs.values() if c.floor_judged), key=lambda c: _order(c.key))
-    if floor_judged:
-        lines += ["", "Cells judged against the idealised floor (rule 3: it covers less than 0.9 or expects more "
-                  "than one wrong-sign effect over the runs; threshold min(0.9, its coverage - 0.05)): " + ", ".join(f"{c.key[0]} {c.key[2]} eps {c.key[3]:g} {c.key[4]} (floor "
-                                             f"{_f(c.floor_coverage)})" for c in floor_judged) + "."]
-    narrow = sorted((c for c in cs.values() if c.width_vs_floor is not None and c.width_vs_floor < NARROW),
-                    key=lambda c: _order(c.key))
-    if narrow:
-        lines += ["", f"Cells whose median width is below {NARROW:g}x the idealised floor's (the floor is an idealised "
-                  "reference, not a proven bound, so these are cells to look at, judged honest or not by coverage "
-                  "and wrong signs alone): "
-                  + ", ".join(f"{c.key[0]} {c.key[2]} eps {c.key[3]:g} {c.key[4]} ({_f(c.width_vs_floor)}x)"
-                              for c in narrow) + "."]
+    lines += _cell_list(
+        "Cells judged against the idealised floor (rule 3: it covers less than 0.9 or expects more than one wrong-sign "
+        "effect over the runs; threshold min(0.9, its coverage - 0.05)): ",
+        (c for c in cs.values() if c.floor_judged), lambda c: f"floor {_f(c.floor_coverage)}")
+    lines += _cell_list(
+        f"Cells whose median width is below {NARROW:g}x the idealised floor's (the floor is an idealised reference, "
+        "not a proven bound, so these are cells to look at, judged honest or not by coverage and wrong signs alone): ",
+        (c for c in cs.values() if c.width_vs_floor is not None and c.width_vs_floor < NARROW),
+        lambda c: f"{_f(c.width_vs_floor)}x")
     # A correct posterior given a release computed from the data is, on average over the data sets
     # the release leaves possible, at least as wide as the full data's in every direction (the law
     # of total variance); one narrower credits information the data do not hold, which coverage
     # cannot see where its mean is right (notebook/noise_aware_variants.md, thirty-eighth rule).
-    below_full = sorted((c for c in cs.values() if c.gaussian_width is not None and c.gaussian_width < BELOW_FULL),
-                        key=lambda c: _order(c.key))
-    if below_full:
-        lines += ["", f"Cells whose signed Gaussian is below {BELOW_FULL:g}x the full-data posterior's width (median "
-                  "coordinate; a correct posterior given the release is on average at least as wide as the full "
-                  "data's, so these credit information the data do not hold; reported, not judged): "
-                  + ", ".join(f"{c.key[0]} {c.key[2]} eps {c.key[3]:g} {c.key[4]} ({_f(c.gaussian_width)}x)"
-                              for c in below_full) + "."]
-    tolerated = sorted((c for c in cs.values() if c.verdict == "HONEST" and c.wrong_sign), key=lambda c: _order(c.key))
-    if tolerated:
-        lines += ["", "Honest cells with wrong-sign effects within the idealised floor's expected count + 1 (issue 50, "
-                  "rule 1: a wrong sign is a miscoverage): "
-                  + ", ".join(f"{c.key[0]} {c.key[2]} eps {c.key[3]:g} {c.key[4]} ({c.wrong_sign} against the "
-                              f"floor's {_f(c.floor_wrong, 1)})" for c in tolerated) + "."]
+    lines += _cell_list(
+        f"Cells whose signed Gaussian is below {BELOW_FULL:g}x the full-data posterior's width (median coordinate; a "
+        "correct posterior given the release is on average at least as wide as the full data's, so these credit "
+        "information the data do not hold; reported, not judged): ",
+        (c for c in cs.values() if c.gaussian_width is not None and c.gaussian_width < BELOW_FULL),
+        lambda c: f"{_f(c.gaussian_width)}x")
+
+    def against_floor(c: Cell) -> str:
+        return f"{c.wrong_sign} against the floor's {_f(c.floor_wrong, 1)}"
+
+    lines += _cell_list(
+        "Honest cells with wrong-sign effects within the idealised floor's expected count + 1 (issue 50, rule 1: a "
+        "wrong sign is a miscoverage): ",
+        (c for c in cs.values() if c.verdict == "HONEST" and c.wrong_sign), against_floor)
     # The Laplace posterior's own verdict fails on wrong signs (it covers enough); a cell whose
     # Laplace posterior passes fails through another posterior, listed below.
-    by_sign = sorted((c for c in cs.values() if c.verdict == "DISHONEST" and "Laplace" in c.failing
-                      and c.coverage is not None and c.coverage >= c.threshold - 1e-12), key=lambda c: _order(c.key))
-    if by_sign:
-        lines += ["", "Cells dishonest by wrong-sign effects alone (more than the floor's expected count + 1): "
-                  + ", ".join(f"{c.key[0]} {c.key[2]} eps {c.key[3]:g} {c.key[4]} ({c.wrong_sign} against the "
-                              f"floor's {_f(c.floor_wrong, 1)})" for c in by_sign) + "."]
-    laplace_only = sorted((c for c in cs.values() if c.verdict == "DISHONEST" and c.failing == ("Laplace",)),
-                          key=lambda c: _order(c.key))
-    if laplace_only:
-        # Issue 48 judges three posteriors; issue 50 names two (the signed Gaussian, the analyst's
-        # default draws). A cell that fails only through the pseudocoreset's mode Gaussian stays
-        # dishonest here, and `Release.sample(method="laplace")` warns its users.
-        lines += ["", "Cells not honest through the pseudocoreset's Laplace approximation alone (the signed Gaussian "
-                  "and the `sample()` draws are honest; `sample(method=\"laplace\")` warns when it is narrower "
-                  "than the signed Gaussian): "
-                  + ", ".join(f"{c.key[0]} {c.key[2]} eps {c.key[3]:g} {c.key[4]} (Laplace {_f(c.coverage)}, "
-                              f"Gaussian {_f(c.gaussian_coverage)}, sample() {_f(c.sampled_coverage)})"
-                              for c in laplace_only) + "."]
-    elsewhere = sorted((c for c in cs.values() if c.verdict == "DISHONEST" and "Laplace" not in c.failing),
-                       key=lambda c: _order(c.key))
-    if elsewhere:
-        lines += ["", "Cells whose pseudocoreset's Laplace posterior is honest but the signed Gaussian or the `sample()` "
-                  "draws are not (coverage against the cell's threshold; wrong-sign effects against the floor's "
-                  "expected count + 1): "
-                  + ", ".join(f"{c.key[0]} {c.key[2]} eps {c.key[3]:g} {c.key[4]} ({', '.join(c.failing)}; Gaussian "
-                              f"{_f(c.gaussian_coverage)}, sample() {_f(c.sampled_coverage)} with "
-                              f"{'-' if c.sampled_wrong_sign is None else c.sampled_wrong_sign} wrong-sign, against "
-                              f"{_f(c.threshold)})" for c in elsewhere) + "."]
+    lines += _cell_list(
+        "Cells dishonest by wrong-sign effects alone (more than the floor's expected count + 1): ",
+        (c for c in cs.values() if c.verdict == "DISHONEST" and "Laplace" in c.failing
+         and c.coverage is not None and c.coverage >= c.threshold - 1e-12), against_floor)
+    # Issue 48 judges three posteriors; issue 50 names two (the signed Gaussian, the analyst's
+    # default draws). A cell that fails only through the pseudocoreset's mode Gaussian stays
+    # dishonest here, and `Release.sample(method="laplace")` warns its users.
+    lines += _cell_list(
+        "Cells not honest through the pseudocoreset's Laplace approximation alone (the signed Gaussian and the "
+        "`sample()` draws are honest; `sample(method=\"laplace\")` warns when it is narrower than the signed "
+        "Gaussian): ",
+        (c for c in cs.values() if c.verdict == "DISHONEST" and c.failing == ("Laplace",)),
+        lambda c: f"Laplace {_f(c.coverage)}, Gaussian {_f(c.gaussian_coverage)}, sample() {_f(c.sampled_coverage)}")
+    lines += _cell_list(
+        "Cells whose pseudocoreset's Laplace posterior is honest but the signed Gaussian or the `sample()` draws are "
+        "not (coverage against the cell's threshold; wrong-sign effects against the floor's expected count + 1): ",
+        (c for c in cs.values() if c.verdict == "DISHONEST" and "Laplace" not in c.failing),
+        lambda c: (f"{', '.join(c.failing)}; Gaussian {_f(c.gaussian_coverage)}, sample() {_f(c.sampled_coverage)} "
+                   f"with {'-' if c.sampled_wrong_sign is None else c.sampled_wrong_sign} wrong-sign, against "
+                   f"{_f(c.threshold)}"))
     bad = sorted((c for c in cs.values() if c.verdict != "HONEST"), key=lambda c: _order(c.key))
     if bad:
         lines += ["", "Cells that are not honest:", ""]
