@@ -162,15 +162,12 @@ def seeded_release(seed: int, arm: str) -> Iterator[None]:
         PrivateRecords.noisy_marginals = marginals  # type: ignore[method-assign]
 
 
-#: What each release's rows judge: ``signed`` (always) the Gaussian the release signs;
-#: ``sampled`` (with ``--sampled``) what analysts get, ``Release.sample()``'s default draws with
-#: their quantile intervals, judged as the suite judges them (:func:`calibration.judge_artifact`).
-VARIANTS = ("signed", "sampled")
-
-
 def judged(art: Path, data: Path, epsilon: float, *, sampled: bool = False) -> dict[str, dict[str, Any]]:
-    """The release judged in its own model space (module docstring), one row per variant
-    (:data:`VARIANTS`): the floor's figures are the reference's, shared by both."""
+    """The release judged in its own model space (module docstring), one row per variant:
+    ``signed`` (always) the Gaussian the release signs; ``sampled`` (with ``sampled``) what
+    analysts get, ``Release.sample()``'s default draws with their quantile intervals, judged as
+    the suite judges them (:func:`calibration.judge_artifact`). The floor's figures are the
+    reference's, shared by both."""
     import warnings
 
     from dpsummary.gaussian import GaussianPosterior
