@@ -444,7 +444,7 @@ class Release:
         # the extra draws cost little; the draws returned are then thinned evenly across chains.
         per_chain = max(-(-num_samples // chains) if chains >= 1 else 0, MIN_DRAWS_PER_CHAIN)
         settings = NutsSettings(chains=chains, num_warmup=num_warmup, draws_per_chain=per_chain)
-        draws = sample_posterior(self.model, points, weights, start=self._sampler_start(), settings=settings,
+        draws = sample_posterior(self.model, points, weights, start=self.sampler_frame(), settings=settings,
                                  seed=seed, names=list(self.param_names))
         text = warning_text(draws)
         if text is not None:
@@ -474,10 +474,15 @@ class Release:
                 f"{float(ratio[worst]):.2f}x the signed Gaussian's), so its intervals can miss; use method='nuts' "
                 "(the default), which draws the posterior the pseudocoreset was matched to")
 
-    def _sampler_start(self) -> GaussianPosterior:
-        """The Gaussian NUTS is whitened and warm-started by: the signed Gaussian when the release
+    def sampler_frame(self) -> GaussianPosterior:
+        """The Gaussian ``N(loc, L L^T)`` by which :meth:`sample`'s NUTS and every exported
+        program (docs/FORMAT.md, ``sampler_frame``) whiten and warm-start their chains: they
+        sample ``z`` and read ``theta = loc + L z``, which leaves the posterior unchanged and
+        makes it about as round as a standard normal. It is the signed Gaussian when the release
         carries a full covariance (noise-aware releases), else the pseudocoreset's Laplace
-        approximation, else (a BNN, or a Newton failure) the VI fit."""
+        approximation, else (a BNN, or a Newton failure) the VI fit; for linear regression with
+        sigma estimated, the pseudocoreset posterior's exact moments. Computed from the artifact
+        alone (no privacy cost)."""
         if self.model.exact_moments and not self.model.conjugate:
             # Linear regression with sigma estimated: the pseudocoreset posterior's exact moments
             # (quadrature) are the best whitening, and cheap.

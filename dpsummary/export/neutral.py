@@ -54,6 +54,7 @@ class Release(Protocol):
 
     def nonzero(self) -> tuple[torch.Tensor, torch.Tensor]: ...
     def log_density(self, theta: Any) -> Any: ...
+    def sampler_frame(self) -> Any: ...
     def sample(self, num_samples: int = ..., *, seed: int | None = ..., return_draws: bool = ...) -> Any: ...  # noqa: E501
 
 NEUTRAL_FORMAT = "dpsummary.neutral/v1"
@@ -179,7 +180,40 @@ def to_neutral(release: Release, *, num_random_checks: int = 2, seed: int = 0) -
             "constants": "included",
             "values": checks,
         },
+        "sampler_frame": sampler_frame(release),
     }
+
+
+def sampler_frame(release: Release) -> dict[str, Any] | None:
+    """The whitening every exported program samples in (:meth:`dpsummary.analyst.Release.sampler_frame`,
+    as ``Release.sample()`` does): ``theta = loc + scale_tril @ z`` with ``z`` the programs' free
+    parameter. Any invertible frame leaves the posterior unchanged (the map is linear, its
+    Jacobian a constant); this one makes it about as round as a standard normal, which a
+    sampler adapting a diagonal mass matrix needs on a well-determined, correlated posterior
+    (a linear release of 4,000 records mixed to R-hat 1.22 in PyMC without it). None when the
+    release has none (a failed Laplace fit): the programs then use the prior's frame. Computed
+    from the artifact alone."""
+    try:
+        frame = release.sampler_frame()
+    except (RuntimeError, ValueError, ArithmeticError):
+        return None
+    loc = frame.mean.detach().to(DTYPE).numpy()
+    tril = np.tril(frame.scale_tril.detach().to(DTYPE).numpy())
+    if not (np.isfinite(loc).all() and np.isfinite(tril).all() and np.all(np.diagonal(tril) > 0)):
+        return None
+    return {"loc": loc.tolist(), "scale_tril": tril.tolist(),
+            "about": "theta = loc + scale_tril @ z; the programs sample z and report theta (Release.sampler_frame)"}
+
+
+def frame_arrays(doc: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
+    """``(loc, scale_tril)`` of a document's ``sampler_frame``, or the prior's frame
+    ``(prior mean, prior scale x I)`` for a document without one (older files, a failed fit)."""
+    d = int(doc["parameters"]["dim"])
+    frame = doc.get("sampler_frame")
+    if frame is None:
+        return np.asarray(doc["prior"]["mean"], dtype=np.float64), float(doc["prior"]["scale"]) * np.eye(d)
+    return (np.asarray(frame["loc"], dtype=np.float64).reshape(d),
+            np.asarray(frame["scale_tril"], dtype=np.float64).reshape(d, d))
 
 
 def sampling_check(release: Release, seed: int = 0) -> dict[str, Any] | None:

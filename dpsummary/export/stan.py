@@ -10,6 +10,12 @@ dropped (they do not change the posterior). Files: ``release.stan``, ``release.d
 The in-process log density of the *Stan program itself* needs a compiled model:
 :func:`pystan_log_density` builds it with PyStan (about 1-2 minutes the first time, then cached
 by httpstan) and returns ``theta -> log density``; :func:`stanc_check` only type-checks (0.1 s).
+
+The program's parameter is ``z`` and ``theta = loc + L * z`` a transformed parameter (the
+document's ``sampler_frame``, the Gaussian ``Release.sample()`` whitens by; the prior's frame
+when it has none): the posterior of ``theta`` is unchanged, and in ``z`` it is about as round as
+a standard normal, which Stan's diagonal mass-matrix adaptation needs on a well-determined,
+correlated posterior. A log density at ``theta`` is read at ``z = L^-1 (theta - loc)``.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from ..constructors.base import write_atomic
+from .neutral import frame_arrays
 
 #: family -> value of the ``family`` data flag.
 FAMILY_CODES = {"gaussian_mean": 1, "linear": 2, "logistic": 3, "poisson": 4}
@@ -50,12 +57,17 @@ data {
   real<lower=0> noise_scale;        // gaussian_mean and linear (unused otherwise)
   vector[D] prior_mean;
   real<lower=0> prior_scale;
+  vector[D] loc;                    // sampler frame: theta = loc + L * z (release.json's sampler_frame)
+  matrix[D, D] L;                   // lower triangular; any invertible frame gives the same posterior
 }
 transformed data {
   real log_2pi = log(2 * pi());
 }
 parameters {
-  vector[D] theta;
+  vector[D] z;                      // theta in the frame: about as round as a standard normal
+}
+transformed parameters {
+  vector[D] theta = loc + L * z;    // a linear map: its Jacobian is a constant, left out
 }
 model {
   target += normal_lpdf(theta | prior_mean, prior_scale);
@@ -88,6 +100,7 @@ def stan_data(neutral: dict[str, Any]) -> dict[str, Any]:
     x = np.asarray(d["features"], dtype=np.float64).reshape(n, k)
     y = np.zeros(n) if d["target"] is None else np.asarray(d["target"], dtype=np.float64)
     noise = m.get("noise_scale")
+    loc, tril = frame_arrays(neutral)
     return {
         "family": FAMILY_CODES[fam],
         "N": n,
@@ -101,6 +114,8 @@ def stan_data(neutral: dict[str, Any]) -> dict[str, Any]:
         "noise_scale": 1.0 if noise is None else float(noise),
         "prior_mean": [float(v) for v in neutral["prior"]["mean"]],
         "prior_scale": float(neutral["prior"]["scale"]),
+        "loc": loc.tolist(),
+        "L": tril.tolist(),
     }
 
 
@@ -120,8 +135,10 @@ if (doc.get("interval_calibration") or {}).get("warning"):
     print(f"warning: {doc['interval_calibration']['warning']}")
 checks = doc["checks"]
 posterior = stan.build((here / "release.stan").read_text(), data=data, random_seed=0)
+loc, frame = np.asarray(data["loc"]), np.asarray(data["L"])
 for c in checks["values"]:
-    got = posterior.log_prob(list(c["theta"]), adjust_transform=False)
+    z = np.linalg.solve(frame, np.asarray(c["theta"]) - loc)  # the program's parameter is z
+    got = posterior.log_prob(z.tolist(), adjust_transform=False)
     assert abs(got - c["log_density"]) <= checks["relative_tolerance"] * max(1.0, abs(c["log_density"]))
 print("checks reproduced")
 fit = posterior.sample(num_chains=4, num_samples=1000, num_warmup=1000)
@@ -183,8 +200,13 @@ def pystan_posterior(neutral: dict[str, Any], *, random_seed: int = 0) -> Any:
 
 
 def pystan_log_density(neutral: dict[str, Any], posterior: Any = None) -> Any:
-    """``theta (d,) -> float``: the compiled Stan program's log density (constants included;
-    theta is unconstrained already, so no Jacobian)."""
+    """``theta (d,) -> float``: the compiled Stan program's log density (constants included),
+    read at the ``z`` of that theta (``z`` is unconstrained, so no Jacobian)."""
     post = posterior if posterior is not None else pystan_posterior(neutral)
-    return lambda theta: float(post.log_prob([float(v) for v in np.asarray(theta).ravel()],
-                                             adjust_transform=False))
+    loc, tril = frame_arrays(neutral)
+
+    def at(theta: Any) -> float:
+        z = np.linalg.solve(tril, np.asarray(theta, dtype=np.float64).ravel() - loc)
+        return float(post.log_prob([float(v) for v in z], adjust_transform=False))
+
+    return at

@@ -7,6 +7,14 @@ pseudocoreset carries (Bernoulli logp at y = 0.3 equals the logp at 0). Because 
 an observed variable, ``pm.compute_log_likelihood`` still fills the log-likelihood group (each
 entry is w_m * log p(x_m | theta): weights are likelihood exponents).
 
+The free variable is ``z`` (flat), and ``theta = loc + L z`` a ``Deterministic`` (``sampler_frame``
+in the file: the Gaussian ``Release.sample()`` whitens by; the prior's frame when the file has
+none), with the prior as a ``Potential``. The map is linear, so the posterior of ``theta`` is
+unchanged; in ``z`` it is about as round as a standard normal, which PyMC's diagonal mass-matrix
+adaptation needs on a well-determined, correlated posterior (a linear release of 4,000 records
+reached R-hat 1.22 sampling ``theta`` directly). ``idata.posterior["theta"]`` holds the draws;
+``z`` has no prior of its own, so prior predictive sampling is not available.
+
     python pymc_model.py [release.json]     # reproduce the checks, run NUTS, print means
 
     from pymc_model import load, build_model
@@ -53,12 +61,30 @@ def from_document(doc: dict[str, Any]) -> dict[str, Any]:
         "w": np.asarray(d["weights"], dtype=np.float64).reshape(n),
         "prior_mean": np.asarray(doc["prior"]["mean"], dtype=np.float64),
         "prior_scale": float(doc["prior"]["scale"]),
+        **frame(doc),
         "checks": [(np.asarray(c["theta"], dtype=np.float64), float(c["log_density"]))
                    for c in doc["checks"]["values"]],
         "rtol": float(doc["checks"]["relative_tolerance"]),
         # The release's caveat on its intervals (None: its mechanism records none); main() prints it.
         "interval_warning": (doc.get("interval_calibration") or {}).get("warning"),
     }
+
+
+def frame(doc: dict[str, Any]) -> dict[str, Any]:
+    """``loc`` and ``L`` of the document's ``sampler_frame``, or the prior's frame (its mean and
+    scale times I) for a file without one."""
+    dim = int(doc["parameters"]["dim"])
+    fr = doc.get("sampler_frame")
+    if fr is None:
+        return {"loc": np.asarray(doc["prior"]["mean"], dtype=np.float64),
+                "L": float(doc["prior"]["scale"]) * np.eye(dim)}
+    return {"loc": np.asarray(fr["loc"], dtype=np.float64).reshape(dim),
+            "L": np.asarray(fr["scale_tril"], dtype=np.float64).reshape(dim, dim)}
+
+
+def to_frame(data: dict[str, Any], theta: Any) -> np.ndarray:
+    """``z`` with ``loc + L z = theta``."""
+    return np.linalg.solve(data["L"], np.asarray(theta, dtype=np.float64) - data["loc"])
 
 
 LOG_2PI = math.log(2 * math.pi)
@@ -85,10 +111,15 @@ def _poisson_logp(value: Any, eta: Any, w: Any) -> Any:
 
 
 def build_model(data: dict[str, Any]) -> pm.Model:
-    """A ``pm.Model`` with ``theta`` (dims ``param``) and the weighted likelihood ``obs``."""
+    """A ``pm.Model`` with ``z`` and ``theta = loc + L z`` (dims ``param``), the prior on
+    ``theta`` and the weighted likelihood ``obs``."""
     coords = {"param": data["names"], "point": np.arange(data["w"].shape[0])}
     with pm.Model(coords=coords) as m:
-        theta = pm.Normal("theta", mu=data["prior_mean"], sigma=data["prior_scale"], dims="param")
+        z = pm.Flat("z", dims="param")
+        theta = pm.Deterministic("theta", pt.as_tensor_variable(data["loc"]) + pt.dot(pt.as_tensor_variable(data["L"]), z),
+                                 dims="param")
+        prior = pm.Normal.dist(mu=data["prior_mean"], sigma=data["prior_scale"])
+        pm.Potential("prior", pm.logp(prior, theta).sum())
         w = pt.as_tensor_variable(data["w"])
         x = pt.as_tensor_variable(data["X"])
         fam = data["family"]
@@ -112,10 +143,11 @@ def build_model(data: dict[str, Any]) -> pm.Model:
 
 
 def logp_function(data: dict[str, Any], model: pm.Model | None = None) -> Any:
-    """``theta (d,) -> float``: the model's joint log density (constants included)."""
+    """``theta (d,) -> float``: the model's joint log density (constants included), read at the
+    ``z`` of that theta."""
     m = model if model is not None else build_model(data)
     f = m.compile_logp(jacobian=False)
-    return lambda theta: float(f({"theta": np.asarray(theta, dtype=np.float64)}))
+    return lambda theta: float(f({"z": to_frame(data, theta)}))
 
 
 def check(data: dict[str, Any], model: pm.Model | None = None) -> float:
