@@ -62,7 +62,7 @@ BENCHMARKS: tuple[Benchmark, ...] = (
               "(NumPyro, PyMC, Stan) draw the released posterior, and how fast? Each against an independent reference "
               "of the pseudocoreset's exact posterior (importance sampling, or a long NumPyro run), five seeds, with "
               "R-hat, ESS and seconds per 1,000 draws; and the exact posterior against the signed Gaussian.",
-              "python benchmarks/sampling.py --tables napsu_adult,adult --epsilon 0.3 --seeds 5 --exporters (each suite table's first release but adult's: --tables THE_25_OTHERS --seeds 2 --epsilon 1 --out benchmarks/results/sampling_suite.csv)",
+              "python benchmarks/sampling.py --tables napsu_adult,adult --epsilon 0.3 --seeds 5 --exporters; the exporters on real and simulated linear, Poisson and wide tables: --tables doctor_visits,gpa2,hmda,cps1988,islr_wage,slid,sim_linear_hetero,sim_linear_heavy,sim_linear_levels,german_credit,sim_small_wide --seeds 1 --epsilon 1 --exporters (each suite table's first release but adult's: --suite --skip adult --seeds 2 --epsilon 1 --out benchmarks/results/sampling_suite.csv)",
               ("sampling.md", "sampling_suite.md"), Headline("sampling.md", rows=2, cols=(0, 1, 3, 4, 6, 7, 8, 11))),
     Benchmark("Coreset harness (non-private and DP-PSVI grids)", "How close does each constructor's summary come "
               "to the full-data posterior (KL), by size M and epsilon? Six configs: coresets_real, gaussian_mean, "
