@@ -88,6 +88,11 @@ class Cell:
     failing: tuple[str, ...] = ()
     #: The signed Gaussian's median width over the full data's (None: not judged).
     gaussian_width: float | None = None
+    #: For a REFUSED cell with released runs: their verdict on their own (every posterior judged,
+    #: the refusals left out) and the posteriors that fail it; None otherwise. Reported beside
+    #: the refusal, never a verdict: a cell that refuses in some runs stays REFUSED.
+    released_verdict: str | None = None
+    released_failing: tuple[str, ...] = ()
 
 
 def floor_dishonest(floor_coverage: float | None, floor_wrong: float | None) -> bool:
@@ -203,17 +208,13 @@ def cells(rows: list[dict[str, str]]) -> dict[CellKey, Cell]:
         fwrong_runs = _floats(ok, "floor_wrong_sign")
         fwrong = sum(fwrong_runs) if ok and len(fwrong_runs) == len(ok) else None
         v, thr, fj = verdict(cov, fcov, wrong, refused, errors, fwrong)
-        # Issue 48: a cell is honest only when every posterior judged in it is: the loaded
-        # Laplace posterior, the signed Gaussian and the analyst's sample() draws (runs judged
-        # before a column existed have no value for it and are judged on the rest).
-        failing = ["Laplace"] if v == "DISHONEST" else []  # a refused or crashed cell names no posterior
-        for label, cov_key, wrong_key in (("Gaussian", "gaussian_coverage", "gaussian_wrong_sign"),
-                                          ("sample()", "sampled_coverage", "sampled_wrong_sign")):
-            if ok and not refused and not errors and _floats(ok, cov_key):
-                other, _, _ = verdict(_median(ok, cov_key), fcov, int(sum(_floats(ok, wrong_key))), refused, errors, fwrong)
-                if other != "HONEST":
-                    failing.append(label)
-                    v = other if v == "HONEST" else v
+        failing: list[str] = []
+        released_verdict, released_failing = None, ()
+        if ok and not refused and not errors:
+            v, failing = _every_posterior(ok, v, fcov, fwrong)
+        elif ok and refused and not errors:
+            released_verdict, released_failing = _every_posterior(ok, verdict(cov, fcov, wrong, 0, 0, fwrong)[0], fcov,
+                                                                  fwrong)
         covs = _floats(ok, "coverage")
         msgs = sorted({r["message"] for r in rs if r.get("message")})
         out[key] = Cell(key, len(rs), len(ok), refused, errors, cov, min(covs) if covs else None, fcov, thr, fj, wrong,
@@ -223,11 +224,40 @@ def cells(rows: list[dict[str, str]]) -> dict[CellKey, Cell]:
                         _median(ok, "gaussian_coverage"), _median(ok, "sampled_coverage"),
                         _median(ok, "sampled_width_vs_floor"), _median(ok, "sampled_effects_found"),
                         int(sum(_floats(ok, "sampled_wrong_sign"))) if _floats(ok, "sampled_wrong_sign") else None,
-                        tuple(failing), _median(ok, "gaussian_width_ratio"))
+                        tuple(failing), _median(ok, "gaussian_width_ratio"), released_verdict, tuple(released_failing))
     return out
 
 
+def _every_posterior(ok: list[dict[str, str]], laplace: str, fcov: float | None,
+                     fwrong: float | None) -> tuple[str, list[str]]:
+    """The verdict of released runs ``ok`` through every posterior judged in them, given the
+    pseudocoreset Laplace posterior's (``laplace``), and the posteriors that fail it. Issue 48: a
+    cell is honest only when every posterior judged in it is: the loaded Laplace posterior, the
+    signed Gaussian and the analyst's sample() draws (runs judged before a column existed have no
+    value for it and are judged on the rest)."""
+    v = laplace
+    failing = ["Laplace"] if v == "DISHONEST" else []
+    for label, cov_key, wrong_key in (("Gaussian", "gaussian_coverage", "gaussian_wrong_sign"),
+                                      ("sample()", "sampled_coverage", "sampled_wrong_sign")):
+        if _floats(ok, cov_key):
+            other, _, _ = verdict(_median(ok, cov_key), fcov, int(sum(_floats(ok, wrong_key))), 0, 0, fwrong)
+            if other != "HONEST":
+                failing.append(label)
+                v = other if v == "HONEST" else v
+    return v, failing
+
+
 # ---- report --------------------------------------------------------------------------------------
+def _released_runs(c: Cell) -> str:
+    """For a cell refused in some runs only: what its released runs show on their own."""
+    if c.released_verdict is None:
+        return ""
+    through = f" (failing through {', '.join(c.released_failing)})" if c.released_failing else ""
+    return (f" [{c.refused} of {c.runs} runs refused; the {c.released} released "
+            f"{'is' if c.released == 1 else 'are'} {c.released_verdict.lower()}{through}: coverage "
+            f"{_f(c.coverage)} against {_f(c.threshold)}, {c.wrong_sign} wrong-sign]")
+
+
 def _f(v: float | None, nd: int = 2) -> str:
     return "-" if v is None else f"{v:.{nd}f}"
 
@@ -377,7 +407,7 @@ def report(results: Path, target: Path, plot: Path | None = None, note: str = ""
             # Beside each dishonest cell, the measured reason issue 50 asks for: what the idealised
             # floor (an honest mechanism with the design known and the data's own sensitivity) shows
             # at the same budget, and how wide this release is against it.
-            why = (c.message or "refused") if c.verdict in ("REFUSED", "ERROR") else (
+            why = (c.message or "refused") + _released_runs(c) if c.verdict in ("REFUSED", "ERROR") else (
                 f"coverage {_f(c.coverage)} (threshold {_f(c.threshold)}), {c.wrong_sign} wrong-sign; the idealised "
                 f"floor covers {_f(c.floor_coverage)} at {_x(c.floor_width)} the full-data width (this release "
                 f"{_x(c.width)})")

@@ -382,6 +382,45 @@ def test_calibration_cell_is_honest_only_through_all_three_posteriors(tmp_path: 
     assert not any(x.startswith("Cells dishonest by wrong-sign effects alone") for x in md.read_text().splitlines())
 
 
+def test_calibration_refused_cell_reports_what_its_released_runs_show(tmp_path: Path) -> None:
+    """A cell refused in some runs stays REFUSED, and its entry says what the released runs show on
+    their own, through every posterior (one failing through sample() alone here); a cell refused in
+    every run, or never, has no such note."""
+    cal = _calibration()
+    fields = list(cal.FIELDS)  # type: ignore[attr-defined]
+    rows = []
+    for table, sampled in (("sim_rare", "0.95"), ("sim_exact", "0.80")):
+        for run in range(4):
+            row = dict.fromkeys(fields, "")
+            row.update(table=table, kind="sim", model="logistic", mode="zero-config", epsilon="0.3",
+                       mechanism="noise-aware-newton", run=str(run), outcome="released", param_dim="5",
+                       coverage="0.95", gaussian_coverage="0.95", sampled_coverage=sampled, floor_coverage="0.97",
+                       effects_wrong_sign="0", gaussian_wrong_sign="0", sampled_wrong_sign="0", floor_wrong_sign="0",
+                       width_ratio="1.2", floor_width_ratio="1.1", width_vs_floor="1.09", code="x")
+            if run == 3:
+                row.update(outcome="refused", message="ChargedRefusal: no feature column could be estimated",
+                           coverage="", gaussian_coverage="", sampled_coverage="")
+            rows.append(row)
+    rows += [dict(r, table="sim_large", outcome="refused") for r in rows[:2]]
+    cs = {k[0]: c for k, c in cal.cells(rows).items()}  # type: ignore[attr-defined]
+    assert {t: c.verdict for t, c in cs.items()} == {"sim_rare": "REFUSED", "sim_exact": "REFUSED",
+                                                     "sim_large": "REFUSED"}
+    assert {t: (c.released_verdict, c.released_failing) for t, c in cs.items()} == {
+        "sim_rare": ("HONEST", ()), "sim_exact": ("DISHONEST", ("sample()",)), "sim_large": (None, ())}
+    out, md = tmp_path / "c.csv", tmp_path / "c.md"
+    with out.open("w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=fields)
+        w.writeheader()
+        w.writerows(rows)
+    cal.report(out, md)  # type: ignore[attr-defined]
+    text = md.read_text()
+    assert ("no feature column could be estimated [1 of 4 runs refused; the 3 released are honest: coverage 0.95 "
+            "against 0.90, 0 wrong-sign]") in text
+    assert "the 3 released are dishonest (failing through sample())" in text
+    assert "- sim_large zero-config eps 0.3 noise-aware-newton: REFUSED: refused" in text.splitlines()
+    assert not any("sim_large" in x and "released are" in x for x in text.splitlines())
+
+
 def test_calibration_report_lists_cells_narrower_than_the_full_data(tmp_path: Path) -> None:
     """The report lists the cells whose signed Gaussian is below BELOW_FULL times the full data's
     width (median over runs), whatever their verdict, and no other."""
