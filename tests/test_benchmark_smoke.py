@@ -330,15 +330,20 @@ def test_calibration_report_judges_wrong_signs_against_the_floor(tmp_path: Path)
                                             if line.startswith("- sim_exact public eps 1"))
 
 
-def _report_line(cal: object, fields: list[str], rows: list[dict[str, str]], tmp_path: Path, prefix: str) -> str:
-    """The line of the suite's report (``calibration.report`` of ``rows``) that starts with ``prefix``."""
+def _report_text(cal: object, fields: list[str], rows: list[dict[str, str]], tmp_path: Path) -> str:
+    """The suite's report (``calibration.report``) of ``rows``, written to ``tmp_path / "c.md"``."""
     out, md = tmp_path / "c.csv", tmp_path / "c.md"
     with out.open("w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=fields)
         w.writeheader()
         w.writerows(rows)
     cal.report(out, md)  # type: ignore[attr-defined]
-    return next(x for x in md.read_text().splitlines() if x.startswith(prefix))
+    return md.read_text()
+
+
+def _report_line(cal: object, fields: list[str], rows: list[dict[str, str]], tmp_path: Path, prefix: str) -> str:
+    """The line of the suite's report of ``rows`` that starts with ``prefix``."""
+    return next(x for x in _report_text(cal, fields, rows, tmp_path).splitlines() if x.startswith(prefix))
 
 
 def test_calibration_cell_is_honest_only_through_all_three_posteriors(tmp_path: Path) -> None:
@@ -407,13 +412,7 @@ def test_calibration_refused_cell_reports_what_its_released_runs_show(tmp_path: 
                                                      "sim_large": "REFUSED"}
     assert {t: (c.released_verdict, c.released_failing) for t, c in cs.items()} == {
         "sim_rare": ("HONEST", ()), "sim_exact": ("DISHONEST", ("sample()",)), "sim_large": (None, ())}
-    out, md = tmp_path / "c.csv", tmp_path / "c.md"
-    with out.open("w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=fields)
-        w.writeheader()
-        w.writerows(rows)
-    cal.report(out, md)  # type: ignore[attr-defined]
-    text = md.read_text()
+    text = _report_text(cal, fields, rows, tmp_path)
     assert ("no feature column could be estimated [1 of 4 runs refused; the 3 released are honest: coverage 0.95 "
             "against 0.90, 0 wrong-sign]") in text
     assert "the 3 released are dishonest (failing through sample())" in text
